@@ -1,0 +1,105 @@
+// JobRing: a bounded, lock-free, multi-producer multi-consumer ring of 32-bit values that lives
+// in shared memory and that a process killed at any instruction cannot stall.
+//
+// Contract
+//   - Capacity is fixed when the ring is laid out (any value from 1 to kMaxCapacity, not only
+//     powers of two). try_push() fails with false when the ring holds `capacity` values; the
+//     ring never holds more.
+//   - Each pushed value is popped exactly once. Order is FIFO per cell sequence; concurrent
+//     producers are linearized by their successful CAS.
+//   - push/pop are lock-free: a thread that stops anywhere (even SIGKILL) never blocks others.
+//   - Values must not equal kEmptyValue.
+//   - Thread- and process-safe; not async-signal-safe (a handler may interrupt its own thread).
+//
+// Design (docs/design/ring.md has the full argument)
+//   Every cell is one 64-bit atomic word {tag:32 | value:32}. Position p (a 64-bit counter) uses
+//   cell p % capacity. A cell waiting for position p holds {tag(p), EMPTY}; a producer at p turns
+//   it into {tag(p), value} with ONE compare-and-swap, which both claims and publishes the cell,
+//   so there is no claimed-but-unpublished window for a dying producer to leave behind (the
+//   weakness of a Vyukov ring, where a producer bumps the tail, then writes, then publishes).
+//   A consumer at p turns {tag(p), value} into {tag(p + capacity), EMPTY}, again in one CAS,
+//   which takes the value and re-arms the cell for the next lap. `tail` and `head` are hints:
+//   after its cell CAS a thread tries to advance the counter; if it dies before that, any other
+//   thread that finds the cell already filled (or emptied) advances the counter for it.
+//   tag(p) is the low 32 bits of p; a tag can only be confused with one 2^32 positions away.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace gpuq {
+
+// The shared-memory part of a ring: header followed by `capacity` cells. Plain data.
+struct alignas(64) RingHeader {
+  alignas(64) std::atomic<uint64_t> tail;  // next position to push (a hint; may lag)
+  alignas(64) std::atomic<uint64_t> head;  // next position to pop (a hint; may lag)
+  alignas(64) uint32_t capacity;           // written once before the ring is shared
+  uint32_t reserved;
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::is_standard_layout_v<RingHeader>);
+static_assert(std::is_trivially_destructible_v<RingHeader>);
+static_assert(sizeof(RingHeader) == 192);
+
+class JobRing {
+ public:
+  static constexpr uint32_t kEmptyValue = 0xFFFFFFFFu;
+  static constexpr uint32_t kMaxCapacity = 1u << 20;
+
+  // Bytes needed for a ring of `capacity` cells (header included), a multiple of 64.
+  static constexpr size_t bytes_for(uint32_t capacity) noexcept {
+    size_t b = sizeof(RingHeader) + size_t{capacity} * sizeof(uint64_t);
+    return (b + 63) & ~size_t{63};
+  }
+
+  // Lays out an empty ring of `capacity` cells at `memory` (64-byte aligned, bytes_for() long)
+  // and returns a view of it. Not thread-safe: call before the memory is shared.
+  static JobRing create(void* memory, uint32_t capacity) noexcept;
+
+  // A view of a ring laid out by create(), possibly in another process.
+  explicit JobRing(void* memory) noexcept
+      : header_(static_cast<RingHeader*>(memory)),
+        cells_(reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(memory) +
+                                                        sizeof(RingHeader))),
+        capacity_(header_->capacity) {}
+  JobRing() = default;
+
+  uint32_t capacity() const noexcept { return capacity_; }
+
+  // Appends `value`; false if the ring is full. Lock-free.
+  bool try_push(uint32_t value) noexcept;
+
+  // Removes the oldest value into `*value`; false if the ring is empty. Lock-free.
+  bool try_pop(uint32_t* value) noexcept;
+
+  // Number of values in the ring at some instant during the call (exact when quiescent).
+  uint32_t size() const noexcept;
+
+  // True if some value is present; cheaper than size() for wait conditions.
+  bool has_values() const noexcept { return size() != 0; }
+
+  // Visits every value currently published (for recovery scans by the supervisor; racy with
+  // concurrent pops, which is fine for its use). fn(uint32_t value).
+  template <typename Fn>
+  void for_each_value(Fn&& fn) const noexcept {
+    for (uint32_t i = 0; i < capacity_; ++i) {
+      uint64_t c = cells_[i].load(std::memory_order_acquire);
+      if (static_cast<uint32_t>(c) != kEmptyValue) fn(static_cast<uint32_t>(c));
+    }
+  }
+
+ private:
+  static constexpr uint64_t make_cell(uint64_t pos, uint32_t value) noexcept {
+    return (pos << 32) | value;  // the shift keeps the low 32 bits of pos as the tag
+  }
+  std::atomic<uint64_t>& cell(uint64_t pos) const noexcept { return cells_[pos % capacity_]; }
+
+  RingHeader* header_ = nullptr;
+  std::atomic<uint64_t>* cells_ = nullptr;
+  uint32_t capacity_ = 0;
+};
+
+}  // namespace gpuq

@@ -1,0 +1,290 @@
+// Layout of gpuq's shared memory: the queue segment (one per daemon) and the client segments
+// (one per connected client). Every struct here is plain data: fixed size, offsets instead of
+// pointers, only always-lock-free atomics, checked by static_assert below.
+//
+// Queue segment (created by the supervisor, Boost.Interprocess shared_memory_object; mapped by
+// the supervisor, every worker and every client):
+//   QueueHeader | PoolShm[pool_count] | WorkerShm[worker_count] | ClientShm[max_clients] | rings
+//
+// Client segment (a sealed memfd created by the supervisor for one client and passed with
+// SCM_RIGHTS to that client and to the workers; no other client can map it):
+//   ClientSegmentHeader | JobSlot[slot_count] | payload arena
+//
+// docs/design/job_states.md describes the job slot state machine; docs/design/ring.md the rings.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "gpuq/common/event_count.hpp"
+#include "gpuq/common/job_ring.hpp"
+
+namespace gpuq {
+
+inline constexpr uint64_t kQueueMagic = 0x314D485355515047ull;   // "GPQUSHM1"
+inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
+inline constexpr uint32_t kLayoutVersion = 1;
+
+inline constexpr uint32_t kMaxPools = 8;
+inline constexpr uint32_t kMaxWorkers = 1024;
+inline constexpr uint32_t kMaxClients = 1023;        // 10 bits; index 1023 is never used
+inline constexpr uint32_t kMaxSlotsPerClient = 256;  // 8 bits
+inline constexpr uint32_t kPoolNameBytes = 32;
+inline constexpr uint32_t kMaxParamBytes = 192;
+inline constexpr uint32_t kMessageBytes = 160;
+
+// ---- Job references: what the rings carry ------------------------------------------------------
+
+// A 32-bit reference to a job slot: {client:10 | slot:8 | generation:14}. The generation is the
+// low 14 bits of the slot's 32-bit generation; a worker compares it before it acts, so a stale
+// reference left in a ring by a cancelled job cannot act on the slot's next job.
+struct JobRef {
+  uint32_t client;
+  uint32_t slot;
+  uint32_t generation;  // low 14 bits
+
+  static constexpr uint32_t kGenerationMask = (1u << 14) - 1;
+
+  constexpr uint32_t pack() const noexcept {
+    return (client << 22) | (slot << 14) | (generation & kGenerationMask);
+  }
+  static constexpr JobRef unpack(uint32_t v) noexcept {
+    return JobRef{v >> 22, (v >> 14) & 0xFFu, v & kGenerationMask};
+  }
+};
+static_assert(JobRef{kMaxClients - 1, kMaxSlotsPerClient - 1, JobRef::kGenerationMask}.pack() !=
+              JobRing::kEmptyValue);
+
+// ---- Job slot state word -----------------------------------------------------------------------
+
+// States of a job slot (DESIGN.md "Job lifecycle").
+enum class JobState : uint8_t {
+  kFree = 0,       // owned by the client, not in use
+  kClaimed = 1,    // the client is writing the descriptor
+  kSubmitted = 2,  // in a pool ring, waiting for a worker
+  kRunning = 3,    // a worker owns it
+  kDone = 4,       // terminal: succeeded
+  kFailed = 5,     // terminal: outcome.code says why
+  kCancelled = 6,  // terminal: cancelled before it started
+  kExpired = 7,    // terminal: its deadline passed while queued
+};
+
+constexpr bool is_terminal(JobState s) noexcept { return s >= JobState::kDone; }
+
+// The slot's state word: {generation:32 | state:8 | worker+1:24}. Every transition is a CAS on
+// the whole word, so an actor holding a stale generation cannot move a reused slot.
+struct SlotWord {
+  uint32_t generation;
+  JobState state;
+  uint32_t worker_plus_one;  // 0: no worker; else the id of the worker that owns/ran the job
+
+  constexpr uint64_t pack() const noexcept {
+    return (uint64_t{generation} << 32) | (uint64_t{static_cast<uint8_t>(state)} << 24) |
+           (worker_plus_one & 0xFFFFFFu);
+  }
+  static constexpr SlotWord unpack(uint64_t w) noexcept {
+    return SlotWord{static_cast<uint32_t>(w >> 32), static_cast<JobState>((w >> 24) & 0xFFu),
+                    static_cast<uint32_t>(w & 0xFFFFFFu)};
+  }
+};
+
+// ---- Client segment ---------------------------------------------------------------------------
+
+// What the client asks for (IN, written by the client while the slot is kClaimed). Untrusted:
+// a worker copies it out and validates every field before use.
+struct JobDescriptor {
+  uint32_t op_id;
+  uint32_t pool_id;
+  uint32_t flags;
+  uint32_t params_bytes;
+  uint64_t input_offset;     // relative to the payload arena
+  uint64_t input_bytes;
+  uint64_t output_offset;    // relative to the payload arena
+  uint64_t output_capacity;
+  uint64_t deadline_ns;      // CLOCK_MONOTONIC; kNoDeadline for none
+  uint64_t submit_ns;        // CLOCK_MONOTONIC when the client pushed it
+  uint8_t params[kMaxParamBytes];  // ParamBlock encoding (params.hpp)
+};
+static_assert(std::is_trivially_copyable_v<JobDescriptor>);
+static_assert(sizeof(JobDescriptor) == 256);
+
+// What happened (OUT, written by the worker before it stores the terminal state).
+struct JobOutcome {
+  int32_t code;            // ErrorCode
+  uint32_t worker_id;
+  uint64_t output_bytes;   // bytes written to the output buffer
+  uint64_t value;          // small scalar result (e.g. checksum)
+  uint64_t started_ns;
+  uint64_t finished_ns;
+  char message[kMessageBytes];  // NUL-terminated
+};
+static_assert(std::is_trivially_copyable_v<JobOutcome>);
+
+struct alignas(64) JobSlot {
+  std::atomic<uint64_t> state;             // SlotWord
+  EventCount done;                         // notified when the slot reaches a terminal state
+  std::atomic<uint32_t> cancel_requested;  // set by the client; a running op may poll it
+  uint32_t reserved;
+  JobDescriptor desc;
+  JobOutcome outcome;
+};
+static_assert(std::is_standard_layout_v<JobSlot>);
+static_assert(std::is_trivially_destructible_v<JobSlot>);
+static_assert(sizeof(JobSlot) % 64 == 0);
+
+struct alignas(64) ClientSegmentHeader {
+  uint64_t magic;
+  uint32_t layout_version;
+  uint32_t client_index;
+  uint32_t slot_count;
+  uint32_t reserved;
+  uint64_t slots_offset;
+  uint64_t arena_offset;
+  uint64_t arena_bytes;
+  uint64_t segment_bytes;
+};
+static_assert(std::is_trivially_copyable_v<ClientSegmentHeader>);
+
+// Geometry of a client segment for `slot_count` slots and an arena of at least `arena_bytes`.
+struct ClientSegmentGeometry {
+  uint64_t slots_offset;
+  uint64_t arena_offset;
+  uint64_t arena_bytes;
+  uint64_t segment_bytes;
+
+  static ClientSegmentGeometry compute(uint32_t slot_count, uint64_t arena_bytes) noexcept {
+    ClientSegmentGeometry g{};
+    g.slots_offset = sizeof(ClientSegmentHeader);
+    uint64_t end = g.slots_offset + uint64_t{slot_count} * sizeof(JobSlot);
+    g.arena_offset = (end + 4095) & ~uint64_t{4095};
+    g.arena_bytes = (arena_bytes + 4095) & ~uint64_t{4095};
+    g.segment_bytes = g.arena_offset + g.arena_bytes;
+    return g;
+  }
+};
+
+// ---- Queue segment ----------------------------------------------------------------------------
+
+enum class DaemonState : uint32_t { kStarting = 0, kRunning = 1, kDraining = 2, kStopped = 3 };
+enum class PoolKind : uint32_t { kCpu = 0, kGpu = 1 };
+enum class WorkerState : uint32_t {
+  kStarting = 0,    // spawned, not ready yet
+  kReady = 1,       // waiting for or running jobs
+  kRestarting = 2,  // exited; a replacement is scheduled
+  kFailed = 3,      // kept dying at start-up; no longer restarted
+  kStopped = 4,     // exited during shutdown
+};
+
+struct alignas(64) QueueHeader {
+  uint64_t magic;
+  uint32_t layout_version;
+  uint32_t header_bytes;
+  uint64_t epoch;  // random per daemon start: a restarted daemon has a new one
+  uint64_t segment_bytes;
+  uint64_t start_unix_ns;
+  uint32_t pool_count;
+  uint32_t worker_count;
+  uint32_t max_clients;
+  uint32_t reserved;
+  uint64_t pools_offset;
+  uint64_t workers_offset;
+  uint64_t clients_offset;
+  std::atomic<uint32_t> daemon_state;  // DaemonState
+  std::atomic<uint32_t> reserved_atomic;
+};
+
+struct alignas(64) PoolShm {
+  char name[kPoolNameBytes];
+  uint32_t id;
+  uint32_t kind;          // PoolKind
+  uint32_t capacity;      // ring cells = queue_factor x workers
+  uint32_t worker_count;
+  uint32_t first_worker;  // index into WorkerShm[]
+  uint32_t client_share;  // most ring cells one client may hold
+  uint64_t ring_offset;   // from the start of the queue segment
+  alignas(64) std::atomic<uint32_t> accepting;  // 0 while draining
+  alignas(64) EventCount work;      // workers sleep here when the ring is empty
+  alignas(64) EventCount space;     // producers sleep here when the ring is full
+  alignas(64) std::atomic<uint64_t> jobs_submitted;
+  std::atomic<uint64_t> jobs_completed;
+};
+
+struct alignas(64) WorkerShm {
+  uint32_t id;
+  uint32_t pool_id;
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> state;     // WorkerState
+  std::atomic<uint32_t> restarts;
+  std::atomic<uint32_t> control_seq;  // bumped by the supervisor after each control message
+  std::atomic<uint32_t> busy;         // 1 while running a job
+  uint32_t reserved;
+  std::atomic<uint64_t> jobs_done;
+  std::atomic<uint64_t> jobs_failed;
+};
+
+struct alignas(64) ClientShm {
+  std::atomic<uint64_t> session;      // nonzero while a client holds this index
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> submitting;   // >0 while the client is inside submit (drain handshake)
+  std::atomic<uint32_t> queued[kMaxPools];  // ring cells this client holds in each pool
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<int32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::is_standard_layout_v<QueueHeader> && std::is_trivially_destructible_v<QueueHeader>);
+static_assert(std::is_standard_layout_v<PoolShm> && std::is_trivially_destructible_v<PoolShm>);
+static_assert(std::is_standard_layout_v<WorkerShm> && std::is_trivially_destructible_v<WorkerShm>);
+static_assert(std::is_standard_layout_v<ClientShm> && std::is_trivially_destructible_v<ClientShm>);
+static_assert(sizeof(QueueHeader) % 64 == 0 && sizeof(PoolShm) % 64 == 0);
+static_assert(sizeof(WorkerShm) % 64 == 0 && sizeof(ClientShm) % 64 == 0);
+
+// Typed views of a mapped queue segment. Cheap to copy; does not own the mapping.
+class QueueView {
+ public:
+  QueueView() = default;
+  explicit QueueView(void* base) noexcept : base_(static_cast<char*>(base)) {}
+
+  QueueHeader& header() const noexcept { return *reinterpret_cast<QueueHeader*>(base_); }
+  PoolShm& pool(uint32_t i) const noexcept {
+    return reinterpret_cast<PoolShm*>(base_ + header().pools_offset)[i];
+  }
+  WorkerShm& worker(uint32_t i) const noexcept {
+    return reinterpret_cast<WorkerShm*>(base_ + header().workers_offset)[i];
+  }
+  ClientShm& client(uint32_t i) const noexcept {
+    return reinterpret_cast<ClientShm*>(base_ + header().clients_offset)[i];
+  }
+  JobRing ring(uint32_t pool) const noexcept { return JobRing(base_ + this->pool(pool).ring_offset); }
+  char* base() const noexcept { return base_; }
+
+ private:
+  char* base_ = nullptr;
+};
+
+// Typed view of a mapped client segment. The geometry comes from the supervisor (never from the
+// segment itself, which the client can write).
+class ClientSegmentView {
+ public:
+  ClientSegmentView() = default;
+  ClientSegmentView(void* base, const ClientSegmentGeometry& g, uint32_t slot_count) noexcept
+      : base_(static_cast<char*>(base)), geometry_(g), slot_count_(slot_count) {}
+
+  JobSlot& slot(uint32_t i) const noexcept {
+    return reinterpret_cast<JobSlot*>(base_ + geometry_.slots_offset)[i];
+  }
+  char* arena() const noexcept { return base_ + geometry_.arena_offset; }
+  uint64_t arena_bytes() const noexcept { return geometry_.arena_bytes; }
+  uint32_t slot_count() const noexcept { return slot_count_; }
+  char* base() const noexcept { return base_; }
+  const ClientSegmentGeometry& geometry() const noexcept { return geometry_; }
+
+ private:
+  char* base_ = nullptr;
+  ClientSegmentGeometry geometry_{};
+  uint32_t slot_count_ = 0;
+};
+
+}  // namespace gpuq

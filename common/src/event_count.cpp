@@ -1,0 +1,47 @@
+#include "gpuq/common/event_count.hpp"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+
+namespace gpuq {
+
+bool futex_wait(std::atomic<uint32_t>* word, uint32_t expected, uint64_t deadline_ns) noexcept {
+  // FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC deadline, so EINTR retries lose no time.
+  timespec ts{};
+  const timespec* tsp = nullptr;
+  if (deadline_ns != kNoDeadline) {
+    ts.tv_sec = static_cast<time_t>(deadline_ns / 1000000000ull);
+    ts.tv_nsec = static_cast<long>(deadline_ns % 1000000000ull);
+    tsp = &ts;
+  }
+  // Shared (not FUTEX_PRIVATE_FLAG): waiter and waker may be different processes.
+  long r = syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_BITSET, expected, tsp,
+                   nullptr, FUTEX_BITSET_MATCH_ANY);
+  return !(r == -1 && errno == ETIMEDOUT);
+}
+
+void futex_wake(std::atomic<uint32_t>* word, int count) noexcept {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, count, nullptr, nullptr, 0);
+}
+
+bool EventCount::wait(Key key, uint64_t deadline_ns) noexcept {
+  bool in_time = true;
+  if (epoch_.load(std::memory_order_acquire) == key) {
+    in_time = futex_wait(&epoch_, key, deadline_ns);
+  }
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  return in_time || monotonic_ns() < deadline_ns;
+}
+
+void EventCount::notify(int count) noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (waiters_.load(std::memory_order_seq_cst) == 0) return;
+  epoch_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake(&epoch_, count);
+}
+
+}  // namespace gpuq

@@ -1,0 +1,203 @@
+// gpuq client library, C++ API.
+//
+//   auto client = gpuq::Client::connect();                    // finds the daemon's socket
+//   if (!client) { std::cerr << client.error().to_string(); return 1; }
+//   auto in = client->allocate(4096);                         // in this client's own segment
+//   auto out = client->allocate(4096);
+//   std::memcpy(in->data(), src, 4096);
+//   auto job = client->submit({.op = "echo", .input = *in, .output = *out}, 1s);
+//   auto result = job->wait(5s);                              // Result<JobResult>
+//
+// Thread-safety: a Client may be used from many threads at once (submit, allocate, wait...).
+// A Job handle is used by one thread at a time. A Client does not survive fork(): in the child
+// every call returns ForkedClient; connect a new Client there.
+// Never touches CUDA. Links no CUDA library.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpuq/error.hpp"
+
+namespace gpuq {
+
+class ClientImpl;
+
+// A buffer in the client's payload segment: the memory workers read inputs from and write
+// outputs to, in place. Valid while the Client lives and until release().
+struct Buffer {
+  uint64_t offset = 0;      // from the start of the payload arena
+  uint64_t size = 0;
+  std::byte* ptr = nullptr; // this process's address of the first byte (null for a raw view)
+
+  std::byte* data() const noexcept { return ptr; }
+  // A part of this buffer: [offset + from, offset + from + length).
+  Buffer slice(uint64_t from, uint64_t length) const noexcept {
+    return Buffer{offset + from, length, ptr == nullptr ? nullptr : ptr + from};
+  }
+  bool empty() const noexcept { return size == 0; }
+};
+
+// A small job parameter: integer, float or short string (see gpuq/common/params.hpp limits:
+// keys 1-32 chars of [a-z0-9_.], strings up to 64 bytes, 192 bytes in all).
+struct JobParam {
+  std::string key;
+  enum class Type { kInt, kFloat, kString } type = Type::kInt;
+  int64_t int_value = 0;
+  double float_value = 0;
+  std::string string_value;
+
+  static JobParam integer(std::string k, int64_t v) { return {std::move(k), Type::kInt, v, 0, {}}; }
+  static JobParam real(std::string k, double v) { return {std::move(k), Type::kFloat, 0, v, {}}; }
+  static JobParam text(std::string k, std::string v) {
+    return {std::move(k), Type::kString, 0, 0, std::move(v)};
+  }
+};
+
+// What to run. `input` and `output` may be empty Buffers (size 0).
+struct JobSpec {
+  std::string op;                // op name: "noop", "echo", "sleep", "checksum", ...
+  std::string pool;              // pool name; empty: the first pool
+  Buffer input;
+  Buffer output;
+  std::vector<JobParam> params;
+  // If still queued at this long after submission, the job ends Expired without running.
+  // Negative: no deadline.
+  std::chrono::nanoseconds expire_after{-1};
+};
+
+enum class JobStatus { kQueued, kRunning, kDone, kFailed, kCancelled, kExpired };
+std::string_view job_status_name(JobStatus s) noexcept;
+
+// The outcome of a finished job.
+struct JobResult {
+  JobStatus status = JobStatus::kQueued;
+  ErrorCode code = ErrorCode::kOk;  // kOk for kDone; why, otherwise
+  std::string message;              // the worker's message for a failure
+  uint64_t output_size = 0;         // bytes written to the output buffer
+  uint64_t value = 0;               // op's scalar result (checksum: the CRC32C)
+  uint32_t worker_id = 0;
+  uint64_t queued_ns = 0;           // submit -> start
+  uint64_t run_ns = 0;              // start -> finish
+
+  bool ok() const noexcept { return status == JobStatus::kDone; }
+};
+
+// A submitted job. Move-only. Destroying an unfinished Job cancels it if it has not started
+// and otherwise lets it finish and discards the result; its slot returns to the client then.
+class Job {
+ public:
+  Job() = default;
+  Job(Job&& other) noexcept;
+  Job& operator=(Job&& other) noexcept;
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  ~Job();
+
+  // Waits until the job is finished or `timeout` passes (negative: forever). Spins briefly, then
+  // sleeps on a futex. Errors: Timeout (job still pending; wait again), Disconnected (the daemon
+  // died), ForkedClient. Blocking. The result stays readable: wait() again returns it again.
+  Result<JobResult> wait(std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
+
+  // The job's current status, without blocking. Lock-free.
+  Result<JobStatus> poll() const;
+
+  // Cancels the job if it has not started. Errors: NotCancellable (already running or
+  // finished), Disconnected, ForkedClient.
+  Result<void> cancel();
+
+  bool valid() const noexcept { return impl_ != nullptr; }
+
+ private:
+  friend class ClientImpl;
+  Job(std::shared_ptr<ClientImpl> impl, uint32_t slot, uint32_t generation) noexcept
+      : impl_(std::move(impl)), slot_(slot), generation_(generation) {}
+  void reset() noexcept;
+
+  std::shared_ptr<ClientImpl> impl_;
+  uint32_t slot_ = 0;
+  uint32_t generation_ = 0;
+  bool finished_ = false;
+};
+
+struct ConnectOptions {
+  // Runtime directory of the daemon. Empty: $GPUQ_RUNTIME_DIR, else $RUNTIME_DIRECTORY, else
+  // $XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID (the daemon's rule, DESIGN.md).
+  std::string runtime_dir;
+  // Size of this client's payload segment (rounded up to 4 KiB); 0: the daemon's default.
+  uint64_t segment_bytes = 0;
+  // A name for logs and status (default: the program name).
+  std::string name;
+  // How long wait() spins before it sleeps. Spinning gives microsecond round trips on an idle
+  // core; 0 sleeps at once.
+  std::chrono::nanoseconds spin{std::chrono::microseconds(50)};
+};
+
+struct PoolInfo {
+  std::string name;
+  std::string kind;  // "cpu" or "gpu"
+  uint32_t capacity = 0;
+  uint32_t client_share = 0;
+};
+
+class Client {
+ public:
+  // Connects to the daemon: checks the protocol version, is authenticated by the daemon
+  // (SO_PEERCRED), and maps this client's payload segment. Errors: Disconnected (no daemon at
+  // the socket), ProtocolMismatch, PermissionDenied, TooManyClients, InvalidArgument,
+  // SystemError. Blocking; thread-safe.
+  static Result<Client> connect(const ConnectOptions& options = {});
+
+  Client(Client&&) noexcept;
+  Client& operator=(Client&&) noexcept;
+  ~Client();
+
+  // Allocates `size` bytes (64-byte aligned) in the payload segment. Errors: OutOfMemory
+  // (segment full), InvalidArgument (size 0), ForkedClient. Thread-safe.
+  Result<Buffer> allocate(uint64_t size);
+  // Returns a buffer from allocate(). Releasing a buffer a queued or running job uses is the
+  // caller's bug: the job may read or write freed memory (only this client's own).
+  void release(const Buffer& buffer);
+
+  // Submits a job, waiting up to `timeout` for room in the pool's ring (negative: forever).
+  // Errors: UnknownOp, UnknownPool, InvalidArgument (params), Timeout (ring stayed full),
+  // ShuttingDown, Disconnected, ForkedClient, OutOfMemory (all of this client's job slots are
+  // in use). Thread-safe; lock-free when there is room.
+  Result<Job> submit(const JobSpec& spec,
+                     std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
+  // Like submit() but returns QueueFull at once when there is no room. Never blocks.
+  Result<Job> try_submit(const JobSpec& spec);
+
+  // Static facts from the connection handshake.
+  const std::vector<PoolInfo>& pools() const noexcept;
+  std::vector<std::string> ops() const;
+  uint64_t segment_bytes() const noexcept;
+  uint32_t slot_count() const noexcept;
+  uint64_t daemon_epoch() const noexcept;
+
+ private:
+  explicit Client(std::shared_ptr<ClientImpl> impl) noexcept;
+  std::shared_ptr<ClientImpl> impl_;
+};
+
+// Daemon status document (the JSON of `gpuqctl status --json`), over a short control
+// connection that registers no client. `runtime_dir` as in ConnectOptions. Errors:
+// Disconnected (no daemon), PermissionDenied, ProtocolMismatch. Blocking.
+Result<std::string> daemon_status_json(const std::string& runtime_dir = {});
+
+// Asks the daemon to drain (finish queued and running jobs, accept no new ones) and exit.
+// Returns once the daemon has acknowledged. Errors as daemon_status_json.
+Result<void> daemon_stop(const std::string& runtime_dir = {});
+
+// The daemon's runtime directory as resolved by the rule in ConnectOptions::runtime_dir.
+std::string default_runtime_dir();
+
+// Library version string ("0.1.0").
+std::string_view version() noexcept;
+
+}  // namespace gpuq
