@@ -26,7 +26,7 @@ uint32_t crc32c_table(const uint8_t* p, size_t n, uint32_t crc) noexcept {
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t crc32c_hw(const uint8_t* p, size_t n,
-                                                       uint32_t crc) noexcept {
+                                                     uint32_t crc) noexcept {
   uint64_t c = crc;
   while (n >= 8) {
     uint64_t v;

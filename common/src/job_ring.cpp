@@ -14,8 +14,8 @@ JobRing JobRing::create(void* memory, uint32_t capacity) noexcept {
   h->head.store(0, std::memory_order_relaxed);
   h->capacity = capacity;
   h->reserved = 0;
-  auto* cells = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(memory) +
-                                                         sizeof(RingHeader));
+  auto* cells =
+      reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(memory) + sizeof(RingHeader));
   for (uint32_t i = 0; i < capacity; ++i) {
     new (&cells[i]) std::atomic<uint64_t>(make_cell(i, kEmptyValue));
   }

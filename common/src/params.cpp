@@ -21,14 +21,15 @@ bool valid_key(std::string_view key) {
   return true;
 }
 
-Error bad_param(const std::string& what) { return Error(ErrorCode::kInvalidArgument, what); }
+Error bad_param(const std::string& what) {
+  return Error(ErrorCode::kInvalidArgument, what);
+}
 
 }  // namespace
 
 Result<void> ParamWriter::add(std::string_view key, const ParamValue& value) {
   if (!valid_key(key)) {
-    return bad_param("param key '" + std::string(key) +
-                     "' must be 1-32 characters of [a-z0-9_.]");
+    return bad_param("param key '" + std::string(key) + "' must be 1-32 characters of [a-z0-9_.]");
   }
   std::vector<uint8_t> e;
   e.push_back(static_cast<uint8_t>(key.size()));

@@ -53,7 +53,7 @@ Result<QueueSegment> QueueSegment::open(const std::string& name) {
     return s;
   } catch (const bip::interprocess_exception& e) {
     ErrorCode code = e.get_error_code() == bip::security_error ? ErrorCode::kPermissionDenied
-                                                                : ErrorCode::kDisconnected;
+                                                               : ErrorCode::kDisconnected;
     return Error(code, "cannot open shared memory segment '" + name + "': " + e.what());
   }
 }
@@ -65,7 +65,9 @@ bool QueueSegment::remove(const std::string& name) {
 void* QueueSegment::address() const noexcept {
   return state_ ? state_->region.get_address() : nullptr;
 }
-uint64_t QueueSegment::size() const noexcept { return state_ ? state_->region.get_size() : 0; }
+uint64_t QueueSegment::size() const noexcept {
+  return state_ ? state_->region.get_size() : 0;
+}
 
 MemfdSegment::MemfdSegment(MemfdSegment&& o) noexcept
     : fd_(std::move(o.fd_)),
@@ -105,9 +107,9 @@ Result<MemfdSegment> MemfdSegment::map(UniqueFd fd, uint64_t expected_bytes) {
   struct stat st {};
   if (auto r = GPUQ_POSIX_CALL(::fstat, fd.get(), &st); !r) return r.error();
   if (static_cast<uint64_t>(st.st_size) < expected_bytes) {
-    return Error(ErrorCode::kInvalidArgument,
-                 "segment is " + std::to_string(st.st_size) + " bytes, expected " +
-                     std::to_string(expected_bytes));
+    return Error(ErrorCode::kInvalidArgument, "segment is " + std::to_string(st.st_size) +
+                                                  " bytes, expected " +
+                                                  std::to_string(expected_bytes));
   }
   auto seals = GPUQ_POSIX_CALL(::fcntl, fd.get(), F_GET_SEALS);
   if (!seals) return seals.error();

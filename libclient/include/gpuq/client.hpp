@@ -31,9 +31,9 @@ class ClientImpl;
 // A buffer in the client's payload segment: the memory workers read inputs from and write
 // outputs to, in place. Valid while the Client lives and until release().
 struct Buffer {
-  uint64_t offset = 0;      // from the start of the payload arena
+  uint64_t offset = 0;  // from the start of the payload arena
   uint64_t size = 0;
-  std::byte* ptr = nullptr; // this process's address of the first byte (null for a raw view)
+  std::byte* ptr = nullptr;  // this process's address of the first byte (null for a raw view)
 
   std::byte* data() const noexcept { return ptr; }
   // A part of this buffer: [offset + from, offset + from + length).
@@ -61,8 +61,8 @@ struct JobParam {
 
 // What to run. `input` and `output` may be empty Buffers (size 0).
 struct JobSpec {
-  std::string op;                // op name: "noop", "echo", "sleep", "checksum", ...
-  std::string pool;              // pool name; empty: the first pool
+  std::string op;    // op name: "noop", "echo", "sleep", "checksum", ...
+  std::string pool;  // pool name; empty: the first pool
   Buffer input;
   Buffer output;
   std::vector<JobParam> params;
@@ -82,8 +82,8 @@ struct JobResult {
   uint64_t output_size = 0;         // bytes written to the output buffer
   uint64_t value = 0;               // op's scalar result (checksum: the CRC32C)
   uint32_t worker_id = 0;
-  uint64_t queued_ns = 0;           // submit -> start
-  uint64_t run_ns = 0;              // start -> finish
+  uint64_t queued_ns = 0;  // submit -> start
+  uint64_t run_ns = 0;     // start -> finish
 
   bool ok() const noexcept { return status == JobStatus::kDone; }
 };

@@ -17,54 +17,76 @@ namespace gpuq {
 // the C ABI (gpuq.h mirrors them); append new codes, never renumber.
 enum class ErrorCode : int32_t {
   kOk = 0,
-  kInvalidArgument = 1,     // a field of a request is malformed; the message names the field
-  kUnknownOp = 2,           // no op of that name (or id) is registered
-  kUnknownPool = 3,         // no pool of that name
-  kQueueFull = 4,           // try_submit: the pool's ring or this client's share of it is full
-  kTimeout = 5,             // a deadline passed before the call could complete
-  kCancelled = 6,           // the job was cancelled before it started
-  kExpired = 7,             // the job's deadline passed while it was still queued
-  kWorkerDied = 8,          // the worker running the job exited
-  kDisconnected = 9,        // the daemon is gone (or restarted); reconnect
-  kProtocolMismatch = 10,   // client and daemon speak different protocol versions
-  kPermissionDenied = 11,   // the peer is not an allowed user or group
-  kOutOfMemory = 12,        // no room in the payload segment (or device memory)
-  kNotFound = 13,           // no such job, buffer or object
-  kShuttingDown = 14,       // the daemon is draining and accepts no new jobs
-  kForkedClient = 15,       // this Client was created by the parent of a fork()
-  kNoDevice = 16,           // the pool has no usable device
-  kInternal = 17,           // a bug in gpuq; the message says where
-  kSystemError = 18,        // a system call failed; the message names it and errno
-  kNotCancellable = 19,     // cancel: the job is already running or finished
-  kTooManyClients = 20,     // the daemon serves its configured maximum of clients
-  kOpFailed = 21,           // the op itself reported failure; the message says why
+  kInvalidArgument = 1,    // a field of a request is malformed; the message names the field
+  kUnknownOp = 2,          // no op of that name (or id) is registered
+  kUnknownPool = 3,        // no pool of that name
+  kQueueFull = 4,          // try_submit: the pool's ring or this client's share of it is full
+  kTimeout = 5,            // a deadline passed before the call could complete
+  kCancelled = 6,          // the job was cancelled before it started
+  kExpired = 7,            // the job's deadline passed while it was still queued
+  kWorkerDied = 8,         // the worker running the job exited
+  kDisconnected = 9,       // the daemon is gone (or restarted); reconnect
+  kProtocolMismatch = 10,  // client and daemon speak different protocol versions
+  kPermissionDenied = 11,  // the peer is not an allowed user or group
+  kOutOfMemory = 12,       // no room in the payload segment (or device memory)
+  kNotFound = 13,          // no such job, buffer or object
+  kShuttingDown = 14,      // the daemon is draining and accepts no new jobs
+  kForkedClient = 15,      // this Client was created by the parent of a fork()
+  kNoDevice = 16,          // the pool has no usable device
+  kInternal = 17,          // a bug in gpuq; the message says where
+  kSystemError = 18,       // a system call failed; the message names it and errno
+  kNotCancellable = 19,    // cancel: the job is already running or finished
+  kTooManyClients = 20,    // the daemon serves its configured maximum of clients
+  kOpFailed = 21,          // the op itself reported failure; the message says why
 };
 
 // Stable name of a code ("QueueFull"), for logs and JSON. Thread-safe, never fails.
 constexpr std::string_view error_code_name(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kOk: return "Ok";
-    case ErrorCode::kInvalidArgument: return "InvalidArgument";
-    case ErrorCode::kUnknownOp: return "UnknownOp";
-    case ErrorCode::kUnknownPool: return "UnknownPool";
-    case ErrorCode::kQueueFull: return "QueueFull";
-    case ErrorCode::kTimeout: return "Timeout";
-    case ErrorCode::kCancelled: return "Cancelled";
-    case ErrorCode::kExpired: return "Expired";
-    case ErrorCode::kWorkerDied: return "WorkerDied";
-    case ErrorCode::kDisconnected: return "Disconnected";
-    case ErrorCode::kProtocolMismatch: return "ProtocolMismatch";
-    case ErrorCode::kPermissionDenied: return "PermissionDenied";
-    case ErrorCode::kOutOfMemory: return "OutOfMemory";
-    case ErrorCode::kNotFound: return "NotFound";
-    case ErrorCode::kShuttingDown: return "ShuttingDown";
-    case ErrorCode::kForkedClient: return "ForkedClient";
-    case ErrorCode::kNoDevice: return "NoDevice";
-    case ErrorCode::kInternal: return "Internal";
-    case ErrorCode::kSystemError: return "SystemError";
-    case ErrorCode::kNotCancellable: return "NotCancellable";
-    case ErrorCode::kTooManyClients: return "TooManyClients";
-    case ErrorCode::kOpFailed: return "OpFailed";
+    case ErrorCode::kOk:
+      return "Ok";
+    case ErrorCode::kInvalidArgument:
+      return "InvalidArgument";
+    case ErrorCode::kUnknownOp:
+      return "UnknownOp";
+    case ErrorCode::kUnknownPool:
+      return "UnknownPool";
+    case ErrorCode::kQueueFull:
+      return "QueueFull";
+    case ErrorCode::kTimeout:
+      return "Timeout";
+    case ErrorCode::kCancelled:
+      return "Cancelled";
+    case ErrorCode::kExpired:
+      return "Expired";
+    case ErrorCode::kWorkerDied:
+      return "WorkerDied";
+    case ErrorCode::kDisconnected:
+      return "Disconnected";
+    case ErrorCode::kProtocolMismatch:
+      return "ProtocolMismatch";
+    case ErrorCode::kPermissionDenied:
+      return "PermissionDenied";
+    case ErrorCode::kOutOfMemory:
+      return "OutOfMemory";
+    case ErrorCode::kNotFound:
+      return "NotFound";
+    case ErrorCode::kShuttingDown:
+      return "ShuttingDown";
+    case ErrorCode::kForkedClient:
+      return "ForkedClient";
+    case ErrorCode::kNoDevice:
+      return "NoDevice";
+    case ErrorCode::kInternal:
+      return "Internal";
+    case ErrorCode::kSystemError:
+      return "SystemError";
+    case ErrorCode::kNotCancellable:
+      return "NotCancellable";
+    case ErrorCode::kTooManyClients:
+      return "TooManyClients";
+    case ErrorCode::kOpFailed:
+      return "OpFailed";
   }
   return "Unknown";
 }
@@ -97,7 +119,7 @@ class Error {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}      // NOLINT(google-explicit-constructor)
   Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const noexcept { return v_.index() == 0; }
@@ -134,6 +156,8 @@ class [[nodiscard]] Result<void> {
   bool ok_ = true;
 };
 
-inline Result<void> ok_result() { return {}; }
+inline Result<void> ok_result() {
+  return {};
+}
 
 }  // namespace gpuq

@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define GPUQ_ASSERT(cond)                                                                    \
-  do {                                                                                       \
-    if (!(cond)) [[unlikely]] {                                                              \
+#define GPUQ_ASSERT(cond)                                                                      \
+  do {                                                                                         \
+    if (!(cond)) [[unlikely]] {                                                                \
       std::fprintf(stderr, "gpuq: assertion failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                          \
-    }                                                                                        \
+      std::abort();                                                                            \
+    }                                                                                          \
   } while (0)

@@ -36,6 +36,9 @@ class EventCount {
   // followed by exactly one wait() or cancel_wait().
   Key prepare_wait() noexcept {
     waiters_.fetch_add(1, std::memory_order_seq_cst);
+    // Orders the registration before the caller's re-check of its condition (the other half
+    // of the fence in notify()).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     return epoch_.load(std::memory_order_seq_cst);
   }
 

@@ -78,6 +78,11 @@ class JobRing {
   // Number of values in the ring at some instant during the call (exact when quiescent).
   uint32_t size() const noexcept;
 
+  // The head and tail hints (positions). The supervisor uses them to know when every entry
+  // pushed before some moment has been popped: head_position() >= an earlier tail_position().
+  uint64_t head_position() const noexcept { return header_->head.load(std::memory_order_acquire); }
+  uint64_t tail_position() const noexcept { return header_->tail.load(std::memory_order_acquire); }
+
   // True if some value is present; cheaper than size() for wait conditions.
   bool has_values() const noexcept { return size() != 0; }
 

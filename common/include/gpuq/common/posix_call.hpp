@@ -36,5 +36,6 @@ Result<long> posix_call(const char* name, const char* file, int line, Fn&& fn, A
 
 }  // namespace gpuq::detail
 
-#define GPUQ_POSIX_CALL(fn, ...) ::gpuq::detail::posix_call(#fn, __FILE__, __LINE__, fn, __VA_ARGS__)
+#define GPUQ_POSIX_CALL(fn, ...) \
+  ::gpuq::detail::posix_call(#fn, __FILE__, __LINE__, fn, __VA_ARGS__)
 #define GPUQ_SYSTEM_ERROR(name) ::gpuq::detail::system_error(name, errno, __FILE__, __LINE__)

@@ -31,10 +31,10 @@ enum class MessageType : uint16_t {
   kStopRequest = 6,    // client: {} - drain and exit
   kStopReply = 7,      // daemon: {"draining": true}
   // supervisor <-> worker
-  kWorkerReady = 16,   // worker: {"worker": id}
-  kMapClient = 17,     // supervisor: {"client", "session", geometry}; fd: the client segment
-  kUnmapClient = 18,   // supervisor: {"client", "session"}
-  kWorkerStop = 19,    // supervisor: {} - finish the ring and exit
+  kWorkerReady = 16,  // worker: {"worker": id}
+  kMapClient = 17,    // supervisor: {"client", "session", geometry}; fd: the client segment
+  kUnmapClient = 18,  // supervisor: {"client", "session"}
+  kWorkerStop = 19,   // supervisor: {} - finish the ring and exit
 };
 
 struct MessageHeader {
@@ -49,8 +49,8 @@ static_assert(sizeof(MessageHeader) == 16);
 struct Message {
   uint16_t version = kProtocolVersion;
   MessageType type = MessageType::kError;
-  std::string body;            // JSON text
-  std::vector<UniqueFd> fds;   // received descriptors (owned)
+  std::string body;           // JSON text
+  std::vector<UniqueFd> fds;  // received descriptors (owned)
 };
 
 // Validates a received datagram and splits it into a Message. Untrusted input: every size and

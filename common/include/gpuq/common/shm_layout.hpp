@@ -71,7 +71,9 @@ enum class JobState : uint8_t {
   kExpired = 7,    // terminal: its deadline passed while queued
 };
 
-constexpr bool is_terminal(JobState s) noexcept { return s >= JobState::kDone; }
+constexpr bool is_terminal(JobState s) noexcept {
+  return s >= JobState::kDone;
+}
 
 // The slot's state word: {generation:32 | state:8 | worker+1:24}. Every transition is a CAS on
 // the whole word, so an actor holding a stale generation cannot move a reused slot.
@@ -99,12 +101,12 @@ struct JobDescriptor {
   uint32_t pool_id;
   uint32_t flags;
   uint32_t params_bytes;
-  uint64_t input_offset;     // relative to the payload arena
+  uint64_t input_offset;  // relative to the payload arena
   uint64_t input_bytes;
-  uint64_t output_offset;    // relative to the payload arena
+  uint64_t output_offset;  // relative to the payload arena
   uint64_t output_capacity;
-  uint64_t deadline_ns;      // CLOCK_MONOTONIC; kNoDeadline for none
-  uint64_t submit_ns;        // CLOCK_MONOTONIC when the client pushed it
+  uint64_t deadline_ns;            // CLOCK_MONOTONIC; kNoDeadline for none
+  uint64_t submit_ns;              // CLOCK_MONOTONIC when the client pushed it
   uint8_t params[kMaxParamBytes];  // ParamBlock encoding (params.hpp)
 };
 static_assert(std::is_trivially_copyable_v<JobDescriptor>);
@@ -112,10 +114,10 @@ static_assert(sizeof(JobDescriptor) == 256);
 
 // What happened (OUT, written by the worker before it stores the terminal state).
 struct JobOutcome {
-  int32_t code;            // ErrorCode
+  int32_t code;  // ErrorCode
   uint32_t worker_id;
-  uint64_t output_bytes;   // bytes written to the output buffer
-  uint64_t value;          // small scalar result (e.g. checksum)
+  uint64_t output_bytes;  // bytes written to the output buffer
+  uint64_t value;         // small scalar result (e.g. checksum)
   uint64_t started_ns;
   uint64_t finished_ns;
   char message[kMessageBytes];  // NUL-terminated
@@ -198,15 +200,15 @@ struct alignas(64) QueueHeader {
 struct alignas(64) PoolShm {
   char name[kPoolNameBytes];
   uint32_t id;
-  uint32_t kind;          // PoolKind
-  uint32_t capacity;      // ring cells = queue_factor x workers
+  uint32_t kind;      // PoolKind
+  uint32_t capacity;  // ring cells = queue_factor x workers
   uint32_t worker_count;
-  uint32_t first_worker;  // index into WorkerShm[]
-  uint32_t client_share;  // most ring cells one client may hold
-  uint64_t ring_offset;   // from the start of the queue segment
+  uint32_t first_worker;                        // index into WorkerShm[]
+  uint32_t client_share;                        // most ring cells one client may hold
+  uint64_t ring_offset;                         // from the start of the queue segment
   alignas(64) std::atomic<uint32_t> accepting;  // 0 while draining
-  alignas(64) EventCount work;      // workers sleep here when the ring is empty
-  alignas(64) EventCount space;     // producers sleep here when the ring is full
+  alignas(64) EventCount work;                  // workers sleep here when the ring is empty
+  alignas(64) EventCount space;                 // producers sleep here when the ring is full
   alignas(64) std::atomic<uint64_t> jobs_submitted;
   std::atomic<uint64_t> jobs_completed;
 };
@@ -215,7 +217,7 @@ struct alignas(64) WorkerShm {
   uint32_t id;
   uint32_t pool_id;
   std::atomic<int32_t> pid;
-  std::atomic<uint32_t> state;     // WorkerState
+  std::atomic<uint32_t> state;  // WorkerState
   std::atomic<uint32_t> restarts;
   std::atomic<uint32_t> control_seq;  // bumped by the supervisor after each control message
   std::atomic<uint32_t> busy;         // 1 while running a job
@@ -225,16 +227,17 @@ struct alignas(64) WorkerShm {
 };
 
 struct alignas(64) ClientShm {
-  std::atomic<uint64_t> session;      // nonzero while a client holds this index
+  std::atomic<uint64_t> session;  // nonzero while a client holds this index
   std::atomic<int32_t> pid;
-  std::atomic<uint32_t> submitting;   // >0 while the client is inside submit (drain handshake)
+  std::atomic<uint32_t> submitting;  // >0 while the client is inside submit (drain handshake)
   std::atomic<uint32_t> queued[kMaxPools];  // ring cells this client holds in each pool
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
-static_assert(std::is_standard_layout_v<QueueHeader> && std::is_trivially_destructible_v<QueueHeader>);
+static_assert(std::is_standard_layout_v<QueueHeader> &&
+              std::is_trivially_destructible_v<QueueHeader>);
 static_assert(std::is_standard_layout_v<PoolShm> && std::is_trivially_destructible_v<PoolShm>);
 static_assert(std::is_standard_layout_v<WorkerShm> && std::is_trivially_destructible_v<WorkerShm>);
 static_assert(std::is_standard_layout_v<ClientShm> && std::is_trivially_destructible_v<ClientShm>);
@@ -257,7 +260,9 @@ class QueueView {
   ClientShm& client(uint32_t i) const noexcept {
     return reinterpret_cast<ClientShm*>(base_ + header().clients_offset)[i];
   }
-  JobRing ring(uint32_t pool) const noexcept { return JobRing(base_ + this->pool(pool).ring_offset); }
+  JobRing ring(uint32_t pool) const noexcept {
+    return JobRing(base_ + this->pool(pool).ring_offset);
+  }
   char* base() const noexcept { return base_; }
 
  private:

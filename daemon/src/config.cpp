@@ -1,0 +1,355 @@
+#include "config.hpp"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace gpuq::daemon {
+namespace {
+
+using nlohmann::json;
+
+Error bad(const std::string& path, const std::string& what) {
+  return Error(ErrorCode::kInvalidArgument, "config: " + path + ": " + what);
+}
+
+// Each reader checks one value and stores it; the table below maps keys to readers.
+Result<uint64_t> read_uint(const json& v, const std::string& path, uint64_t min, uint64_t max) {
+  if (!v.is_number_integer() && !v.is_number_unsigned()) {
+    return bad(path, "must be an integer, got " + v.dump());
+  }
+  if (v.is_number_integer() && v.get<int64_t>() < 0) {
+    return bad(path, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " +
+                         v.dump());
+  }
+  uint64_t x = v.get<uint64_t>();
+  if (x < min || x > max) {
+    return bad(path, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " +
+                         std::to_string(x));
+  }
+  return x;
+}
+
+Result<int> parse_cpu_number(std::string_view s, const std::string& path) {
+  int v = -1;
+  auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || v < 0) {
+    return bad(path, "'" + std::string(s) + "' is not a CPU number");
+  }
+  return v;
+}
+
+// "0-3,6" or [0, 1, 2]. Every CPU must be one the daemon may run on.
+Result<std::vector<int>> read_cpus(const json& v, const std::string& path,
+                                   const std::vector<int>& available) {
+  std::vector<int> cpus;
+  if (v.is_string()) {
+    std::string s = v.get<std::string>();
+    std::stringstream ss(s);
+    std::string part;
+    while (std::getline(ss, part, ',')) {
+      size_t dash = part.find('-');
+      if (dash == std::string::npos) {
+        auto c = parse_cpu_number(part, path);
+        if (!c) return c.error();
+        cpus.push_back(*c);
+      } else {
+        auto a = parse_cpu_number(std::string_view(part).substr(0, dash), path);
+        if (!a) return a.error();
+        auto b = parse_cpu_number(std::string_view(part).substr(dash + 1), path);
+        if (!b) return b.error();
+        if (*b < *a) return bad(path, "range '" + part + "' runs backwards");
+        for (int c = *a; c <= *b; ++c) cpus.push_back(c);
+      }
+    }
+  } else if (v.is_array()) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      std::string p = path + "[" + std::to_string(i) + "]";
+      auto c = read_uint(v[i], p, 0, 4095);
+      if (!c) return c.error();
+      cpus.push_back(static_cast<int>(*c));
+    }
+  } else {
+    return bad(path, "must be a list of CPU numbers or a string like \"0-3,6\"");
+  }
+  if (cpus.empty()) return bad(path, "must name at least one CPU");
+  std::set<int> seen;
+  for (int c : cpus) {
+    if (!seen.insert(c).second) return bad(path, "CPU " + std::to_string(c) + " is listed twice");
+    if (std::find(available.begin(), available.end(), c) == available.end()) {
+      return bad(path, "CPU " + std::to_string(c) + " is not available to the daemon (available: " +
+                           std::to_string(available.size()) + " CPUs)");
+    }
+  }
+  return cpus;
+}
+
+Result<uid_t> resolve_user(const json& v, const std::string& path) {
+  if (v.is_number_unsigned() || v.is_number_integer()) {
+    auto u = read_uint(v, path, 0, 0xFFFFFFFEu);
+    if (!u) return u.error();
+    return static_cast<uid_t>(*u);
+  }
+  if (!v.is_string()) return bad(path, "must be a user name or a numeric uid");
+  std::string name = v.get<std::string>();
+  passwd pw{}, *res = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &res) != 0 || res == nullptr) {
+    return bad(path, "no user named '" + name + "'");
+  }
+  return pw.pw_uid;
+}
+
+Result<gid_t> resolve_group(const json& v, const std::string& path) {
+  if (v.is_number_unsigned() || v.is_number_integer()) {
+    auto g = read_uint(v, path, 0, 0xFFFFFFFEu);
+    if (!g) return g.error();
+    return static_cast<gid_t>(*g);
+  }
+  if (!v.is_string()) return bad(path, "must be a group name or a numeric gid");
+  std::string name = v.get<std::string>();
+  group gr{}, *res = nullptr;
+  std::vector<char> buf(16384);
+  if (getgrnam_r(name.c_str(), &gr, buf.data(), buf.size(), &res) != 0 || res == nullptr) {
+    return bad(path, "no group named '" + name + "'");
+  }
+  return gr.gr_gid;
+}
+
+bool valid_pool_name(const std::string& n) {
+  if (n.empty() || n.size() >= kPoolNameBytes) return false;
+  return std::all_of(n.begin(), n.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+Result<PoolConfig> read_pool(const json& v, const std::string& path,
+                             const std::vector<int>& available) {
+  if (!v.is_object()) return bad(path, "must be an object");
+  PoolConfig p;
+  bool have_workers = false;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string key = it.key();
+    const std::string kp = path + "." + key;
+    const json& val = it.value();
+    if (key == "name") {
+      if (!val.is_string() || !valid_pool_name(val.get<std::string>())) {
+        return bad(kp, "must be 1-31 characters of [a-z0-9_-]");
+      }
+      p.name = val.get<std::string>();
+    } else if (key == "kind") {
+      if (val == "cpu") {
+        p.kind = PoolKind::kCpu;
+      } else if (val == "gpu") {
+        return bad(kp, "\"gpu\" pools are not supported by this build yet (only \"cpu\")");
+      } else {
+        return bad(kp, "must be \"cpu\" or \"gpu\", got " + val.dump());
+      }
+    } else if (key == "workers") {
+      auto w = read_uint(val, kp, 1, kMaxWorkers);
+      if (!w) return w.error();
+      p.workers = static_cast<uint32_t>(*w);
+      have_workers = true;
+    } else if (key == "cpus") {
+      auto c = read_cpus(val, kp, available);
+      if (!c) return c.error();
+      p.cpus = std::move(*c);
+    } else {
+      return bad(kp, "unknown key (known: name, kind, workers, cpus)");
+    }
+  }
+  if (p.name.empty()) return bad(path + ".name", "is required");
+  if (p.cpus.empty()) p.cpus = available;
+  if (!have_workers) p.workers = static_cast<uint32_t>(p.cpus.size());
+  return p;
+}
+
+struct Key {
+  const char* name;
+  std::function<Result<void>(Config&, const json&, const std::string&)> read;
+};
+
+template <typename T>
+Key uint_key(const char* name, T Config::*field, uint64_t min, uint64_t max) {
+  return {name, [field, min, max](Config& c, const json& v, const std::string& p) -> Result<void> {
+            auto x = read_uint(v, p, min, max);
+            if (!x) return x.error();
+            c.*field = static_cast<T>(*x);
+            return {};
+          }};
+}
+
+// Every config key, one row each (redis's config table habit).
+const std::vector<Key>& key_table() {
+  static const std::vector<Key> keys = {
+      uint_key("queue_factor", &Config::queue_factor, 1, 1024),
+      uint_key("max_clients", &Config::max_clients, 1, kMaxClients - 1),
+      uint_key("max_jobs_per_client", &Config::max_jobs_per_client, 1, kMaxSlotsPerClient),
+      {"client_queue_share",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         if (!v.is_number() || v.get<double>() <= 0.0 || v.get<double>() > 1.0) {
+           return bad(p, "must be a number in (0, 1], got " + v.dump());
+         }
+         c.client_queue_share = v.get<double>();
+         return {};
+       }},
+      uint_key("client_segment_bytes", &Config::client_segment_bytes, 4096, 1ull << 40),
+      uint_key("max_client_segment_bytes", &Config::max_client_segment_bytes, 4096, 1ull << 40),
+      uint_key("drain_timeout_ms", &Config::drain_timeout_ms, 0, 3600000),
+      uint_key("worker_spin_us", &Config::worker_spin_us, 0, 100000),
+      uint_key("restart_backoff_initial_ms", &Config::restart_backoff_initial_ms, 1, 600000),
+      uint_key("restart_backoff_max_ms", &Config::restart_backoff_max_ms, 1, 3600000),
+      uint_key("max_start_failures", &Config::max_start_failures, 1, 1000),
+      {"allowed_users",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         if (!v.is_array()) return bad(p, "must be a list of user names or uids");
+         for (size_t i = 0; i < v.size(); ++i) {
+           auto u = resolve_user(v[i], p + "[" + std::to_string(i) + "]");
+           if (!u) return u.error();
+           c.allowed_uids.push_back(*u);
+         }
+         return {};
+       }},
+      {"allowed_groups",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         if (!v.is_array()) return bad(p, "must be a list of group names or gids");
+         for (size_t i = 0; i < v.size(); ++i) {
+           auto g = resolve_group(v[i], p + "[" + std::to_string(i) + "]");
+           if (!g) return g.error();
+           c.allowed_gids.push_back(*g);
+         }
+         return {};
+       }},
+      {"group",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         auto g = resolve_group(v, p);
+         if (!g) return g.error();
+         c.group = *g;
+         c.group_set = true;
+         return {};
+       }},
+      {"log_level",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         static const std::map<std::string, LogLevel> levels = {{"debug", LogLevel::kDebug},
+                                                                {"info", LogLevel::kInfo},
+                                                                {"warning", LogLevel::kWarn},
+                                                                {"error", LogLevel::kError}};
+         auto it = v.is_string() ? levels.find(v.get<std::string>()) : levels.end();
+         if (it == levels.end()) return bad(p, "must be one of debug, info, warning, error");
+         c.log_level = it->second;
+         return {};
+       }},
+  };
+  return keys;
+}
+
+}  // namespace
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int i = 0; i < CPU_SETSIZE; ++i) {
+      if (CPU_ISSET(i, &set)) cpus.push_back(i);
+    }
+  }
+  if (cpus.empty()) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long i = 0; i < (n > 0 ? n : 1); ++i) cpus.push_back(static_cast<int>(i));
+  }
+  return cpus;
+}
+
+Result<Config> parse_config(const std::string& json_text, const std::vector<int>& available_cpus) {
+  json doc;
+  try {
+    doc = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    return Error(ErrorCode::kInvalidArgument, std::string("config: not valid JSON: ") + e.what());
+  }
+  if (!doc.is_object()) return bad("(top level)", "must be a JSON object");
+  Config c;
+  bool have_pools = false;
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "pools") {
+      if (!it.value().is_array() || it.value().empty()) {
+        return bad("pools", "must be a non-empty list of pool objects");
+      }
+      if (it.value().size() > kMaxPools) {
+        return bad("pools", "at most " + std::to_string(kMaxPools) + " pools");
+      }
+      for (size_t i = 0; i < it.value().size(); ++i) {
+        auto p = read_pool(it.value()[i], "pools[" + std::to_string(i) + "]", available_cpus);
+        if (!p) return p.error();
+        c.pools.push_back(std::move(*p));
+      }
+      have_pools = true;
+      continue;
+    }
+    const auto& table = key_table();
+    auto k = std::find_if(table.begin(), table.end(), [&](const Key& x) { return key == x.name; });
+    if (k == table.end()) return bad(key, "unknown key");
+    if (auto r = k->read(c, it.value(), key); !r) return r.error();
+  }
+  if (!have_pools) {
+    PoolConfig p;
+    p.name = "cpu";
+    p.cpus = available_cpus;
+    p.workers = static_cast<uint32_t>(available_cpus.size());
+    c.pools.push_back(p);
+  }
+  // Cross-key checks.
+  std::set<std::string> names;
+  uint64_t total_workers = 0;
+  for (size_t i = 0; i < c.pools.size(); ++i) {
+    const auto& p = c.pools[i];
+    if (!names.insert(p.name).second) {
+      return bad("pools[" + std::to_string(i) + "].name", "'" + p.name + "' is used twice");
+    }
+    uint64_t cap = uint64_t{c.queue_factor} * p.workers;
+    // A ring entry carries 14 bits of the slot generation; a ring far larger than that could
+    // let a stale entry match a reused slot (docs/design/job_states.md).
+    if (cap > 8192) {
+      return bad("pools[" + std::to_string(i) + "]",
+                 "queue_factor x workers = " + std::to_string(cap) + " exceeds 8192 ring cells");
+    }
+    total_workers += p.workers;
+  }
+  if (total_workers > kMaxWorkers) {
+    return bad("pools", "more than " + std::to_string(kMaxWorkers) + " workers in all");
+  }
+  if (c.client_segment_bytes > c.max_client_segment_bytes) {
+    return bad("client_segment_bytes", "exceeds max_client_segment_bytes");
+  }
+  if (c.restart_backoff_initial_ms > c.restart_backoff_max_ms) {
+    return bad("restart_backoff_initial_ms", "exceeds restart_backoff_max_ms");
+  }
+  return c;
+}
+
+Result<Config> load_config(const std::string& path, const std::vector<int>& available_cpus) {
+  if (path.empty()) return parse_config("{}", available_cpus);
+  std::ifstream in(path);
+  if (!in) {
+    return Error(ErrorCode::kInvalidArgument, "config: cannot read '" + path + "'");
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto c = parse_config(ss.str(), available_cpus);
+  if (!c) return Error(c.error().code(), c.error().message() + " (in " + path + ")");
+  return c;
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,47 @@
+#include "job_validation.hpp"
+
+namespace gpuq::daemon {
+namespace {
+
+// [offset, offset + length) inside [0, arena) without overflow.
+Result<void> check_range(const char* which, uint64_t offset, uint64_t length, uint64_t arena) {
+  if (offset > arena || length > arena - offset) {
+    return Error(ErrorCode::kInvalidArgument,
+                 std::string(which) + " buffer [offset " + std::to_string(offset) + ", length " +
+                     std::to_string(length) + ") lies outside the client's " +
+                     std::to_string(arena) + "-byte payload segment");
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<ValidatedJob> validate_descriptor(const JobDescriptor& d, uint64_t arena_bytes,
+                                         uint32_t expected_pool) {
+  const OpInfo* op = find_op(d.op_id);
+  if (op == nullptr) {
+    return Error(ErrorCode::kUnknownOp,
+                 "op_id " + std::to_string(d.op_id) + " is not registered with this worker");
+  }
+  if (d.pool_id != expected_pool) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "pool_id " + std::to_string(d.pool_id) + " does not match the pool (" +
+                     std::to_string(expected_pool) + ") whose ring carried the job");
+  }
+  if (auto r = check_range("input", d.input_offset, d.input_bytes, arena_bytes); !r) {
+    return r.error();
+  }
+  if (auto r = check_range("output", d.output_offset, d.output_capacity, arena_bytes); !r) {
+    return r.error();
+  }
+  if (d.params_bytes > kMaxParamBytes) {
+    return Error(ErrorCode::kInvalidArgument, "params_bytes " + std::to_string(d.params_bytes) +
+                                                  " exceeds " + std::to_string(kMaxParamBytes));
+  }
+  auto params = ParamBlock::parse(d.params, d.params_bytes);
+  if (!params) return params.error();
+  return ValidatedJob{
+      op, d.input_offset, d.input_bytes, d.output_offset, d.output_capacity, std::move(*params)};
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,90 @@
+// gpuqd: the gpuq supervisor. Parses arguments, loads and validates the config, runs.
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "config.hpp"
+#include "gpuq/common/log.hpp"
+#include "gpuq/common/runtime_dir.hpp"
+#include "supervisor.hpp"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: gpuqd [--config FILE] [--runtime-dir DIR] [--check-config]\n"
+    "\n"
+    "The gpuq supervisor: runs in the foreground, pre-spawns pinned workers and serves\n"
+    "local clients through shared memory. Without --config it runs with built-in defaults\n"
+    "(one CPU pool, one worker per available CPU).\n"
+    "\n"
+    "  --config FILE      JSON config (docs/config.md lists every key and its default)\n"
+    "  --runtime-dir DIR  socket directory; default: $RUNTIME_DIRECTORY, else\n"
+    "                     $XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID\n"
+    "  --check-config     validate the config, print the effective pools, and exit\n"
+    "  --help, --version\n"
+    "\n"
+    "Signals: SIGTERM or SIGINT drain (finish queued and running jobs, then exit 0).\n";
+
+// gpuq-worker next to this executable, else in ../libexec/gpuq/.
+std::string find_worker() {
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return "gpuq-worker";
+  self[n] = '\0';
+  std::string dir(self);
+  dir = dir.substr(0, dir.rfind('/'));
+  for (const std::string& c : {dir + "/gpuq-worker", dir + "/../libexec/gpuq/gpuq-worker"}) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return dir + "/gpuq-worker";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path, runtime_dir;
+  bool check_only = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--version") {
+      std::printf("gpuqd %s\n", GPUQ_VERSION);
+      return 0;
+    } else if (a == "--check-config") {
+      check_only = true;
+    } else if ((a == "--config" || a == "--runtime-dir") && i + 1 < argc) {
+      (a == "--config" ? config_path : runtime_dir) = argv[++i];
+    } else {
+      std::fprintf(stderr, "gpuqd: unknown or incomplete argument '%s'\n\n%s", argv[i], kUsage);
+      return 2;
+    }
+  }
+  auto config = gpuq::daemon::load_config(config_path, gpuq::daemon::allowed_cpus());
+  if (!config) {
+    std::fprintf(stderr, "gpuqd: %s\n", config.error().message().c_str());
+    return 2;
+  }
+  if (check_only) {
+    for (const auto& p : config->pools) {
+      std::printf("pool %s: %u workers on %zu cpus, ring capacity %u\n", p.name.c_str(), p.workers,
+                  p.cpus.size(), gpuq::daemon::ring_capacity(*config, p));
+    }
+    std::printf("config OK\n");
+    return 0;
+  }
+  gpuq::log_init("gpuqd", config->log_level);
+  gpuq::daemon::SupervisorOptions options{
+      std::move(*config), gpuq::resolve_daemon_runtime_dir(runtime_dir), find_worker()};
+  gpuq::daemon::Supervisor supervisor(std::move(options));
+  if (auto r = supervisor.start(); !r) {
+    GPUQ_LOG_ERROR("cannot start: %s", r.error().to_string().c_str());
+    return 1;
+  }
+  return supervisor.run();
+}

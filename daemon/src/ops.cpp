@@ -1,0 +1,78 @@
+#include "ops.hpp"
+
+#include <time.h>
+
+#include <cstring>
+
+#include "gpuq/common/clock.hpp"
+#include "gpuq/common/crc32c.hpp"
+
+namespace gpuq::daemon {
+namespace {
+
+Result<OpOutput> op_noop(const OpContext&) {
+  return OpOutput{};
+}
+
+// Copies the input to the output. output_capacity must be >= input_bytes.
+Result<OpOutput> op_echo(const OpContext& c) {
+  if (c.output_capacity < c.input_bytes) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "echo: output buffer holds " + std::to_string(c.output_capacity) +
+                     " bytes, input is " + std::to_string(c.input_bytes));
+  }
+  if (c.input_bytes > 0) std::memmove(c.output, c.input, c.input_bytes);
+  return OpOutput{c.input_bytes, c.input_bytes};
+}
+
+// Sleeps for param "us" microseconds (0..60 s), waking every millisecond to honour a cancel.
+Result<OpOutput> op_sleep(const OpContext& c) {
+  auto us = c.params.get_int("us", 0, 0, 60'000'000);
+  if (!us) return us.error();
+  const uint64_t end = monotonic_ns() + static_cast<uint64_t>(*us) * 1000;
+  for (;;) {
+    uint64_t now = monotonic_ns();
+    if (now >= end) break;
+    if (c.cancel_requested.load(std::memory_order_relaxed) != 0) {
+      return Error(ErrorCode::kCancelled, "sleep: cancelled while running");
+    }
+    uint64_t step = end - now < 1'000'000 ? end - now : 1'000'000;
+    timespec ts{0, static_cast<long>(step)};
+    nanosleep(&ts, nullptr);
+  }
+  return OpOutput{0, static_cast<uint64_t>(*us)};
+}
+
+// CRC32C of the input into `value`; also written little-endian to the output if it has room
+// for 4 bytes.
+Result<OpOutput> op_checksum(const OpContext& c) {
+  uint32_t crc = crc32c(c.input, c.input_bytes);
+  OpOutput out{0, crc};
+  if (c.output_capacity >= 4) {
+    std::memcpy(c.output, &crc, 4);
+    out.output_bytes = 4;
+  }
+  return out;
+}
+
+constexpr OpInfo kOps[] = {
+    {1, "noop", "does nothing; measures the round trip", op_noop},
+    {2, "echo", "copies the input buffer to the output buffer", op_echo},
+    {3, "sleep", "sleeps for param us microseconds", op_sleep},
+    {4, "checksum", "CRC32C of the input into the result value", op_checksum},
+};
+
+}  // namespace
+
+std::span<const OpInfo> op_registry() {
+  return kOps;
+}
+
+const OpInfo* find_op(uint32_t id) {
+  for (const auto& op : kOps) {
+    if (op.id == id) return &op;
+  }
+  return nullptr;
+}
+
+}  // namespace gpuq::daemon

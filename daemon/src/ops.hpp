@@ -1,0 +1,45 @@
+// The op registry: every op a worker can run, looked up by id (from the job descriptor) or by
+// name (for the op table the supervisor sends to clients). Built-in CPU ops: noop, echo, sleep,
+// checksum. docs/ops.md documents each.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "gpuq/common/params.hpp"
+#include "gpuq/error.hpp"
+
+namespace gpuq::daemon {
+
+// What an op gets. The buffers are already validated to lie inside the client's arena.
+struct OpContext {
+  const std::byte* input;
+  uint64_t input_bytes;
+  std::byte* output;
+  uint64_t output_capacity;
+  const ParamBlock& params;
+  const std::atomic<uint32_t>& cancel_requested;  // ops that loop poll it
+};
+
+struct OpOutput {
+  uint64_t output_bytes = 0;
+  uint64_t value = 0;
+};
+
+using OpFunction = Result<OpOutput> (*)(const OpContext&);
+
+struct OpInfo {
+  uint32_t id;  // stable, part of the wire format; never reused
+  const char* name;
+  const char* summary;
+  OpFunction run;
+};
+
+// All registered ops, in id order. Thread-safe (immutable).
+std::span<const OpInfo> op_registry();
+// The op with this id, or nullptr.
+const OpInfo* find_op(uint32_t id);
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,106 @@
+// The supervisor (gpuqd's core): owns the runtime directory, the control socket, the queue
+// segment and the worker processes; registers clients and hands them their payload segments;
+// drains on SIGTERM/SIGINT. Single-threaded: one epoll loop handles the listening socket,
+// client connections, signals (signalfd), worker control sockets and output pipes, and a
+// periodic timer. Never initialises CUDA and links no CUDA library.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "gpuq/common/protocol.hpp"
+#include "gpuq/common/shm.hpp"
+#include "gpuq/common/shm_layout.hpp"
+#include "gpuq/common/unique_fd.hpp"
+#include "gpuq/error.hpp"
+
+namespace gpuq::daemon {
+
+struct SupervisorOptions {
+  Config config;
+  std::string runtime_dir;  // already resolved
+  std::string worker_path;  // the gpuq-worker executable
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(SupervisorOptions options);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Creates the runtime directory, takes its lock, creates the queue segment and the socket,
+  // and spawns the workers. Errors name what failed (another daemon running, permissions...).
+  Result<void> start();
+
+  // Serves until a drain completes (SIGTERM/SIGINT or a stop request). Returns the exit code.
+  int run();
+
+ private:
+  struct WorkerProc;
+  struct Connection;
+  struct RetiredClient;
+
+  // Event-loop handlers.
+  void on_signal();
+  void on_timer();
+  void on_accept();
+  void on_connection(uint64_t conn_id, uint32_t events);
+  void on_worker_control(uint32_t worker_id);
+  void on_worker_output(uint32_t worker_id, int stream);
+
+  // Clients.
+  void handle_message(Connection& conn, Message& msg);
+  Result<void> register_client(Connection& conn, const std::string& body);
+  void close_connection(uint64_t conn_id);
+  void unregister_client(Connection& conn);
+  bool client_index_free(uint32_t index) const;
+  bool authorized(uid_t uid, gid_t gid) const;
+
+  // Workers.
+  Result<void> spawn_worker(WorkerProc& w);
+  void on_worker_exit(pid_t pid, int status);
+  void fail_running_jobs(const WorkerProc& w, const std::string& why);
+  void send_to_workers(int type, const std::string& body, int fd);
+  void send_to_worker(WorkerProc& w, int type, const std::string& body, int fd);
+
+  // Drain and status.
+  void begin_drain(const char* reason);
+  void check_drain();
+  std::string status_json() const;
+
+  Result<void> create_runtime_dir();
+  Result<void> create_queue_segment();
+  Result<void> create_socket();
+  void epoll_add(int fd, uint64_t tag, uint32_t events);
+  void cleanup();
+
+  SupervisorOptions options_;
+  uint64_t epoch_ = 0;
+  uint64_t start_ns_ = 0;
+  std::string segment_name_;
+  QueueSegment segment_;
+  QueueView queue_;
+  UniqueFd lock_fd_, listen_fd_, epoll_fd_, signal_fd_, timer_fd_;
+  std::string socket_path_;
+  std::vector<std::unique_ptr<WorkerProc>> workers_;
+  std::map<uint64_t, std::unique_ptr<Connection>> connections_;
+  std::vector<RetiredClient> retired_;
+  std::vector<bool> index_in_use_;
+  uint64_t next_conn_id_ = 1;
+  uint64_t next_session_ = 1;
+  uint32_t next_index_ = 0;
+  uint32_t registered_clients_ = 0;
+  bool draining_ = false;
+  bool workers_stopping_ = false;
+  uint64_t drain_deadline_ns_ = 0;
+  bool done_ = false;
+};
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,238 @@
+#include "worker.hpp"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "gpuq/common/clock.hpp"
+#include "gpuq/common/log.hpp"
+#include "gpuq/common/protocol.hpp"
+#include "gpuq/common/shm.hpp"
+#include "gpuq/common/shm_layout.hpp"
+#include "job_validation.hpp"
+
+namespace gpuq::daemon {
+namespace {
+
+struct MappedClient {
+  uint64_t session = 0;
+  MemfdSegment segment;
+  ClientSegmentView view;
+};
+
+class Worker {
+ public:
+  explicit Worker(const WorkerOptions& o) : options_(o) {}
+
+  int run() {
+    auto seg = QueueSegment::open(options_.queue_segment);
+    if (!seg) {
+      GPUQ_LOG_ERROR("cannot open the queue segment: %s", seg.error().to_string().c_str());
+      return 1;
+    }
+    segment_ = std::move(*seg);
+    queue_ = QueueView(segment_.address());
+    const QueueHeader& h = queue_.header();
+    if (h.magic != kQueueMagic || h.layout_version != kLayoutVersion ||
+        options_.worker_id >= h.worker_count || options_.pool_id >= h.pool_count) {
+      GPUQ_LOG_ERROR("queue segment '%s' does not match this worker (layout %u)",
+                     options_.queue_segment.c_str(), h.layout_version);
+      return 1;
+    }
+    clients_.resize(h.max_clients);
+    pool_ = &queue_.pool(options_.pool_id);
+    self_ = &queue_.worker(options_.worker_id);
+    ring_ = queue_.ring(options_.pool_id);
+
+    // Control messages queued before start-up (the current clients' segments).
+    seen_control_ = self_->control_seq.load(std::memory_order_acquire);
+    if (!drain_control()) return 1;
+
+    self_->pid.store(getpid(), std::memory_order_relaxed);
+    self_->state.store(static_cast<uint32_t>(WorkerState::kReady), std::memory_order_release);
+    nlohmann::json ready{{"worker", options_.worker_id}};
+    if (auto r = send_message(options_.control_fd, MessageType::kWorkerReady, ready.dump()); !r) {
+      GPUQ_LOG_ERROR("cannot report ready: %s", r.error().to_string().c_str());
+      return 1;
+    }
+    return loop();
+  }
+
+ private:
+  int loop() {
+    const uint64_t spin_ns = uint64_t{options_.spin_us} * 1000;
+    for (;;) {
+      if (self_->control_seq.load(std::memory_order_acquire) != seen_control_) {
+        seen_control_ = self_->control_seq.load(std::memory_order_acquire);
+        if (!drain_control()) return 1;
+      }
+      uint32_t value;
+      if (ring_.try_pop(&value)) {
+        handle(value);
+        continue;
+      }
+      if (stopping_) return 0;  // ring drained after WorkerStop
+      // Nothing queued: spin a little, then sleep on the pool's event count.
+      auto has_work = [&] {
+        return ring_.has_values() ||
+               self_->control_seq.load(std::memory_order_acquire) != seen_control_;
+      };
+      if (spin_until(has_work, spin_ns)) continue;
+      EventCount::Key key = pool_->work.prepare_wait();
+      if (has_work()) {
+        pool_->work.cancel_wait();
+        continue;
+      }
+      pool_->work.wait(key, kNoDeadline);
+    }
+  }
+
+  // Processes every control message waiting on the socket. False if the supervisor is gone.
+  bool drain_control() {
+    for (;;) {
+      auto m = receive_message(options_.control_fd);
+      if (!m) {
+        if (m.error().code() == ErrorCode::kTimeout) return true;  // none left
+        GPUQ_LOG_ERROR("control socket: %s", m.error().to_string().c_str());
+        return false;
+      }
+      if (m->type == MessageType::kWorkerStop) {
+        stopping_ = true;
+        continue;
+      }
+      try {
+        auto j = nlohmann::json::parse(m->body);
+        uint32_t index = j.at("client").get<uint32_t>();
+        if (index >= clients_.size()) continue;
+        if (m->type == MessageType::kMapClient && !m->fds.empty()) {
+          ClientSegmentGeometry g{
+              j.at("slots_offset").get<uint64_t>(), j.at("arena_offset").get<uint64_t>(),
+              j.at("arena_bytes").get<uint64_t>(), j.at("segment_bytes").get<uint64_t>()};
+          uint32_t slots = j.at("slot_count").get<uint32_t>();
+          auto seg = MemfdSegment::map(std::move(m->fds[0]), g.segment_bytes);
+          if (!seg) {
+            GPUQ_LOG_ERROR("cannot map client %u: %s", index, seg.error().to_string().c_str());
+            continue;
+          }
+          auto& mc = clients_[index].emplace();
+          mc.session = j.at("session").get<uint64_t>();
+          mc.segment = std::move(*seg);
+          mc.view = ClientSegmentView(mc.segment.address(), g, slots);
+        } else if (m->type == MessageType::kUnmapClient) {
+          if (clients_[index] && clients_[index]->session == j.at("session").get<uint64_t>()) {
+            clients_[index].reset();
+          }
+        }
+      } catch (const std::exception& e) {
+        GPUQ_LOG_ERROR("bad control message from the supervisor: %s", e.what());
+      }
+    }
+  }
+
+  void handle(uint32_t value) {
+    const JobRef ref = JobRef::unpack(value);
+    if (ref.client >= clients_.size() || !clients_[ref.client]) {
+      pool_->space.notify_all();
+      return;  // stale or forged
+    }
+    MappedClient& mc = *clients_[ref.client];
+    // A ring cell and a cell of the client's share are free: producers blocked on either may
+    // go on (decrement first, so a woken producer sees the room).
+    queue_.client(ref.client).queued[options_.pool_id].fetch_sub(1, std::memory_order_relaxed);
+    pool_->space.notify_all();
+    if (ref.slot >= mc.view.slot_count()) return;
+    JobSlot& slot = mc.view.slot(ref.slot);
+
+    uint64_t word = slot.state.load(std::memory_order_acquire);
+    SlotWord sw = SlotWord::unpack(word);
+    if (sw.state != JobState::kSubmitted ||
+        (sw.generation & JobRef::kGenerationMask) != ref.generation) {
+      return;  // cancelled, or a stale entry for an earlier use of the slot
+    }
+    const SlotWord running{sw.generation, JobState::kRunning, options_.worker_id + 1};
+    if (!slot.state.compare_exchange_strong(word, running.pack(), std::memory_order_acq_rel,
+                                            std::memory_order_acquire)) {
+      return;  // the client cancelled it first
+    }
+    self_->busy.store(1, std::memory_order_relaxed);
+    JobDescriptor d;
+    std::memcpy(&d, &slot.desc, sizeof d);  // one copy, validated once (no re-reads)
+    JobOutcome out{};
+    out.worker_id = options_.worker_id;
+    out.started_ns = monotonic_ns();
+    JobState final_state = JobState::kDone;
+
+    if (d.deadline_ns != kNoDeadline && out.started_ns > d.deadline_ns) {
+      final_state = JobState::kExpired;
+      set_outcome(out, Error(ErrorCode::kExpired, "deadline passed while the job was queued"));
+    } else if (auto v = validate_descriptor(d, mc.view.arena_bytes(), options_.pool_id); !v) {
+      final_state = JobState::kFailed;
+      set_outcome(out, v.error());
+    } else {
+      char* arena = mc.view.arena();
+      OpContext ctx{reinterpret_cast<const std::byte*>(arena + v->input_offset),
+                    v->input_bytes,
+                    reinterpret_cast<std::byte*>(arena + v->output_offset),
+                    v->output_capacity,
+                    v->params,
+                    slot.cancel_requested};
+      auto r = v->op->run(ctx);
+      if (r) {
+        out.output_bytes = r->output_bytes;
+        out.value = r->value;
+      } else {
+        final_state =
+            r.error().code() == ErrorCode::kCancelled ? JobState::kCancelled : JobState::kFailed;
+        set_outcome(out, r.error());
+      }
+    }
+    out.finished_ns = monotonic_ns();
+    std::memcpy(&slot.outcome, &out, sizeof out);
+    const SlotWord done{sw.generation, final_state, options_.worker_id + 1};
+    slot.state.store(done.pack(), std::memory_order_release);
+    slot.done.notify_all();
+    self_->busy.store(0, std::memory_order_relaxed);
+    if (final_state == JobState::kDone) {
+      self_->jobs_done.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      self_->jobs_failed.fetch_add(1, std::memory_order_relaxed);
+    }
+    pool_->jobs_completed.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  static void set_outcome(JobOutcome& out, const Error& e) {
+    out.code = static_cast<int32_t>(e.code());
+    std::strncpy(out.message, e.message().c_str(), sizeof out.message - 1);
+    out.message[sizeof out.message - 1] = '\0';
+  }
+
+  WorkerOptions options_;
+  QueueSegment segment_;
+  QueueView queue_;
+  PoolShm* pool_ = nullptr;
+  WorkerShm* self_ = nullptr;
+  JobRing ring_;
+  std::vector<std::optional<MappedClient>> clients_;
+  uint32_t seen_control_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+int run_worker(const WorkerOptions& options) {
+  // Die with the supervisor; if it is already gone, do not start.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != options.supervisor_pid) return 1;
+  signal(SIGPIPE, SIG_IGN);
+  fcntl(options.control_fd, F_SETFL, fcntl(options.control_fd, F_GETFL) | O_NONBLOCK);
+  Worker w(options);
+  return w.run();
+}
+
+}  // namespace gpuq::daemon

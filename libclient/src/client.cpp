@@ -1,0 +1,705 @@
+#include "gpuq/client.hpp"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "gpuq/common/clock.hpp"
+#include "gpuq/common/event_count.hpp"
+#include "gpuq/common/params.hpp"
+#include "gpuq/common/protocol.hpp"
+#include "gpuq/common/runtime_dir.hpp"
+#include "gpuq/common/shm.hpp"
+#include "gpuq/common/shm_layout.hpp"
+
+namespace gpuq {
+namespace {
+
+using nlohmann::json;
+
+// Bumped in every child after fork(); a ClientImpl made before the fork sees a different value.
+std::atomic<uint64_t> g_fork_generation{0};
+void on_fork_child() {
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+}
+
+// How often a sleeping waiter wakes to check that the daemon is still there.
+constexpr uint64_t kLivenessCheckNs = 20'000'000;
+constexpr uint64_t kAlignment = 64;
+
+Error forked_error() {
+  return Error(ErrorCode::kForkedClient,
+               "this Client was connected by the parent process before fork(); connect a new "
+               "Client in the child");
+}
+
+Result<UniqueFd> connect_socket(const std::string& runtime_dir) {
+  const std::string path = resolve_client_runtime_dir(runtime_dir) + "/" + kSocketName;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) {
+    return Error(ErrorCode::kInvalidArgument, "socket path '" + path + "' is too long");
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Error(ErrorCode::kSystemError, std::string("socket: ") + strerror(errno));
+  while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EACCES || errno == EPERM) {
+      return Error(ErrorCode::kPermissionDenied, "no permission to connect to " + path +
+                                                     " (is your user in the daemon's group?)");
+    }
+    return Error(ErrorCode::kDisconnected, "no gpuqd is listening at " + path + " (" +
+                                               strerror(errno) +
+                                               "); start gpuqd or set GPUQ_RUNTIME_DIR");
+  }
+  // Replies come within milliseconds; a daemon that says nothing for 10 s is wedged.
+  timeval tv{10, 0};
+  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// One request, one reply, on a fresh connection that registers no client.
+Result<Message> control_request(const std::string& runtime_dir, MessageType type,
+                                MessageType reply_type) {
+  auto fd = connect_socket(runtime_dir);
+  if (!fd) return fd.error();
+  if (auto r = send_message(fd->get(), type, "{}"); !r) return r.error();
+  auto m = receive_message(fd->get());
+  if (!m) {
+    if (m.error().code() == ErrorCode::kTimeout) {
+      return Error(ErrorCode::kTimeout, "the daemon did not answer within 10 s");
+    }
+    return m.error();
+  }
+  if (m->type == MessageType::kError) return error_from_body(m->body);
+  if (m->type != reply_type) {
+    return Error(ErrorCode::kProtocolMismatch,
+                 "unexpected reply type " + std::to_string(static_cast<int>(m->type)));
+  }
+  return m;
+}
+
+}  // namespace
+
+class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
+ public:
+  struct Pool {
+    PoolInfo info;
+    uint32_t id;
+  };
+
+  ~ClientImpl() = default;  // members unmap and close; the daemon sees the socket close
+
+  bool forked() const noexcept {
+    return g_fork_generation.load(std::memory_order_relaxed) != fork_generation_;
+  }
+
+  // False once the daemon has gone (socket closed, or a new daemon replaced the segment).
+  bool daemon_alive() {
+    if (disconnected_.load(std::memory_order_relaxed)) return false;
+    pollfd p{socket_.get(), POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) {
+      disconnected_.store(true, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
+
+  Error disconnected_error() const {
+    return Error(ErrorCode::kDisconnected,
+                 "the daemon (epoch " + std::to_string(epoch_) + ") has gone; reconnect");
+  }
+
+  Result<void> connect(const ConnectOptions& options) {
+    fork_generation_ = g_fork_generation.load(std::memory_order_relaxed);
+    spin_ns_ = options.spin.count() < 0 ? 0 : static_cast<uint64_t>(options.spin.count());
+    auto fd = connect_socket(options.runtime_dir);
+    if (!fd) return fd.error();
+    socket_ = std::move(*fd);
+    std::string name = options.name;
+    if (name.empty()) name = program_invocation_short_name;
+    if (name.size() > 64) name.resize(64);
+    json hello{{"pid", getpid()}, {"name", name}, {"arena_bytes", options.segment_bytes}};
+    if (auto r = send_message(socket_.get(), MessageType::kHello, hello.dump()); !r) return r;
+    auto m = receive_message(socket_.get());
+    if (!m) {
+      if (m.error().code() == ErrorCode::kTimeout) {
+        return Error(ErrorCode::kTimeout, "the daemon did not answer the handshake within 10 s");
+      }
+      return m.error();
+    }
+    if (m->type == MessageType::kError) return error_from_body(m->body);
+    if (m->type != MessageType::kWelcome || m->fds.size() != 1) {
+      return Error(ErrorCode::kProtocolMismatch, "the daemon's handshake reply is malformed");
+    }
+    try {
+      json w = json::parse(m->body);
+      index_ = w.at("client").get<uint32_t>();
+      session_ = w.at("session").get<uint64_t>();
+      epoch_ = w.at("epoch").get<uint64_t>();
+      slot_count_ = w.at("slot_count").get<uint32_t>();
+      ClientSegmentGeometry g{
+          w.at("slots_offset").get<uint64_t>(), w.at("arena_offset").get<uint64_t>(),
+          w.at("arena_bytes").get<uint64_t>(), w.at("segment_bytes").get<uint64_t>()};
+      for (const auto& p : w.at("pools")) {
+        Pool pool{{p.at("name").get<std::string>(), p.at("kind").get<std::string>(),
+                   p.at("capacity").get<uint32_t>(), p.at("client_share").get<uint32_t>()},
+                  p.at("id").get<uint32_t>()};
+        pool_infos_.push_back(pool.info);
+        pools_.push_back(std::move(pool));
+      }
+      for (const auto& o : w.at("ops")) {
+        ops_.emplace(o.at("name").get<std::string>(), o.at("id").get<uint32_t>());
+      }
+      auto qs = QueueSegment::open(w.at("queue_segment").get<std::string>());
+      if (!qs) return qs.error();
+      queue_segment_ = std::move(*qs);
+      queue_ = QueueView(queue_segment_.address());
+      const QueueHeader& h = queue_.header();
+      if (h.magic != kQueueMagic || h.layout_version != kLayoutVersion || h.epoch != epoch_ ||
+          index_ >= h.max_clients || slot_count_ > kMaxSlotsPerClient || pools_.empty()) {
+        return Error(ErrorCode::kProtocolMismatch,
+                     "the daemon's queue segment does not match its handshake");
+      }
+      auto seg = MemfdSegment::map(std::move(m->fds[0]), g.segment_bytes);
+      if (!seg) return seg.error();
+      segment_ = std::move(*seg);
+      view_ = ClientSegmentView(segment_.address(), g, slot_count_);
+    } catch (const std::exception& e) {
+      return Error(ErrorCode::kProtocolMismatch,
+                   std::string("the daemon's handshake reply is malformed: ") + e.what());
+    }
+    for (uint32_t s = 0; s < slot_count_; ++s) free_slots_.push_back(s);
+    free_blocks_.emplace(0, view_.arena_bytes());
+    return {};
+  }
+
+  // ---- Buffers ----
+
+  Result<Buffer> allocate(uint64_t size) {
+    if (forked()) return forked_error();
+    if (size == 0) return Error(ErrorCode::kInvalidArgument, "allocate: size must be > 0");
+    if (size > view_.arena_bytes()) {
+      return Error(ErrorCode::kOutOfMemory,
+                   "allocate: " + std::to_string(size) + " bytes exceed the " +
+                       std::to_string(view_.arena_bytes()) + "-byte payload segment");
+    }
+    const uint64_t rounded = (size + kAlignment - 1) & ~(kAlignment - 1);
+    std::lock_guard lock(alloc_mutex_);
+    for (auto it = free_blocks_.begin(); it != free_blocks_.end(); ++it) {
+      if (it->second < rounded) continue;
+      const uint64_t offset = it->first;
+      const uint64_t remaining = it->second - rounded;
+      free_blocks_.erase(it);
+      if (remaining > 0) free_blocks_.emplace(offset + rounded, remaining);
+      used_blocks_.emplace(offset, rounded);
+      return Buffer{offset, size, reinterpret_cast<std::byte*>(view_.arena() + offset)};
+    }
+    return Error(ErrorCode::kOutOfMemory,
+                 "allocate: no free run of " + std::to_string(rounded) + " bytes in the " +
+                     std::to_string(view_.arena_bytes()) + "-byte payload segment");
+  }
+
+  void release(const Buffer& b) {
+    if (forked()) return;
+    std::lock_guard lock(alloc_mutex_);
+    auto used = used_blocks_.find(b.offset);
+    if (used == used_blocks_.end()) return;  // not ours, or released twice: ignore
+    uint64_t offset = used->first, size = used->second;
+    used_blocks_.erase(used);
+    auto next = free_blocks_.lower_bound(offset);
+    if (next != free_blocks_.end() && offset + size == next->first) {
+      size += next->second;
+      next = free_blocks_.erase(next);
+    }
+    if (next != free_blocks_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == offset) {
+        prev->second += size;
+        return;
+      }
+    }
+    free_blocks_.emplace(offset, size);
+  }
+
+  // ---- Slots ----
+
+  JobSlot& slot(uint32_t s) const { return view_.slot(s); }
+
+  // Takes a free slot; reaps abandoned jobs that have finished meanwhile.
+  Result<std::pair<uint32_t, uint32_t>> acquire_slot() {
+    std::lock_guard lock(slot_mutex_);
+    if (free_slots_.empty()) reap_abandoned_locked();
+    if (free_slots_.empty()) {
+      return Error(ErrorCode::kOutOfMemory,
+                   "all " + std::to_string(slot_count_) +
+                       " job slots of this client are in use (max_jobs_per_client); wait for or "
+                       "drop some jobs");
+    }
+    uint32_t s = free_slots_.front();
+    free_slots_.pop_front();
+    SlotWord w = SlotWord::unpack(slot(s).state.load(std::memory_order_acquire));
+    return std::make_pair(s, w.generation);
+  }
+
+  // Returns a slot to the free list, bumping its generation so stale references miss it.
+  void free_slot(uint32_t s, uint32_t generation) {
+    JobSlot& js = slot(s);
+    js.cancel_requested.store(0, std::memory_order_relaxed);
+    js.state.store(SlotWord{generation + 1, JobState::kFree, 0}.pack(), std::memory_order_release);
+    std::lock_guard lock(slot_mutex_);
+    free_slots_.push_back(s);  // FIFO: a slot is reused as late as possible
+  }
+
+  void abandon(uint32_t s, uint32_t generation) {
+    std::lock_guard lock(slot_mutex_);
+    abandoned_.emplace_back(s, generation);
+  }
+
+  void reap_abandoned_locked() {
+    std::erase_if(abandoned_, [&](const std::pair<uint32_t, uint32_t>& a) {
+      JobSlot& js = slot(a.first);
+      SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
+      if (!is_terminal(w.state)) return false;
+      js.cancel_requested.store(0, std::memory_order_relaxed);
+      js.state.store(SlotWord{a.second + 1, JobState::kFree, 0}.pack(), std::memory_order_release);
+      free_slots_.push_back(a.first);
+      return true;
+    });
+  }
+
+  // ---- Submit ----
+
+  Result<Job> submit(const JobSpec& spec, int64_t timeout_ns, bool blocking) {
+    if (forked()) return forked_error();
+    auto op = ops_.find(spec.op);
+    if (op == ops_.end()) {
+      std::string known;
+      for (const auto& [name, id] : ops_) known += (known.empty() ? "" : ", ") + name;
+      return Error(
+          ErrorCode::kUnknownOp,
+          "op '" + spec.op + "' is not registered with the daemon (registered: " + known + ")");
+    }
+    const Pool* pool = &pools_.front();
+    if (!spec.pool.empty()) {
+      auto it = std::find_if(pools_.begin(), pools_.end(),
+                             [&](const Pool& p) { return p.info.name == spec.pool; });
+      if (it == pools_.end()) {
+        return Error(ErrorCode::kUnknownPool, "no pool named '" + spec.pool + "'");
+      }
+      pool = &*it;
+    }
+    ParamWriter params;
+    for (const auto& p : spec.params) {
+      ParamValue v;
+      switch (p.type) {
+        case JobParam::Type::kInt:
+          v = p.int_value;
+          break;
+        case JobParam::Type::kFloat:
+          v = p.float_value;
+          break;
+        case JobParam::Type::kString:
+          v = p.string_value;
+          break;
+      }
+      if (auto r = params.add(p.key, v); !r) return r.error();
+    }
+    // No system call on this path: a daemon that stopped says so in the queue header; one that
+    // was killed is noticed by the waits, which check the control socket.
+    if (disconnected_.load(std::memory_order_relaxed) ||
+        queue_.header().daemon_state.load(std::memory_order_relaxed) ==
+            static_cast<uint32_t>(DaemonState::kStopped)) {
+      return disconnected_error();
+    }
+    const uint64_t wait_deadline = deadline_after_ns(timeout_ns);
+
+    auto acquired = acquire_slot();
+    if (!acquired) return acquired.error();
+    const auto [s, generation] = *acquired;
+    JobSlot& js = slot(s);
+    JobDescriptor& d = js.desc;
+    d.op_id = op->second;
+    d.pool_id = pool->id;
+    d.flags = 0;
+    d.params_bytes = static_cast<uint32_t>(params.size());
+    d.input_offset = spec.input.offset;
+    d.input_bytes = spec.input.size;
+    d.output_offset = spec.output.offset;
+    d.output_capacity = spec.output.size;
+    d.submit_ns = monotonic_ns();
+    d.deadline_ns = spec.expire_after.count() < 0
+                        ? kNoDeadline
+                        : d.submit_ns + static_cast<uint64_t>(spec.expire_after.count());
+    std::memcpy(d.params, params.data(), params.size());
+    js.state.store(SlotWord{generation, JobState::kSubmitted, 0}.pack(), std::memory_order_release);
+
+    const uint32_t ref = JobRef{index_, s, generation}.pack();
+    PoolShm& ps = queue_.pool(pool->id);
+    ClientShm& cs = queue_.client(index_);
+    JobRing ring = queue_.ring(pool->id);
+    Result<void> pushed = push(ps, cs, ring, *pool, ref, wait_deadline, blocking);
+    if (!pushed) {
+      free_slot(s, generation);
+      return pushed.error();
+    }
+    ps.jobs_submitted.fetch_add(1, std::memory_order_relaxed);
+    ps.work.notify_one();
+    return Job(shared_from_this(), s, generation);
+  }
+
+  // Pushes `ref` into the pool's ring within this client's share, waiting for room if
+  // `blocking`. Raises `submitting` for the drain handshake (see Supervisor::check_drain).
+  Result<void> push(PoolShm& ps, ClientShm& cs, JobRing& ring, const Pool& pool, uint32_t ref,
+                    uint64_t deadline, bool blocking) {
+    cs.submitting.fetch_add(1, std::memory_order_seq_cst);
+    struct Lower {
+      ClientShm& cs;
+      ~Lower() { cs.submitting.fetch_sub(1, std::memory_order_seq_cst); }
+    } lower{cs};
+    std::atomic<uint32_t>& queued = cs.queued[pool.id];
+    auto try_once = [&]() -> int {  // 1 pushed, 0 no room, -1 not accepting
+      if (ps.accepting.load(std::memory_order_seq_cst) == 0) return -1;
+      if (queued.fetch_add(1, std::memory_order_relaxed) >= pool.info.client_share) {
+        queued.fetch_sub(1, std::memory_order_relaxed);
+        return 0;
+      }
+      if (ring.try_push(ref)) return 1;
+      queued.fetch_sub(1, std::memory_order_relaxed);
+      return 0;
+    };
+    for (;;) {
+      int r = try_once();
+      if (r == 1) return {};
+      if (r < 0) {
+        return Error(
+            ErrorCode::kShuttingDown,
+            "the daemon is draining and accepts no new jobs on pool '" + pool.info.name + "'");
+      }
+      if (!blocking) return queue_full_error(pool, ring, queued.load());
+      const uint64_t now = monotonic_ns();
+      if (now >= deadline) {
+        return Error(ErrorCode::kTimeout,
+                     "pool '" + pool.info.name + "' had no room for the job before the deadline");
+      }
+      if (!daemon_alive()) return disconnected_error();
+      EventCount::Key key = ps.space.prepare_wait();
+      if (ps.accepting.load(std::memory_order_seq_cst) == 0 ||
+          (ring.size() < ring.capacity() && queued.load() < pool.info.client_share)) {
+        ps.space.cancel_wait();
+        continue;
+      }
+      ps.space.wait(key, std::min(deadline, now + kLivenessCheckNs));
+    }
+  }
+
+  Error queue_full_error(const Pool& pool, const JobRing& ring, uint32_t held) const {
+    if (held >= pool.info.client_share) {
+      return Error(ErrorCode::kQueueFull, "this client already holds its share of pool '" +
+                                              pool.info.name + "' (" + std::to_string(held) +
+                                              " of " + std::to_string(ring.capacity()) +
+                                              " ring cells)");
+    }
+    return Error(ErrorCode::kQueueFull, "pool '" + pool.info.name + "' ring is full (" +
+                                            std::to_string(ring.capacity()) + " jobs queued)");
+  }
+
+  // ---- Wait / poll / cancel ----
+
+  Result<JobResult> wait(uint32_t s, uint32_t generation, int64_t timeout_ns) {
+    if (forked()) return forked_error();
+    JobSlot& js = slot(s);
+    auto finished = [&] {
+      return is_terminal(SlotWord::unpack(js.state.load(std::memory_order_acquire)).state);
+    };
+    if (!spin_until(finished, spin_ns_)) {
+      const uint64_t deadline = deadline_after_ns(timeout_ns);
+      for (;;) {
+        EventCount::Key key = js.done.prepare_wait();
+        if (finished()) {
+          js.done.cancel_wait();
+          break;
+        }
+        const uint64_t now = monotonic_ns();
+        js.done.wait(key, std::min(deadline, now + kLivenessCheckNs));
+        if (finished()) break;
+        if (!daemon_alive()) return disconnected_error();
+        if (monotonic_ns() >= deadline) {
+          return Error(ErrorCode::kTimeout, "the job has not finished yet");
+        }
+      }
+    }
+    const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
+    if (w.generation != generation) {
+      return Error(ErrorCode::kInternal, "job slot was reused while a Job still held it");
+    }
+    JobOutcome out;
+    std::memcpy(&out, &js.outcome, sizeof out);
+    JobResult r;
+    switch (w.state) {
+      case JobState::kDone:
+        r.status = JobStatus::kDone;
+        break;
+      case JobState::kCancelled:
+        r.status = JobStatus::kCancelled;
+        break;
+      case JobState::kExpired:
+        r.status = JobStatus::kExpired;
+        break;
+      default:
+        r.status = JobStatus::kFailed;
+        break;
+    }
+    int32_t code = out.code;
+    if (code < 0 || code > kMaxErrorCode) code = static_cast<int32_t>(ErrorCode::kInternal);
+    r.code = static_cast<ErrorCode>(code);
+    if (r.status == JobStatus::kFailed && r.code == ErrorCode::kOk) r.code = ErrorCode::kInternal;
+    out.message[sizeof out.message - 1] = '\0';
+    r.message = out.message;
+    r.output_size = out.output_bytes;
+    r.value = out.value;
+    r.worker_id = out.worker_id;
+    const uint64_t submitted = js.desc.submit_ns;
+    r.queued_ns = out.started_ns > submitted ? out.started_ns - submitted : 0;
+    r.run_ns = out.finished_ns > out.started_ns ? out.finished_ns - out.started_ns : 0;
+    return r;
+  }
+
+  Result<JobStatus> poll(uint32_t s) const {
+    if (forked()) return forked_error();
+    switch (SlotWord::unpack(slot(s).state.load(std::memory_order_acquire)).state) {
+      case JobState::kSubmitted:
+        return JobStatus::kQueued;
+      case JobState::kRunning:
+        return JobStatus::kRunning;
+      case JobState::kDone:
+        return JobStatus::kDone;
+      case JobState::kCancelled:
+        return JobStatus::kCancelled;
+      case JobState::kExpired:
+        return JobStatus::kExpired;
+      case JobState::kFailed:
+        return JobStatus::kFailed;
+      default:
+        return Error(ErrorCode::kInternal, "job slot is not in use");
+    }
+  }
+
+  Result<void> cancel(uint32_t s, uint32_t generation) {
+    if (forked()) return forked_error();
+    JobSlot& js = slot(s);
+    uint64_t word = SlotWord{generation, JobState::kSubmitted, 0}.pack();
+    const uint64_t cancelled = SlotWord{generation, JobState::kCancelled, 0}.pack();
+    // Races the worker's SUBMITTED -> RUNNING CAS on the same word: exactly one wins.
+    if (js.state.compare_exchange_strong(word, cancelled, std::memory_order_acq_rel,
+                                         std::memory_order_acquire)) {
+      JobOutcome out{};
+      out.code = static_cast<int32_t>(ErrorCode::kCancelled);
+      std::snprintf(out.message, sizeof out.message, "cancelled by the client before it started");
+      out.finished_ns = monotonic_ns();
+      std::memcpy(&js.outcome, &out, sizeof out);
+      return {};
+    }
+    SlotWord w = SlotWord::unpack(word);
+    if (w.state == JobState::kRunning) {
+      return Error(ErrorCode::kNotCancellable, "the job is already running");
+    }
+    return Error(ErrorCode::kNotCancellable, "the job has already finished");
+  }
+
+  // Called when a Job handle goes away.
+  void drop_job(uint32_t s, uint32_t generation) {
+    if (forked()) return;  // the parent owns the slot
+    JobSlot& js = slot(s);
+    uint64_t word = js.state.load(std::memory_order_acquire);
+    SlotWord w = SlotWord::unpack(word);
+    if (w.state == JobState::kSubmitted) {
+      const uint64_t cancelled = SlotWord{generation, JobState::kCancelled, 0}.pack();
+      if (js.state.compare_exchange_strong(word, cancelled, std::memory_order_acq_rel)) {
+        free_slot(s, generation);
+        return;
+      }
+      w = SlotWord::unpack(word);
+    }
+    if (is_terminal(w.state)) {
+      free_slot(s, generation);
+    } else {
+      abandon(s, generation);  // running: freed once it finishes
+    }
+  }
+
+  std::vector<PoolInfo> pool_infos_;
+  std::unordered_map<std::string, uint32_t> ops_;
+  uint64_t epoch_ = 0;
+  uint32_t slot_count_ = 0;
+  uint64_t segment_bytes() const { return segment_.size(); }
+
+ private:
+  uint64_t fork_generation_ = 0;
+  uint64_t spin_ns_ = 0;
+  UniqueFd socket_;
+  QueueSegment queue_segment_;
+  QueueView queue_;
+  MemfdSegment segment_;
+  ClientSegmentView view_;
+  uint32_t index_ = 0;
+  uint64_t session_ = 0;
+  std::vector<Pool> pools_;
+  std::atomic<bool> disconnected_{false};
+
+  std::mutex slot_mutex_;  // process-local; never in shared memory
+  std::deque<uint32_t> free_slots_;
+  std::vector<std::pair<uint32_t, uint32_t>> abandoned_;
+
+  std::mutex alloc_mutex_;
+  std::map<uint64_t, uint64_t> free_blocks_;  // offset -> size
+  std::map<uint64_t, uint64_t> used_blocks_;
+};
+
+// ---- Job ----
+
+Job::Job(Job&& o) noexcept
+    : impl_(std::move(o.impl_)),
+      slot_(o.slot_),
+      generation_(o.generation_),
+      finished_(o.finished_) {}
+
+Job& Job::operator=(Job&& o) noexcept {
+  if (this != &o) {
+    reset();
+    impl_ = std::move(o.impl_);
+    slot_ = o.slot_;
+    generation_ = o.generation_;
+    finished_ = o.finished_;
+  }
+  return *this;
+}
+
+Job::~Job() {
+  reset();
+}
+
+void Job::reset() noexcept {
+  if (impl_) impl_->drop_job(slot_, generation_);
+  impl_.reset();
+}
+
+Result<JobResult> Job::wait(std::chrono::nanoseconds timeout) {
+  if (!impl_) return Error(ErrorCode::kNotFound, "empty Job handle");
+  auto r = impl_->wait(slot_, generation_, timeout.count());
+  if (r) finished_ = true;
+  return r;
+}
+
+Result<JobStatus> Job::poll() const {
+  if (!impl_) return Error(ErrorCode::kNotFound, "empty Job handle");
+  return impl_->poll(slot_);
+}
+
+Result<void> Job::cancel() {
+  if (!impl_) return Error(ErrorCode::kNotFound, "empty Job handle");
+  return impl_->cancel(slot_, generation_);
+}
+
+// ---- Client ----
+
+Result<Client> Client::connect(const ConnectOptions& options) {
+  static std::once_flag atfork_once;
+  std::call_once(atfork_once, [] { pthread_atfork(nullptr, nullptr, on_fork_child); });
+  auto impl = std::make_shared<ClientImpl>();
+  if (auto r = impl->connect(options); !r) return r.error();
+  return Client(std::move(impl));
+}
+
+Client::Client(std::shared_ptr<ClientImpl> impl) noexcept : impl_(std::move(impl)) {}
+Client::Client(Client&&) noexcept = default;
+Client& Client::operator=(Client&&) noexcept = default;
+Client::~Client() = default;
+
+Result<Buffer> Client::allocate(uint64_t size) {
+  return impl_->allocate(size);
+}
+void Client::release(const Buffer& buffer) {
+  impl_->release(buffer);
+}
+
+Result<Job> Client::submit(const JobSpec& spec, std::chrono::nanoseconds timeout) {
+  return impl_->submit(spec, timeout.count(), true);
+}
+Result<Job> Client::try_submit(const JobSpec& spec) {
+  return impl_->submit(spec, 0, false);
+}
+
+const std::vector<PoolInfo>& Client::pools() const noexcept {
+  return impl_->pool_infos_;
+}
+std::vector<std::string> Client::ops() const {
+  std::vector<std::string> names;
+  for (const auto& [name, id] : impl_->ops_) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+uint64_t Client::segment_bytes() const noexcept {
+  return impl_->segment_bytes();
+}
+uint32_t Client::slot_count() const noexcept {
+  return impl_->slot_count_;
+}
+uint64_t Client::daemon_epoch() const noexcept {
+  return impl_->epoch_;
+}
+
+// ---- Free functions ----
+
+std::string_view job_status_name(JobStatus s) noexcept {
+  switch (s) {
+    case JobStatus::kQueued:
+      return "queued";
+    case JobStatus::kRunning:
+      return "running";
+    case JobStatus::kDone:
+      return "done";
+    case JobStatus::kFailed:
+      return "failed";
+    case JobStatus::kCancelled:
+      return "cancelled";
+    case JobStatus::kExpired:
+      return "expired";
+  }
+  return "unknown";
+}
+
+Result<std::string> daemon_status_json(const std::string& runtime_dir) {
+  auto m = control_request(runtime_dir, MessageType::kStatusRequest, MessageType::kStatusReply);
+  if (!m) return m.error();
+  return std::move(m->body);
+}
+
+Result<void> daemon_stop(const std::string& runtime_dir) {
+  auto m = control_request(runtime_dir, MessageType::kStopRequest, MessageType::kStopReply);
+  if (!m) return m.error();
+  return {};
+}
+
+std::string default_runtime_dir() {
+  return resolve_client_runtime_dir({});
+}
+
+std::string_view version() noexcept {
+  return GPUQ_VERSION;
+}
+
+}  // namespace gpuq
