@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gpuq/error.hpp"
+#include "gpuq/export.hpp"
 
 namespace gpuq {
 
@@ -72,7 +73,7 @@ struct JobSpec {
 };
 
 enum class JobStatus { kQueued, kRunning, kDone, kFailed, kCancelled, kExpired };
-std::string_view job_status_name(JobStatus s) noexcept;
+GPUQ_API std::string_view job_status_name(JobStatus s) noexcept;
 
 // The outcome of a finished job.
 struct JobResult {
@@ -90,7 +91,7 @@ struct JobResult {
 
 // A submitted job. Move-only. Destroying an unfinished Job cancels it if it has not started
 // and otherwise lets it finish and discards the result; its slot returns to the client then.
-class Job {
+class GPUQ_API Job {
  public:
   Job() = default;
   Job(Job&& other) noexcept;
@@ -145,7 +146,7 @@ struct PoolInfo {
   uint32_t client_share = 0;
 };
 
-class Client {
+class GPUQ_API Client {
  public:
   // Connects to the daemon: checks the protocol version, is authenticated by the daemon
   // (SO_PEERCRED), and maps this client's payload segment. Errors: Disconnected (no daemon at
@@ -188,16 +189,16 @@ class Client {
 // Daemon status document (the JSON of `gpuqctl status --json`), over a short control
 // connection that registers no client. `runtime_dir` as in ConnectOptions. Errors:
 // Disconnected (no daemon), PermissionDenied, ProtocolMismatch. Blocking.
-Result<std::string> daemon_status_json(const std::string& runtime_dir = {});
+GPUQ_API Result<std::string> daemon_status_json(const std::string& runtime_dir = {});
 
 // Asks the daemon to drain (finish queued and running jobs, accept no new ones) and exit.
 // Returns once the daemon has acknowledged. Errors as daemon_status_json.
-Result<void> daemon_stop(const std::string& runtime_dir = {});
+GPUQ_API Result<void> daemon_stop(const std::string& runtime_dir = {});
 
 // The daemon's runtime directory as resolved by the rule in ConnectOptions::runtime_dir.
-std::string default_runtime_dir();
+GPUQ_API std::string default_runtime_dir();
 
 // Library version string ("0.1.0").
-std::string_view version() noexcept;
+GPUQ_API std::string_view version() noexcept;
 
 }  // namespace gpuq
