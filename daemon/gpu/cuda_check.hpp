@@ -1,0 +1,56 @@
+// Checked CUDA, cuBLAS and cuDNN calls: every call goes through GPUQ_CUDA / GPUQ_CUBLAS /
+// GPUQ_CUDNN, which turn a failure into a gpuq::Error naming the call, the code, its text and
+// the place. Used only in GPU worker code; the supervisor and the client never include it.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <string>
+
+#include "gpuq/error.hpp"
+
+namespace gpuq::gpu {
+
+inline Error cuda_error(const char* call, cudaError_t e, const char* file, int line) {
+  ErrorCode code = e == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory
+                   : (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+                       ? ErrorCode::kNoDevice
+                       : ErrorCode::kSystemError;
+  return Error(code, std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e) +
+                         " (" + file + ":" + std::to_string(line) + ")");
+}
+
+inline Error cublas_error(const char* call, cublasStatus_t s, const char* file, int line) {
+  return Error(s == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kSystemError,
+               std::string(call) + ": " + cublasGetStatusName(s) + ": " + cublasGetStatusString(s) +
+                   " (" + file + ":" + std::to_string(line) + ")");
+}
+
+inline Error cudnn_error(const char* call, cudnnStatus_t s, const char* file, int line) {
+  return Error(s == CUDNN_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kSystemError,
+               std::string(call) + ": " + cudnnGetErrorString(s) + " (" + file + ":" +
+                   std::to_string(line) + ")");
+}
+
+}  // namespace gpuq::gpu
+
+#define GPUQ_CUDA(expr)                                                   \
+  do {                                                                    \
+    cudaError_t gpuq_e_ = (expr);                                         \
+    if (gpuq_e_ != cudaSuccess)                                           \
+      return ::gpuq::gpu::cuda_error(#expr, gpuq_e_, __FILE__, __LINE__); \
+  } while (0)
+#define GPUQ_CUBLAS(expr)                                                   \
+  do {                                                                      \
+    cublasStatus_t gpuq_s_ = (expr);                                        \
+    if (gpuq_s_ != CUBLAS_STATUS_SUCCESS)                                   \
+      return ::gpuq::gpu::cublas_error(#expr, gpuq_s_, __FILE__, __LINE__); \
+  } while (0)
+#define GPUQ_CUDNN(expr)                                                   \
+  do {                                                                     \
+    cudnnStatus_t gpuq_s_ = (expr);                                        \
+    if (gpuq_s_ != CUDNN_STATUS_SUCCESS)                                   \
+      return ::gpuq::gpu::cudnn_error(#expr, gpuq_s_, __FILE__, __LINE__); \
+  } while (0)
