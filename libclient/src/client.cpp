@@ -344,7 +344,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     d.deadline_ns = spec.expire_after.count() < 0
                         ? kNoDeadline
                         : d.submit_ns + static_cast<uint64_t>(spec.expire_after.count());
-    std::memcpy(d.params, params.data(), params.size());
+    if (params.size() > 0) std::memcpy(d.params, params.data(), params.size());
     js.state.store(SlotWord{generation, JobState::kSubmitted, 0}.pack(), std::memory_order_release);
 
     const uint32_t ref = JobRef{index_, s, generation}.pack();

@@ -5,7 +5,11 @@
 //   auto in = client->allocate(4096);                         // in this client's own segment
 //   auto out = client->allocate(4096);
 //   std::memcpy(in->data(), src, 4096);
-//   auto job = client->submit({.op = "echo", .input = *in, .output = *out}, 1s);
+//   gpuq::JobSpec spec;
+//   spec.op = "echo";
+//   spec.input = *in;
+//   spec.output = *out;
+//   auto job = client->submit(spec, 1s);                      // waits up to 1 s for room
 //   auto result = job->wait(5s);                              // Result<JobResult>
 //
 // Thread-safety: a Client may be used from many threads at once (submit, allocate, wait...).

@@ -1,0 +1,302 @@
+/* gpuq client library, C ABI.
+ *
+ * A C99 interface over the C++ API in <gpuq/client.hpp>, for C programs and for language bindings
+ * (Python ctypes/cffi). It is a thin layer: the semantics of each call are those of the C++ call
+ * it names.
+ *
+ *   gpuq_client_t* client;
+ *   if (gpuq_connect(NULL, &client) != GPUQ_OK) {
+ *     fprintf(stderr, "gpuq: %s\n", gpuq_last_error_message());
+ *     return 1;
+ *   }
+ *   gpuq_buffer_t in, out;
+ *   gpuq_alloc(client, 4096, &in);
+ *   gpuq_alloc(client, 4096, &out);
+ *   memcpy(in.data, src, 4096);
+ *
+ *   gpuq_job_spec_t spec = {0};
+ *   spec.version = GPUQ_JOB_SPEC_VERSION;
+ *   spec.op = "echo";
+ *   spec.input = in;
+ *   spec.output = out;
+ *   gpuq_job_t* job;
+ *   gpuq_submit(client, &spec, -1, &job);
+ *
+ *   gpuq_job_result_t result = {0};
+ *   result.version = GPUQ_JOB_RESULT_VERSION;
+ *   gpuq_job_wait(job, -1, &result);     // result.status == GPUQ_JOB_DONE
+ *   gpuq_job_release(job);
+ *   gpuq_disconnect(client);
+ *
+ * Conventions
+ * - Every function that can fail returns a gpuq_status_t; GPUQ_OK (0) is success. On failure the
+ *   OUT arguments are left unchanged, and gpuq_last_error_message() returns the message of the
+ *   failure on this thread.
+ * - Versioned structs: the first field, `version`, must be set by the caller to the struct's
+ *   GPUQ_..._VERSION macro, which encodes the struct's size and a revision number
+ *   (sizeof | revision << 24, as in DCGM). A struct whose version the library does not know is
+ *   rejected with GPUQ_INVALID_ARGUMENT. Zero-initialise the struct, then set `version`: every
+ *   field's zero value means "the default".
+ * - Fields are marked IN (read by the library) or OUT (written by the library).
+ * - Timeouts are in nanoseconds; a negative timeout waits forever.
+ * - No C++ exception crosses this interface: an unexpected one becomes GPUQ_INTERNAL.
+ * - A client never touches CUDA, and the library links no CUDA library.
+ *
+ * Thread-safety: a gpuq_client_t may be used from many threads at once. A gpuq_job_t is used by
+ * one thread at a time. Neither survives fork(): in the child every call on them returns
+ * GPUQ_FORKED_CLIENT; connect a new client there.
+ */
+#ifndef GPUQ_GPUQ_H_
+#define GPUQ_GPUQ_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpuq/export.hpp"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes. The values are those of gpuq::ErrorCode (gpuq/error.hpp) and of the wire
+ * format: new codes are appended, never renumbered. */
+typedef enum gpuq_status {
+  GPUQ_OK = 0,
+  GPUQ_INVALID_ARGUMENT = 1,   /* a field of a request is malformed; the message names it */
+  GPUQ_UNKNOWN_OP = 2,         /* no op of that name is registered */
+  GPUQ_UNKNOWN_POOL = 3,       /* no pool of that name */
+  GPUQ_QUEUE_FULL = 4,         /* try_submit: the pool's ring or this client's share is full */
+  GPUQ_TIMEOUT = 5,            /* a deadline passed before the call could complete */
+  GPUQ_CANCELLED = 6,          /* the job was cancelled before it started */
+  GPUQ_EXPIRED = 7,            /* the job's deadline passed while it was still queued */
+  GPUQ_WORKER_DIED = 8,        /* the worker running the job exited */
+  GPUQ_DISCONNECTED = 9,       /* the daemon is gone (or restarted); reconnect */
+  GPUQ_PROTOCOL_MISMATCH = 10, /* client and daemon speak different protocol versions */
+  GPUQ_PERMISSION_DENIED = 11, /* this process is not an allowed user or group */
+  GPUQ_OUT_OF_MEMORY = 12,     /* no room in the payload segment, or no free job slot */
+  GPUQ_NOT_FOUND = 13,         /* no such job, buffer or object */
+  GPUQ_SHUTTING_DOWN = 14,     /* the daemon is draining and accepts no new jobs */
+  GPUQ_FORKED_CLIENT = 15,     /* this handle was created by the parent of a fork() */
+  GPUQ_NO_DEVICE = 16,         /* the pool has no usable device */
+  GPUQ_INTERNAL = 17,          /* a bug in gpuq; the message says where */
+  GPUQ_SYSTEM_ERROR = 18,      /* a system call failed; the message names it and errno */
+  GPUQ_NOT_CANCELLABLE = 19,   /* cancel: the job is already running or finished */
+  GPUQ_TOO_MANY_CLIENTS = 20,  /* the daemon serves its configured maximum of clients */
+  GPUQ_OP_FAILED = 21          /* the op itself reported failure; the message says why */
+} gpuq_status_t;
+
+/* The state of a job. */
+typedef enum gpuq_job_status {
+  GPUQ_JOB_QUEUED = 0,
+  GPUQ_JOB_RUNNING = 1,
+  GPUQ_JOB_DONE = 2,      /* finished successfully */
+  GPUQ_JOB_FAILED = 3,    /* finished with an error: see gpuq_job_result_t.code */
+  GPUQ_JOB_CANCELLED = 4, /* cancelled before it started */
+  GPUQ_JOB_EXPIRED = 5    /* its expire_after_ns passed while it was still queued */
+} gpuq_job_status_t;
+
+/* Type of a job parameter (gpuq_param_t.type). */
+typedef enum gpuq_param_type {
+  GPUQ_PARAM_INT = 1,   /* gpuq_param_t.i */
+  GPUQ_PARAM_FLOAT = 2, /* gpuq_param_t.f */
+  GPUQ_PARAM_STRING = 3 /* gpuq_param_t.s, NUL-terminated, at most 64 bytes */
+} gpuq_param_type_t;
+
+/* Builds a struct version: the struct's size and a revision number (DCGM style). */
+#define GPUQ_STRUCT_VERSION(type, revision) \
+  ((uint32_t)(sizeof(type) | ((uint32_t)(revision) << 24)))
+
+/* Opaque handles. */
+typedef struct gpuq_client gpuq_client_t; /* a connection to the daemon */
+typedef struct gpuq_job gpuq_job_t;       /* a submitted job */
+
+/* Options of gpuq_connect(). */
+typedef struct gpuq_connect_options {
+  uint32_t version;        /* IN: GPUQ_CONNECT_OPTIONS_VERSION */
+  const char* runtime_dir; /* IN: the daemon's runtime directory. NULL or "": $GPUQ_RUNTIME_DIR,
+                              else $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gpuq,
+                              else /tmp/gpuq-$UID */
+  uint64_t segment_bytes;  /* IN: size of this client's payload segment (rounded up to 4 KiB);
+                              0: the daemon's default */
+  const char* name;        /* IN: a name for the daemon's logs and status. NULL: the program name */
+  int64_t spin_ns;         /* IN: how long gpuq_job_wait() spins before it sleeps.
+                              0: the library default (50 us); negative: never spin */
+} gpuq_connect_options_t;
+#define GPUQ_CONNECT_OPTIONS_VERSION1 GPUQ_STRUCT_VERSION(gpuq_connect_options_t, 1)
+#define GPUQ_CONNECT_OPTIONS_VERSION GPUQ_CONNECT_OPTIONS_VERSION1
+
+/* A buffer in the client's payload segment, where workers read inputs and write outputs in
+ * place. Filled in by gpuq_alloc(); a part of one (same offset + k, data + k, smaller size) is a
+ * buffer too. Valid until gpuq_free() or gpuq_disconnect(). */
+typedef struct gpuq_buffer {
+  uint64_t offset; /* OUT: offset from the start of the payload segment */
+  uint64_t size;   /* OUT: bytes */
+  void* data;      /* OUT: this process's address of the first byte */
+} gpuq_buffer_t;
+
+/* A small job parameter. Keys are 1-32 characters of [a-z0-9_.]; all of a job's parameters
+ * together take at most 192 bytes encoded. */
+typedef struct gpuq_param {
+  const char* key; /* IN: the name */
+  int type;        /* IN: a gpuq_param_type_t; selects which of i, f, s is read */
+  int64_t i;       /* IN: value of a GPUQ_PARAM_INT */
+  double f;        /* IN: value of a GPUQ_PARAM_FLOAT */
+  const char* s;   /* IN: value of a GPUQ_PARAM_STRING */
+} gpuq_param_t;
+
+/* What to run: the argument of gpuq_submit(). */
+typedef struct gpuq_job_spec {
+  uint32_t version;           /* IN: GPUQ_JOB_SPEC_VERSION */
+  const char* op;             /* IN: op name ("noop", "echo", "sleep", "checksum", ...) */
+  const char* pool;           /* IN: pool name. NULL or "": the first pool */
+  gpuq_buffer_t input;        /* IN: from gpuq_alloc() (or a part of one); size 0: none */
+  gpuq_buffer_t output;       /* IN: from gpuq_alloc() (or a part of one); size 0: none */
+  const gpuq_param_t* params; /* IN: param_count parameters (NULL when param_count is 0) */
+  uint32_t param_count;       /* IN */
+  int64_t expire_after_ns;    /* IN: if still queued this long after submission, the job ends
+                                 GPUQ_JOB_EXPIRED without running. 0 or negative: never */
+} gpuq_job_spec_t;
+#define GPUQ_JOB_SPEC_VERSION1 GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 1)
+#define GPUQ_JOB_SPEC_VERSION GPUQ_JOB_SPEC_VERSION1
+
+#define GPUQ_MESSAGE_BYTES 256
+
+/* The outcome of a finished job. */
+typedef struct gpuq_job_result {
+  uint32_t version;                 /* IN: GPUQ_JOB_RESULT_VERSION */
+  gpuq_job_status_t status;         /* OUT: GPUQ_JOB_DONE, _FAILED, _CANCELLED or _EXPIRED */
+  gpuq_status_t code;               /* OUT: GPUQ_OK when done; why, otherwise */
+  char message[GPUQ_MESSAGE_BYTES]; /* OUT: the worker's message for a failure, NUL-terminated
+                                       (truncated to GPUQ_MESSAGE_BYTES - 1 bytes) */
+  uint64_t output_size;             /* OUT: bytes the op wrote to the output buffer */
+  uint64_t value;                   /* OUT: the op's scalar result (checksum: the CRC32C) */
+  uint32_t worker_id;               /* OUT: the worker that ran it */
+  uint64_t queued_ns;               /* OUT: submission -> start */
+  uint64_t run_ns;                  /* OUT: start -> finish */
+} gpuq_job_result_t;
+#define GPUQ_JOB_RESULT_VERSION1 GPUQ_STRUCT_VERSION(gpuq_job_result_t, 1)
+#define GPUQ_JOB_RESULT_VERSION GPUQ_JOB_RESULT_VERSION1
+
+/* ---- Connection ------------------------------------------------------------------------------ */
+
+/* Connects to the daemon: checks the protocol version, is authenticated by the daemon and maps
+ * this client's payload segment. `options` may be NULL (all defaults). On success *out is a new
+ * client, to be closed with gpuq_disconnect().
+ * Errors: GPUQ_INVALID_ARGUMENT (out NULL, unknown options->version, bad option),
+ * GPUQ_DISCONNECTED (no daemon at the socket), GPUQ_PROTOCOL_MISMATCH, GPUQ_PERMISSION_DENIED,
+ * GPUQ_TOO_MANY_CLIENTS, GPUQ_SYSTEM_ERROR, GPUQ_INTERNAL.
+ * Blocking. Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_connect(const gpuq_connect_options_t* options, gpuq_client_t** out);
+
+/* Closes a client and unmaps its payload segment: its buffers become invalid. Jobs not yet
+ * released keep what they need alive; release them too. NULL is ignored.
+ * Errors: none (always GPUQ_OK).
+ * Blocking (briefly). Not thread-safe with other calls on the same client: call it last. */
+GPUQ_API gpuq_status_t gpuq_disconnect(gpuq_client_t* client);
+
+/* ---- Payload buffers --------------------------------------------------------------------------
+ */
+
+/* Allocates `size` bytes, 64-byte aligned, in the client's payload segment.
+ * Errors: GPUQ_INVALID_ARGUMENT (client or out NULL, size 0), GPUQ_OUT_OF_MEMORY (segment
+ * full), GPUQ_FORKED_CLIENT, GPUQ_INTERNAL.
+ * Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_alloc(gpuq_client_t* client, uint64_t size, gpuq_buffer_t* out);
+
+/* Returns a buffer from gpuq_alloc(). Freeing a buffer that a queued or running job uses is the
+ * caller's bug: the job may read or write freed memory (only this client's own).
+ * Errors: GPUQ_INVALID_ARGUMENT (client or buffer NULL), GPUQ_INTERNAL.
+ * Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_free(gpuq_client_t* client, const gpuq_buffer_t* buffer);
+
+/* ---- Jobs ---------------------------------------------------------------------------------------
+ */
+
+/* Submits a job, waiting up to `timeout_ns` for room in the pool's ring (negative: forever).
+ * On success *out is a new job handle, to be released with gpuq_job_release().
+ * Errors: GPUQ_INVALID_ARGUMENT (a NULL argument, unknown spec->version, a bad field or
+ * parameter: the message names it), GPUQ_UNKNOWN_OP, GPUQ_UNKNOWN_POOL, GPUQ_TIMEOUT (the ring
+ * stayed full), GPUQ_SHUTTING_DOWN, GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT, GPUQ_OUT_OF_MEMORY
+ * (all of this client's job slots are in use), GPUQ_INTERNAL.
+ * Blocking while the ring is full. Thread-safe; lock-free when there is room. */
+GPUQ_API gpuq_status_t gpuq_submit(gpuq_client_t* client, const gpuq_job_spec_t* spec,
+                                   int64_t timeout_ns, gpuq_job_t** out);
+
+/* Like gpuq_submit() but fails with GPUQ_QUEUE_FULL at once when there is no room.
+ * Errors: those of gpuq_submit(), with GPUQ_QUEUE_FULL instead of GPUQ_TIMEOUT.
+ * Never blocks. Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_try_submit(gpuq_client_t* client, const gpuq_job_spec_t* spec,
+                                       gpuq_job_t** out);
+
+/* Waits until the job is finished or `timeout_ns` passes (negative: forever): spins briefly,
+ * then sleeps. GPUQ_OK means the job finished, successfully or not: *out says how (status, code,
+ * message). The result stays readable: waiting again returns it again.
+ * Errors: GPUQ_INVALID_ARGUMENT (job or out NULL, unknown out->version), GPUQ_TIMEOUT (the job
+ * is still pending; wait again), GPUQ_DISCONNECTED (the daemon died), GPUQ_FORKED_CLIENT,
+ * GPUQ_INTERNAL.
+ * Blocking. One thread at a time per job. */
+GPUQ_API gpuq_status_t gpuq_job_wait(gpuq_job_t* job, int64_t timeout_ns, gpuq_job_result_t* out);
+
+/* The job's current status, without blocking.
+ * Errors: GPUQ_INVALID_ARGUMENT (job or out NULL), GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT,
+ * GPUQ_INTERNAL.
+ * Lock-free. One thread at a time per job. */
+GPUQ_API gpuq_status_t gpuq_job_poll(gpuq_job_t* job, gpuq_job_status_t* out);
+
+/* Cancels the job if it has not started; it then finishes GPUQ_JOB_CANCELLED.
+ * Errors: GPUQ_INVALID_ARGUMENT (job NULL), GPUQ_NOT_CANCELLABLE (already running or
+ * finished), GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT, GPUQ_INTERNAL.
+ * Non-blocking. One thread at a time per job. */
+GPUQ_API gpuq_status_t gpuq_job_cancel(gpuq_job_t* job);
+
+/* Releases a job handle. An unfinished job is cancelled if it has not started, and otherwise
+ * runs to the end with its result discarded; its slot returns to the client then. NULL is
+ * ignored. The handle is invalid afterwards.
+ * Errors: none (always GPUQ_OK).
+ * Non-blocking. One thread at a time per job. */
+GPUQ_API gpuq_status_t gpuq_job_release(gpuq_job_t* job);
+
+/* ---- Daemon control ------------------------------------------------------------------------- */
+
+/* The daemon's status document (the JSON of `gpuqctl status --json`), over a short control
+ * connection that registers no client. `runtime_dir` as in gpuq_connect_options_t (NULL: the
+ * default). On success *out_json is a NUL-terminated string to be freed with gpuq_string_free().
+ * Errors: GPUQ_INVALID_ARGUMENT (out_json NULL), GPUQ_DISCONNECTED (no daemon),
+ * GPUQ_PERMISSION_DENIED, GPUQ_PROTOCOL_MISMATCH, GPUQ_OUT_OF_MEMORY, GPUQ_INTERNAL.
+ * Blocking. Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_daemon_status_json(const char* runtime_dir, char** out_json);
+
+/* Frees a string returned by this library. NULL is ignored. Thread-safe. */
+GPUQ_API void gpuq_string_free(char* s);
+
+/* Asks the daemon to drain (finish queued and running jobs, accept no new ones) and exit.
+ * Returns once the daemon has acknowledged. `runtime_dir` as in gpuq_daemon_status_json().
+ * Errors: GPUQ_DISCONNECTED (no daemon), GPUQ_PERMISSION_DENIED, GPUQ_PROTOCOL_MISMATCH,
+ * GPUQ_INTERNAL.
+ * Blocking. Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_daemon_stop(const char* runtime_dir);
+
+/* ---- Diagnostics ------------------------------------------------------------------------------
+ */
+
+/* Stable name of a status code ("QueueFull"); "Unknown" for a value outside the enum. Never
+ * NULL. Thread-safe. */
+GPUQ_API const char* gpuq_status_name(gpuq_status_t code);
+
+/* Name of a job status ("done"); "unknown" for a value outside the enum. Never NULL.
+ * Thread-safe. */
+GPUQ_API const char* gpuq_job_status_name(gpuq_job_status_t status);
+
+/* The message of the last call on this thread that failed ("" if none has). Calls that succeed
+ * leave it as it was. The string belongs to the library and stays valid until the next failing
+ * call on this thread. Never NULL. Thread-safe (per thread). */
+GPUQ_API const char* gpuq_last_error_message(void);
+
+/* Library version ("0.1.0"). Never NULL. Thread-safe. */
+GPUQ_API const char* gpuq_version(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* GPUQ_GPUQ_H_ */

@@ -1,0 +1,412 @@
+// The C ABI (gpuq/gpuq.h) over the C++ API (gpuq/client.hpp).
+//
+// Every entry point runs its body inside guarded(), which turns a failed Result into a status code
+// plus the thread's last-error message, and catches every exception at the boundary (GPUQ_INTERNAL
+// with its what()): no C++ exception may unwind into C.
+#include "gpuq/gpuq.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "gpuq/client.hpp"
+#include "gpuq/error.hpp"
+
+#ifndef GPUQ_VERSION
+#error "GPUQ_VERSION must be defined by the build (gpuq_common sets it)"
+#endif
+
+// The handles: a C++ object in a C-named box.
+struct gpuq_client {
+  gpuq::Client client;
+};
+struct gpuq_job {
+  gpuq::Job job;
+};
+
+namespace {
+
+// ---- The C enums mirror the C++ ones exactly -------------------------------------------------
+
+#define GPUQ_SAME_CODE(c_name, cpp_name)                                                         \
+  static_assert(static_cast<int32_t>(c_name) == static_cast<int32_t>(gpuq::ErrorCode::cpp_name), \
+                #c_name " must equal gpuq::ErrorCode::" #cpp_name)
+GPUQ_SAME_CODE(GPUQ_OK, kOk);
+GPUQ_SAME_CODE(GPUQ_INVALID_ARGUMENT, kInvalidArgument);
+GPUQ_SAME_CODE(GPUQ_UNKNOWN_OP, kUnknownOp);
+GPUQ_SAME_CODE(GPUQ_UNKNOWN_POOL, kUnknownPool);
+GPUQ_SAME_CODE(GPUQ_QUEUE_FULL, kQueueFull);
+GPUQ_SAME_CODE(GPUQ_TIMEOUT, kTimeout);
+GPUQ_SAME_CODE(GPUQ_CANCELLED, kCancelled);
+GPUQ_SAME_CODE(GPUQ_EXPIRED, kExpired);
+GPUQ_SAME_CODE(GPUQ_WORKER_DIED, kWorkerDied);
+GPUQ_SAME_CODE(GPUQ_DISCONNECTED, kDisconnected);
+GPUQ_SAME_CODE(GPUQ_PROTOCOL_MISMATCH, kProtocolMismatch);
+GPUQ_SAME_CODE(GPUQ_PERMISSION_DENIED, kPermissionDenied);
+GPUQ_SAME_CODE(GPUQ_OUT_OF_MEMORY, kOutOfMemory);
+GPUQ_SAME_CODE(GPUQ_NOT_FOUND, kNotFound);
+GPUQ_SAME_CODE(GPUQ_SHUTTING_DOWN, kShuttingDown);
+GPUQ_SAME_CODE(GPUQ_FORKED_CLIENT, kForkedClient);
+GPUQ_SAME_CODE(GPUQ_NO_DEVICE, kNoDevice);
+GPUQ_SAME_CODE(GPUQ_INTERNAL, kInternal);
+GPUQ_SAME_CODE(GPUQ_SYSTEM_ERROR, kSystemError);
+GPUQ_SAME_CODE(GPUQ_NOT_CANCELLABLE, kNotCancellable);
+GPUQ_SAME_CODE(GPUQ_TOO_MANY_CLIENTS, kTooManyClients);
+GPUQ_SAME_CODE(GPUQ_OP_FAILED, kOpFailed);
+#undef GPUQ_SAME_CODE
+static_assert(gpuq::kMaxErrorCode == GPUQ_OP_FAILED,
+              "a code was added to gpuq::ErrorCode: add it to gpuq_status_t and above");
+
+#define GPUQ_SAME_JOB_STATUS(c_name, cpp_name)                                           \
+  static_assert(static_cast<int>(c_name) == static_cast<int>(gpuq::JobStatus::cpp_name), \
+                #c_name " must equal gpuq::JobStatus::" #cpp_name)
+GPUQ_SAME_JOB_STATUS(GPUQ_JOB_QUEUED, kQueued);
+GPUQ_SAME_JOB_STATUS(GPUQ_JOB_RUNNING, kRunning);
+GPUQ_SAME_JOB_STATUS(GPUQ_JOB_DONE, kDone);
+GPUQ_SAME_JOB_STATUS(GPUQ_JOB_FAILED, kFailed);
+GPUQ_SAME_JOB_STATUS(GPUQ_JOB_CANCELLED, kCancelled);
+GPUQ_SAME_JOB_STATUS(GPUQ_JOB_EXPIRED, kExpired);
+#undef GPUQ_SAME_JOB_STATUS
+
+// The enums are 32-bit members of the ABI structs.
+static_assert(sizeof(gpuq_status_t) == 4 && sizeof(gpuq_job_status_t) == 4);
+// The structs are C structs: no constructors or hidden members.
+static_assert(std::is_standard_layout_v<gpuq_connect_options_t> &&
+              std::is_trivially_copyable_v<gpuq_connect_options_t>);
+static_assert(std::is_standard_layout_v<gpuq_job_spec_t> &&
+              std::is_trivially_copyable_v<gpuq_job_spec_t>);
+static_assert(std::is_standard_layout_v<gpuq_job_result_t> &&
+              std::is_trivially_copyable_v<gpuq_job_result_t>);
+static_assert(offsetof(gpuq_connect_options_t, version) == 0 &&
+              offsetof(gpuq_job_spec_t, version) == 0 && offsetof(gpuq_job_result_t, version) == 0);
+
+// ---- Errors ---------------------------------------------------------------------------------
+
+thread_local std::string t_last_error;
+
+gpuq_status_t fail(gpuq::ErrorCode code, std::string message) noexcept {
+  try {
+    t_last_error = message.empty() ? std::string(gpuq::error_code_name(code)) : std::move(message);
+  } catch (...) {
+    t_last_error.clear();  // out of memory for the message itself: keep the code
+  }
+  return static_cast<gpuq_status_t>(code);
+}
+
+gpuq_status_t fail(const gpuq::Error& error) noexcept {
+  return fail(error.code(), error.message());
+}
+
+gpuq_status_t invalid(std::string message) noexcept {
+  return fail(gpuq::ErrorCode::kInvalidArgument, std::move(message));
+}
+
+// Runs `body` (which returns gpuq_status_t) with every exception turned into GPUQ_INTERNAL.
+template <typename Body>
+gpuq_status_t guarded(const char* function, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return fail(gpuq::ErrorCode::kInternal,
+                std::string(function) + ": unexpected exception: " + e.what());
+  } catch (...) {
+    return fail(gpuq::ErrorCode::kInternal,
+                std::string(function) + ": unexpected exception of unknown type");
+  }
+}
+
+// Checks a versioned struct: `version` must be the one this library was built with.
+bool check_version(uint32_t got, uint32_t expected, const char* struct_name, const char* macro_name,
+                   gpuq_status_t& status) {
+  if (got == expected) return true;
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "%s.version is 0x%08x, this library knows only %s (0x%08x, size %u, revision %u)",
+                struct_name, got, macro_name, expected, expected & 0xFFFFFFu, expected >> 24);
+  status = invalid(text);
+  return false;
+}
+
+// ---- Conversions ----------------------------------------------------------------------------
+
+std::string text_or_empty(const char* s) {
+  return s == nullptr ? std::string() : std::string(s);
+}
+
+gpuq::Buffer to_cpp(const gpuq_buffer_t& b) {
+  return gpuq::Buffer{b.offset, b.size, static_cast<std::byte*>(b.data)};
+}
+
+gpuq_buffer_t to_c(const gpuq::Buffer& b) {
+  gpuq_buffer_t out;
+  out.offset = b.offset;
+  out.size = b.size;
+  out.data = b.ptr;
+  return out;
+}
+
+// Fills `out` from `spec`, or returns the InvalidArgument status that names the bad field.
+gpuq_status_t to_cpp(const gpuq_job_spec_t& spec, gpuq::JobSpec& out) {
+  gpuq_status_t status = GPUQ_OK;
+  if (!check_version(spec.version, GPUQ_JOB_SPEC_VERSION, "gpuq_job_spec_t",
+                     "GPUQ_JOB_SPEC_VERSION", status)) {
+    return status;
+  }
+  if (spec.op == nullptr) return invalid("gpuq_job_spec_t.op is NULL");
+  out.op = spec.op;
+  out.pool = text_or_empty(spec.pool);
+  out.input = to_cpp(spec.input);
+  out.output = to_cpp(spec.output);
+  if (spec.input.size != 0 && spec.input.data == nullptr) {
+    return invalid("gpuq_job_spec_t.input.data is NULL but input.size is not 0");
+  }
+  if (spec.output.size != 0 && spec.output.data == nullptr) {
+    return invalid("gpuq_job_spec_t.output.data is NULL but output.size is not 0");
+  }
+  if (spec.param_count != 0 && spec.params == nullptr) {
+    return invalid("gpuq_job_spec_t.params is NULL but param_count is " +
+                   std::to_string(spec.param_count));
+  }
+  out.params.clear();
+  out.params.reserve(spec.param_count);
+  for (uint32_t i = 0; i < spec.param_count; ++i) {
+    const gpuq_param_t& p = spec.params[i];
+    const std::string where = "gpuq_job_spec_t.params[" + std::to_string(i) + "]";
+    if (p.key == nullptr) return invalid(where + ".key is NULL");
+    switch (p.type) {
+      case GPUQ_PARAM_INT:
+        out.params.push_back(gpuq::JobParam::integer(p.key, p.i));
+        break;
+      case GPUQ_PARAM_FLOAT:
+        out.params.push_back(gpuq::JobParam::real(p.key, p.f));
+        break;
+      case GPUQ_PARAM_STRING:
+        if (p.s == nullptr) return invalid(where + " ('" + p.key + "').s is NULL");
+        out.params.push_back(gpuq::JobParam::text(p.key, p.s));
+        break;
+      default:
+        return invalid(where + " ('" + p.key + "').type is " + std::to_string(p.type) +
+                       ", must be GPUQ_PARAM_INT, GPUQ_PARAM_FLOAT or GPUQ_PARAM_STRING");
+    }
+  }
+  out.expire_after = spec.expire_after_ns > 0 ? std::chrono::nanoseconds(spec.expire_after_ns)
+                                              : std::chrono::nanoseconds(-1);
+  return GPUQ_OK;
+}
+
+void copy_message(const std::string& message, char (&out)[GPUQ_MESSAGE_BYTES]) {
+  const size_t n =
+      message.size() < GPUQ_MESSAGE_BYTES - 1 ? message.size() : GPUQ_MESSAGE_BYTES - 1;
+  std::memcpy(out, message.data(), n);
+  std::memset(out + n, 0, GPUQ_MESSAGE_BYTES - n);
+}
+
+// Shared body of gpuq_submit() and gpuq_try_submit().
+template <typename Submit>
+gpuq_status_t submit_with(gpuq_client_t* client, const gpuq_job_spec_t* spec, gpuq_job_t** out,
+                          Submit&& submit) {
+  if (client == nullptr) return invalid("client is NULL");
+  if (spec == nullptr) return invalid("spec is NULL");
+  if (out == nullptr) return invalid("out is NULL");
+  gpuq::JobSpec cpp_spec;
+  if (gpuq_status_t s = to_cpp(*spec, cpp_spec); s != GPUQ_OK) return s;
+  gpuq::Result<gpuq::Job> job = submit(client->client, cpp_spec);
+  if (!job) return fail(job.error());
+  *out = new gpuq_job{std::move(job).value()};
+  return GPUQ_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+gpuq_status_t gpuq_connect(const gpuq_connect_options_t* options, gpuq_client_t** out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq::ConnectOptions cpp;
+    if (options != nullptr) {
+      gpuq_status_t status = GPUQ_OK;
+      if (!check_version(options->version, GPUQ_CONNECT_OPTIONS_VERSION, "gpuq_connect_options_t",
+                         "GPUQ_CONNECT_OPTIONS_VERSION", status)) {
+        return status;
+      }
+      cpp.runtime_dir = text_or_empty(options->runtime_dir);
+      cpp.segment_bytes = options->segment_bytes;
+      cpp.name = text_or_empty(options->name);
+      if (options->spin_ns < 0) {
+        cpp.spin = std::chrono::nanoseconds(0);
+      } else if (options->spin_ns > 0) {
+        cpp.spin = std::chrono::nanoseconds(options->spin_ns);
+      }  // 0: keep the C++ default
+    }
+    gpuq::Result<gpuq::Client> client = gpuq::Client::connect(cpp);
+    if (!client) return fail(client.error());
+    *out = new gpuq_client{std::move(client).value()};
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_disconnect(gpuq_client_t* client) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    delete client;
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_alloc(gpuq_client_t* client, uint64_t size, gpuq_buffer_t* out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (client == nullptr) return invalid("client is NULL");
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq::Result<gpuq::Buffer> buffer = client->client.allocate(size);
+    if (!buffer) return fail(buffer.error());
+    *out = to_c(buffer.value());
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_free(gpuq_client_t* client, const gpuq_buffer_t* buffer) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (client == nullptr) return invalid("client is NULL");
+    if (buffer == nullptr) return invalid("buffer is NULL");
+    client->client.release(to_cpp(*buffer));
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_submit(gpuq_client_t* client, const gpuq_job_spec_t* spec, int64_t timeout_ns,
+                          gpuq_job_t** out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    return submit_with(client, spec, out, [&](gpuq::Client& c, const gpuq::JobSpec& s) {
+      return c.submit(s, std::chrono::nanoseconds(timeout_ns));
+    });
+  });
+}
+
+gpuq_status_t gpuq_try_submit(gpuq_client_t* client, const gpuq_job_spec_t* spec,
+                              gpuq_job_t** out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    return submit_with(client, spec, out,
+                       [](gpuq::Client& c, const gpuq::JobSpec& s) { return c.try_submit(s); });
+  });
+}
+
+gpuq_status_t gpuq_job_wait(gpuq_job_t* job, int64_t timeout_ns, gpuq_job_result_t* out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (job == nullptr) return invalid("job is NULL");
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq_status_t status = GPUQ_OK;
+    if (!check_version(out->version, GPUQ_JOB_RESULT_VERSION, "gpuq_job_result_t",
+                       "GPUQ_JOB_RESULT_VERSION", status)) {
+      return status;
+    }
+    gpuq::Result<gpuq::JobResult> result = job->job.wait(std::chrono::nanoseconds(timeout_ns));
+    if (!result) return fail(result.error());
+    const gpuq::JobResult& r = result.value();
+    out->status = static_cast<gpuq_job_status_t>(r.status);
+    out->code = static_cast<gpuq_status_t>(r.code);
+    copy_message(r.message, out->message);
+    out->output_size = r.output_size;
+    out->value = r.value;
+    out->worker_id = r.worker_id;
+    out->queued_ns = r.queued_ns;
+    out->run_ns = r.run_ns;
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_job_poll(gpuq_job_t* job, gpuq_job_status_t* out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (job == nullptr) return invalid("job is NULL");
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq::Result<gpuq::JobStatus> status = job->job.poll();
+    if (!status) return fail(status.error());
+    *out = static_cast<gpuq_job_status_t>(status.value());
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_job_cancel(gpuq_job_t* job) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (job == nullptr) return invalid("job is NULL");
+    gpuq::Result<void> r = job->job.cancel();
+    if (!r) return fail(r.error());
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_job_release(gpuq_job_t* job) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    delete job;
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_daemon_status_json(const char* runtime_dir, char** out_json) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (out_json == nullptr) return invalid("out_json is NULL");
+    gpuq::Result<std::string> json = gpuq::daemon_status_json(text_or_empty(runtime_dir));
+    if (!json) return fail(json.error());
+    const std::string& text = json.value();
+    char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+    if (copy == nullptr) {
+      return fail(gpuq::ErrorCode::kOutOfMemory,
+                  "no memory for the " + std::to_string(text.size()) + "-byte status document");
+    }
+    std::memcpy(copy, text.c_str(), text.size() + 1);
+    *out_json = copy;
+    return GPUQ_OK;
+  });
+}
+
+void gpuq_string_free(char* s) {
+  std::free(s);
+}
+
+gpuq_status_t gpuq_daemon_stop(const char* runtime_dir) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    gpuq::Result<void> r = gpuq::daemon_stop(text_or_empty(runtime_dir));
+    if (!r) return fail(r.error());
+    return GPUQ_OK;
+  });
+}
+
+const char* gpuq_status_name(gpuq_status_t code) {
+  const int32_t value = static_cast<int32_t>(code);
+  if (value < 0 || value > gpuq::kMaxErrorCode) return "Unknown";
+  // error_code_name() returns string literals, so data() is NUL-terminated.
+  return gpuq::error_code_name(static_cast<gpuq::ErrorCode>(value)).data();
+}
+
+const char* gpuq_job_status_name(gpuq_job_status_t status) {
+  switch (status) {
+    case GPUQ_JOB_QUEUED:
+      return "queued";
+    case GPUQ_JOB_RUNNING:
+      return "running";
+    case GPUQ_JOB_DONE:
+      return "done";
+    case GPUQ_JOB_FAILED:
+      return "failed";
+    case GPUQ_JOB_CANCELLED:
+      return "cancelled";
+    case GPUQ_JOB_EXPIRED:
+      return "expired";
+  }
+  return "unknown";
+}
+
+const char* gpuq_last_error_message(void) {
+  return t_last_error.c_str();
+}
+
+const char* gpuq_version(void) {
+  return GPUQ_VERSION;
+}
+
+}  // extern "C"

@@ -1,0 +1,234 @@
+/* Integration test of the C ABI (gpuq/gpuq.h), as a plain C99 program.
+ *
+ *   c_api_test RUNTIME_DIR
+ *
+ * Connects to the daemon serving RUNTIME_DIR, runs an echo job and a checksum job and checks
+ * their outputs (the checksum against a CRC32C computed here), checks that an unknown op fails
+ * with GPUQ_UNKNOWN_OP, and exercises the argument checks of the C layer. Prints
+ * "c_api: N passed, M failed"; exits 0 when nothing failed, 1 otherwise, 2 on bad usage.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpuq/gpuq.h"
+
+static const int64_t kTimeoutNs = INT64_C(30000000000); /* 30 s: generous for loaded CI */
+
+static int g_passed = 0;
+static int g_failed = 0;
+
+static void check(int ok, const char* what, int line) {
+  if (ok) {
+    ++g_passed;
+  } else {
+    ++g_failed;
+    fprintf(stderr, "c_api_test.c:%d: FAILED: %s (last error: %s)\n", line, what,
+            gpuq_last_error_message());
+  }
+}
+#define CHECK(cond) check((cond) ? 1 : 0, #cond, __LINE__)
+
+/* CRC32C (Castagnoli): reflected polynomial 0x82F63B78, initial and final xor 0xFFFFFFFF. */
+static uint32_t crc32c(const unsigned char* data, size_t size) {
+  uint32_t crc = 0xFFFFFFFFu;
+  size_t i;
+  int k;
+  for (i = 0; i < size; ++i) {
+    crc ^= data[i];
+    for (k = 0; k < 8; ++k) crc = (crc & 1u) ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;
+  }
+  return crc ^ 0xFFFFFFFFu;
+}
+
+static gpuq_job_result_t new_result(void) {
+  gpuq_job_result_t r;
+  memset(&r, 0, sizeof r);
+  r.version = GPUQ_JOB_RESULT_VERSION;
+  return r;
+}
+
+static gpuq_job_spec_t new_spec(const char* op) {
+  gpuq_job_spec_t s;
+  memset(&s, 0, sizeof s);
+  s.version = GPUQ_JOB_SPEC_VERSION;
+  s.op = op;
+  return s;
+}
+
+/* Submits `spec` and waits for it. Returns the submit/wait status; the result in *result. */
+static gpuq_status_t run_job(gpuq_client_t* client, const gpuq_job_spec_t* spec,
+                             gpuq_job_result_t* result) {
+  gpuq_job_t* job = NULL;
+  gpuq_status_t s = gpuq_submit(client, spec, kTimeoutNs, &job);
+  if (s != GPUQ_OK) return s;
+  s = gpuq_job_wait(job, kTimeoutNs, result);
+  gpuq_job_release(job);
+  return s;
+}
+
+static void test_library_facts(void) {
+  CHECK(strcmp(gpuq_status_name(GPUQ_OK), "Ok") == 0);
+  CHECK(strcmp(gpuq_status_name(GPUQ_QUEUE_FULL), "QueueFull") == 0);
+  CHECK(strcmp(gpuq_status_name(GPUQ_OP_FAILED), "OpFailed") == 0);
+  CHECK(strcmp(gpuq_status_name((gpuq_status_t)1000), "Unknown") == 0);
+  CHECK(strcmp(gpuq_job_status_name(GPUQ_JOB_DONE), "done") == 0);
+  CHECK(gpuq_version() != NULL && gpuq_version()[0] != '\0');
+  /* The test's own CRC32C against the standard check value. */
+  CHECK(crc32c((const unsigned char*)"123456789", 9) == 0xE3069283u);
+}
+
+static void test_argument_checks(gpuq_client_t* client) {
+  gpuq_connect_options_t bad_options;
+  gpuq_client_t* other = NULL;
+  gpuq_job_spec_t spec = new_spec("echo");
+  gpuq_job_t* job = NULL;
+  gpuq_buffer_t buffer;
+
+  memset(&bad_options, 0, sizeof bad_options);
+  bad_options.version = GPUQ_CONNECT_OPTIONS_VERSION + 1;
+  CHECK(gpuq_connect(&bad_options, &other) == GPUQ_INVALID_ARGUMENT);
+  CHECK(other == NULL);
+  CHECK(strlen(gpuq_last_error_message()) > 0);
+
+  CHECK(gpuq_alloc(client, 0, &buffer) == GPUQ_INVALID_ARGUMENT);
+  CHECK(gpuq_alloc(client, 64, NULL) == GPUQ_INVALID_ARGUMENT);
+  CHECK(gpuq_submit(client, NULL, kTimeoutNs, &job) == GPUQ_INVALID_ARGUMENT);
+  spec.version = 0;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_INVALID_ARGUMENT);
+  CHECK(job == NULL);
+  spec.version = GPUQ_JOB_SPEC_VERSION;
+  spec.op = NULL;
+  CHECK(gpuq_try_submit(client, &spec, &job) == GPUQ_INVALID_ARGUMENT);
+  CHECK(job == NULL);
+  CHECK(gpuq_job_release(NULL) == GPUQ_OK);
+  CHECK(gpuq_disconnect(NULL) == GPUQ_OK);
+}
+
+static void test_echo(gpuq_client_t* client) {
+  enum { kBytes = 1000 };
+  gpuq_buffer_t in, out;
+  gpuq_job_spec_t spec = new_spec("echo");
+  gpuq_job_result_t result = new_result();
+  gpuq_job_t* job = NULL;
+  gpuq_job_status_t status = GPUQ_JOB_QUEUED;
+  unsigned char* src;
+  int i;
+
+  CHECK(gpuq_alloc(client, kBytes, &in) == GPUQ_OK);
+  CHECK(gpuq_alloc(client, kBytes, &out) == GPUQ_OK);
+  if (in.data == NULL || out.data == NULL) return;
+  CHECK(in.size == kBytes && out.size == kBytes);
+  CHECK(in.offset % 64 == 0 && out.offset % 64 == 0);
+  src = (unsigned char*)in.data;
+  for (i = 0; i < kBytes; ++i) src[i] = (unsigned char)(i * 7 + 3);
+  memset(out.data, 0, kBytes);
+
+  spec.input = in;
+  spec.output = out;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
+  if (job == NULL) return;
+  CHECK(gpuq_job_wait(job, kTimeoutNs, &result) == GPUQ_OK);
+  CHECK(result.status == GPUQ_JOB_DONE);
+  CHECK(result.code == GPUQ_OK);
+  CHECK(result.output_size == kBytes);
+  CHECK(memcmp(in.data, out.data, kBytes) == 0);
+  /* A finished job: poll says so, the result reads again, and it can no longer be cancelled. */
+  CHECK(gpuq_job_poll(job, &status) == GPUQ_OK);
+  CHECK(status == GPUQ_JOB_DONE);
+  result.output_size = 0;
+  CHECK(gpuq_job_wait(job, 0, &result) == GPUQ_OK);
+  CHECK(result.output_size == kBytes);
+  CHECK(gpuq_job_cancel(job) == GPUQ_NOT_CANCELLABLE);
+  gpuq_job_release(job);
+
+  CHECK(gpuq_free(client, &in) == GPUQ_OK);
+  CHECK(gpuq_free(client, &out) == GPUQ_OK);
+}
+
+static void test_checksum(gpuq_client_t* client) {
+  enum { kBytes = 4099 };
+  gpuq_buffer_t in;
+  gpuq_job_spec_t spec = new_spec("checksum");
+  gpuq_job_result_t result = new_result();
+  unsigned char* src;
+  uint32_t expected;
+  int i;
+
+  CHECK(gpuq_alloc(client, kBytes, &in) == GPUQ_OK);
+  if (in.data == NULL) return;
+  src = (unsigned char*)in.data;
+  for (i = 0; i < kBytes; ++i) src[i] = (unsigned char)((i * 131) ^ (i >> 8));
+  expected = crc32c(src, kBytes);
+
+  spec.input = in;
+  CHECK(run_job(client, &spec, &result) == GPUQ_OK);
+  CHECK(result.status == GPUQ_JOB_DONE);
+  CHECK(result.code == GPUQ_OK);
+  CHECK(result.value == expected);
+  if (result.value != expected) {
+    fprintf(stderr, "checksum: got 0x%llx, expected 0x%08lx\n", (unsigned long long)result.value,
+            (unsigned long)expected);
+  }
+  CHECK(gpuq_free(client, &in) == GPUQ_OK);
+}
+
+static void test_unknown_op(gpuq_client_t* client) {
+  gpuq_job_spec_t spec = new_spec("no_such_op");
+  gpuq_job_result_t result = new_result();
+  gpuq_job_t* job = NULL;
+  gpuq_status_t s = gpuq_submit(client, &spec, kTimeoutNs, &job);
+
+  /* The library may reject the name at submit (it knows the daemon's ops from the handshake),
+   * or the worker may fail the job: either way the code is GPUQ_UNKNOWN_OP. */
+  if (s == GPUQ_OK) {
+    CHECK(gpuq_job_wait(job, kTimeoutNs, &result) == GPUQ_OK);
+    CHECK(result.status == GPUQ_JOB_FAILED);
+    CHECK(result.code == GPUQ_UNKNOWN_OP);
+    gpuq_job_release(job);
+  } else {
+    CHECK(s == GPUQ_UNKNOWN_OP);
+    CHECK(job == NULL);
+    CHECK(strlen(gpuq_last_error_message()) > 0);
+  }
+}
+
+static void test_status_json(const char* runtime_dir) {
+  char* json = NULL;
+  CHECK(gpuq_daemon_status_json(runtime_dir, &json) == GPUQ_OK);
+  CHECK(json != NULL && json[0] == '{');
+  gpuq_string_free(json);
+}
+
+int main(int argc, char** argv) {
+  gpuq_connect_options_t options;
+  gpuq_client_t* client = NULL;
+  gpuq_status_t s;
+
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s RUNTIME_DIR\n", argv[0]);
+    return 2;
+  }
+  memset(&options, 0, sizeof options);
+  options.version = GPUQ_CONNECT_OPTIONS_VERSION;
+  options.runtime_dir = argv[1];
+  options.name = "c_api_test";
+
+  test_library_facts();
+  s = gpuq_connect(&options, &client);
+  CHECK(s == GPUQ_OK);
+  if (s != GPUQ_OK) {
+    fprintf(stderr, "c_api: cannot connect to the daemon in %s: %s: %s\n", argv[1],
+            gpuq_status_name(s), gpuq_last_error_message());
+  } else {
+    test_argument_checks(client);
+    test_echo(client);
+    test_checksum(client);
+    test_unknown_op(client);
+    test_status_json(argv[1]);
+    CHECK(gpuq_disconnect(client) == GPUQ_OK);
+  }
+  printf("c_api: %d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
