@@ -147,8 +147,6 @@ Result<void> Supervisor::start() {
   auto tfd = GPUQ_POSIX_CALL(::timerfd_create, CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   if (!tfd) return tfd.error();
   timer_fd_.reset(static_cast<int>(*tfd));
-  itimerspec its{{0, static_cast<long>(kTickNs)}, {0, static_cast<long>(kTickNs)}};
-  timerfd_settime(timer_fd_.get(), 0, &its, nullptr);
   auto efd = GPUQ_POSIX_CALL(::epoll_create1, EPOLL_CLOEXEC);
   if (!efd) return efd.error();
   epoll_fd_.reset(static_cast<int>(*efd));
@@ -893,10 +891,25 @@ int Supervisor::run() {
       }
     }
     if (draining_) check_drain();
+    update_timer();
   }
   cleanup();
   GPUQ_LOG_INFO("stopped");
   return 0;
+}
+
+// The periodic tick runs only while something is timed: a respawn or kill deadline, a drain,
+// or a client index waiting for the rings to pass it. An idle daemon does not wake at all.
+void Supervisor::update_timer() {
+  bool needed = draining_ || !retired_.empty();
+  for (const auto& w : workers_) {
+    if (w->state == WorkerState::kRestarting || w->kill_at_ns != 0) needed = true;
+  }
+  if (needed == timer_armed_) return;
+  const long tick = needed ? static_cast<long>(kTickNs) : 0;
+  itimerspec its{{0, tick}, {0, tick}};
+  timerfd_settime(timer_fd_.get(), 0, &its, nullptr);
+  timer_armed_ = needed;
 }
 
 void Supervisor::on_signal() {

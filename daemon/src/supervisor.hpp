@@ -71,6 +71,7 @@ class Supervisor {
   void send_to_worker(WorkerProc& w, int type, const std::string& body, int fd);
 
   // Drain and status.
+  void update_timer();
   void begin_drain(const char* reason);
   void check_drain();
   std::string status_json() const;
@@ -101,6 +102,7 @@ class Supervisor {
   bool workers_stopping_ = false;
   uint64_t drain_deadline_ns_ = 0;
   bool done_ = false;
+  bool timer_armed_ = false;
 };
 
 }  // namespace gpuq::daemon
