@@ -39,7 +39,7 @@ inline int32_t tag_distance(uint64_t cell, uint64_t pos) noexcept {
 }  // namespace
 
 bool JobRing::try_push(uint32_t value) noexcept {
-  for (;;) {
+  for (uint32_t attempt = 0; attempt < kMaxAttempts; ++attempt) {
     uint64_t pos = header_->tail.load(std::memory_order_acquire);
     std::atomic<uint64_t>& c = cell(pos);
     uint64_t cur = c.load(std::memory_order_acquire);
@@ -64,10 +64,11 @@ bool JobRing::try_push(uint32_t value) noexcept {
     }
     // Otherwise our tail read is stale; reload.
   }
+  return false;
 }
 
 bool JobRing::try_pop(uint32_t* value) noexcept {
-  for (;;) {
+  for (uint32_t attempt = 0; attempt < kMaxAttempts; ++attempt) {
     uint64_t pos = header_->head.load(std::memory_order_acquire);
     std::atomic<uint64_t>& c = cell(pos);
     uint64_t cur = c.load(std::memory_order_acquire);
@@ -92,6 +93,19 @@ bool JobRing::try_pop(uint32_t* value) noexcept {
     }
     // Otherwise our head read is stale; reload.
   }
+  return false;
+}
+
+uint64_t JobRing::settled_tail() noexcept {
+  for (uint32_t attempt = 0; attempt < kMaxAttempts; ++attempt) {
+    uint64_t pos = header_->tail.load(std::memory_order_acquire);
+    const uint64_t cur = cell(pos).load(std::memory_order_acquire);
+    const int32_t d = tag_distance(cur, pos);
+    if (d < 0 || (d == 0 && static_cast<uint32_t>(cur) == kEmptyValue)) return pos;
+    header_->tail.compare_exchange_strong(pos, pos + 1, std::memory_order_release,
+                                          std::memory_order_relaxed);
+  }
+  return header_->tail.load(std::memory_order_acquire);
 }
 
 uint32_t JobRing::size() const noexcept {

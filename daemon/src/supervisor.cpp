@@ -132,6 +132,13 @@ Supervisor::~Supervisor() {
 Result<void> Supervisor::start() {
   start_ns_ = monotonic_ns();
   if (getrandom(&epoch_, sizeof epoch_, 0) != sizeof epoch_) epoch_ = start_ns_ ^ getpid();
+  const Config& cfg = options_.config;
+  if ((!cfg.allowed_uids.empty() || !cfg.allowed_gids.empty()) && !cfg.group_set) {
+    GPUQ_LOG_WARN(
+        "allowed_users/allowed_groups admit other users, but \"group\" is not set: the "
+        "socket and segments are mode 0600, so only root and the daemon's own user can "
+        "reach them");
+  }
   if (auto r = create_runtime_dir(); !r) return r;
   if (auto r = create_queue_segment(); !r) return r;
   if (auto r = create_socket(); !r) return r;
@@ -536,6 +543,36 @@ void Supervisor::fail_running_jobs(const WorkerProc& w, const std::string& why) 
   }
 }
 
+// A worker killed between popping a job's reference and claiming the slot took the reference
+// with it: the job is SUBMITTED but in no ring. Put such references back. A reference that is
+// in fact still in flight (a client between storing SUBMITTED and pushing) gets a duplicate,
+// which is harmless: only one SUBMITTED -> RUNNING CAS can win.
+void Supervisor::requeue_lost_jobs(uint32_t pool) {
+  JobRing ring = queue_.ring(pool);
+  std::vector<uint32_t> in_ring;
+  ring.for_each_value([&](uint32_t v) { in_ring.push_back(v); });
+  std::sort(in_ring.begin(), in_ring.end());
+  for (auto& [id, conn] : connections_) {
+    if (!conn->registered) continue;
+    ClientSegmentView view(conn->segment.address(), conn->geometry, conn->slot_count);
+    for (uint32_t s = 0; s < conn->slot_count; ++s) {
+      JobSlot& slot = view.slot(s);
+      const SlotWord sw = SlotWord::unpack(slot.state.load(std::memory_order_acquire));
+      if (sw.state != JobState::kSubmitted || slot.desc.pool_id != pool) continue;
+      const uint32_t ref = JobRef{conn->index, s, sw.generation}.pack();
+      if (std::binary_search(in_ring.begin(), in_ring.end(), ref)) continue;
+      queue_.client(conn->index).queued[pool].fetch_add(1, std::memory_order_relaxed);
+      if (ring.try_push(ref)) {
+        GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn->index, s);
+        queue_.pool(pool).work.notify_one();
+      } else {
+        queue_.client(conn->index).queued[pool].fetch_sub(1, std::memory_order_relaxed);
+        GPUQ_LOG_ERROR("cannot requeue job %u/%u: ring full", conn->index, s);
+      }
+    }
+  }
+}
+
 void Supervisor::on_worker_exit(pid_t pid, int status) {
   auto it = std::find_if(workers_.begin(), workers_.end(),
                          [pid](const auto& w) { return w->pid == pid; });
@@ -551,6 +588,7 @@ void Supervisor::on_worker_exit(pid_t pid, int status) {
   const std::string how = describe_exit(status);
   fail_running_jobs(w, "worker " + std::to_string(w.id) + " (pid " + std::to_string(pid) + ") " +
                            how + " while running this job");
+  requeue_lost_jobs(w.pool);
   WorkerShm& ws = queue_.worker(w.id);
   ws.busy.store(0, std::memory_order_relaxed);
   ws.pid.store(0, std::memory_order_relaxed);
@@ -838,7 +876,7 @@ void Supervisor::unregister_client(Connection& conn) {
   send_to_workers(static_cast<int>(MessageType::kUnmapClient), j.dump(), -1);
   RetiredClient r{conn.index, {}};
   for (uint32_t p = 0; p < options_.config.pools.size(); ++p) {
-    r.tails[p] = queue_.ring(p).tail_position();
+    r.tails[p] = queue_.ring(p).settled_tail();
   }
   retired_.push_back(r);
   index_in_use_[conn.index] = false;

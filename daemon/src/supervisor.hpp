@@ -67,6 +67,7 @@ class Supervisor {
   Result<void> spawn_worker(WorkerProc& w);
   void on_worker_exit(pid_t pid, int status);
   void fail_running_jobs(const WorkerProc& w, const std::string& why);
+  void requeue_lost_jobs(uint32_t pool);
   void send_to_workers(int type, const std::string& body, int fd);
   void send_to_worker(WorkerProc& w, int type, const std::string& body, int fd);
 

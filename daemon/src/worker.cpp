@@ -137,14 +137,25 @@ class Worker {
 
   void handle(uint32_t value) {
     const JobRef ref = JobRef::unpack(value);
+    if (ref.client < clients_.size() && !clients_[ref.client] &&
+        self_->control_seq.load(std::memory_order_acquire) != seen_control_) {
+      // A client that has just connected: its MapClient message was sent before its Welcome,
+      // so it is waiting on the control socket now.
+      seen_control_ = self_->control_seq.load(std::memory_order_acquire);
+      drain_control();
+    }
     if (ref.client >= clients_.size() || !clients_[ref.client]) {
       pool_->space.notify_all();
-      return;  // stale or forged
+      return;  // an entry of a client that has gone, or a forged one
     }
     MappedClient& mc = *clients_[ref.client];
     // A ring cell and a cell of the client's share are free: producers blocked on either may
-    // go on (decrement first, so a woken producer sees the room).
-    queue_.client(ref.client).queued[options_.pool_id].fetch_sub(1, std::memory_order_relaxed);
+    // go on (decrement first, so a woken producer sees the room). Saturating, so that no
+    // accounting slip can wrap the counter and lock the client out.
+    std::atomic<uint32_t>& queued = queue_.client(ref.client).queued[options_.pool_id];
+    uint32_t q = queued.load(std::memory_order_relaxed);
+    while (q > 0 && !queued.compare_exchange_weak(q, q - 1, std::memory_order_relaxed)) {
+    }
     pool_->space.notify_all();
     if (ref.slot >= mc.view.slot_count()) return;
     JobSlot& slot = mc.view.slot(ref.slot);

@@ -71,13 +71,35 @@ Result<UniqueFd> connect_socket(const std::string& runtime_dir) {
   return fd;
 }
 
+// Receives the daemon's reply to the first request on a fresh connection. A daemon that refuses
+// the peer (PermissionDenied at accept) sends its Error and closes at once; if the request was
+// still unread then, the kernel reports the close as ECONNRESET on the first read (Disconnected)
+// although the Error is still queued behind it: read once more.
+Result<Message> receive_reply(int fd) {
+  auto m = receive_message(fd);
+  if (m || m.error().code() != ErrorCode::kDisconnected) return m;
+  auto again = receive_message(fd);
+  if (again && again->type == MessageType::kError) return again;
+  return m;
+}
+
+// Sends the first request on a fresh connection. If the daemon closed the connection before the
+// request went out (EPIPE: Disconnected), it may have said why first: return that error instead.
+Result<void> send_request(int fd, MessageType type, const std::string& body) {
+  auto sent = send_message(fd, type, body);
+  if (sent || sent.error().code() != ErrorCode::kDisconnected) return sent;
+  auto m = receive_reply(fd);
+  if (m && m->type == MessageType::kError) return error_from_body(m->body);
+  return sent;
+}
+
 // One request, one reply, on a fresh connection that registers no client.
 Result<Message> control_request(const std::string& runtime_dir, MessageType type,
                                 MessageType reply_type) {
   auto fd = connect_socket(runtime_dir);
   if (!fd) return fd.error();
-  if (auto r = send_message(fd->get(), type, "{}"); !r) return r.error();
-  auto m = receive_message(fd->get());
+  if (auto r = send_request(fd->get(), type, "{}"); !r) return r.error();
+  auto m = receive_reply(fd->get());
   if (!m) {
     if (m.error().code() == ErrorCode::kTimeout) {
       return Error(ErrorCode::kTimeout, "the daemon did not answer within 10 s");
@@ -133,8 +155,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     if (name.empty()) name = program_invocation_short_name;
     if (name.size() > 64) name.resize(64);
     json hello{{"pid", getpid()}, {"name", name}, {"arena_bytes", options.segment_bytes}};
-    if (auto r = send_message(socket_.get(), MessageType::kHello, hello.dump()); !r) return r;
-    auto m = receive_message(socket_.get());
+    if (auto r = send_request(socket_.get(), MessageType::kHello, hello.dump()); !r) return r;
+    auto m = receive_reply(socket_.get());
     if (!m) {
       if (m.error().code() == ErrorCode::kTimeout) {
         return Error(ErrorCode::kTimeout, "the daemon did not answer the handshake within 10 s");

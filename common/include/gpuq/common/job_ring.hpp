@@ -82,6 +82,14 @@ class JobRing {
   // pushed before some moment has been popped: head_position() >= an earlier tail_position().
   uint64_t head_position() const noexcept { return header_->head.load(std::memory_order_acquire); }
   uint64_t tail_position() const noexcept { return header_->tail.load(std::memory_order_acquire); }
+  // The tail after advancing it past any cells already filled whose producer died (or has not
+  // yet got round to it) before moving the hint: every value pushed so far lies below it.
+  uint64_t settled_tail() noexcept;
+
+  // A thread gives up (push: "full", pop: "empty") after this many attempts without progress.
+  // Only a corrupted header (a client scribbling over shared memory) gets near it; the bound
+  // turns that into a failed call instead of a thread spinning forever.
+  static constexpr uint32_t kMaxAttempts = 1u << 20;
 
   // True if some value is present; cheaper than size() for wait conditions.
   bool has_values() const noexcept { return size() != 0; }

@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# gpuq's one test command (README, CI): installs what is missing, then runs the stages below in
+# order and stops at the first failure with a non-zero exit status.
+#
+#   format  clang-format --dry-run -Werror over every tracked (or new, not ignored) C++/CUDA file
+#   build   RelWithDebInfo build with -Werror in build/, ctest for every label (tests labelled
+#           `gpu` report Skipped on a machine without a GPU)
+#   asan    ASan+UBSan build in build-asan/, ctest labels unit|stress|integration
+#   tsan    TSan build in build-tsan/, ctest labels unit|stress|integration
+#   tidy    (not run by default) clang-tidy with the root .clang-tidy over build/'s sources
+#
+# The cheap format check runs first so a formatting slip fails in seconds, not after the builds.
+#
+# Environment:
+#   GPUQ_TEST_STAGES   stages to run, in this order (default "format build asan tsan");
+#                      "sanitize" stands for "asan tsan", "all" for the default list
+#   GPUQ_BUILD_JOBS    parallel compile jobs (default: nproc)
+#   GPUQ_CTEST_JOBS    parallel tests (default: nproc)
+#   GPUQ_CTEST_TIMEOUT per-test limit in seconds for tests that set none (default 900)
+#   GPUQ_CTEST_ARGS    extra ctest arguments for every stage, e.g. "-R ring"
+#   CXX / CC           compilers, as CMake reads them (a build dir keeps its first choice)
+#   ASAN_OPTIONS, UBSAN_OPTIONS, TSAN_OPTIONS  appended to this script's defaults (later wins)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+readonly ROOT="${PWD}"
+
+# shellcheck source=scripts/setup.sh
+source scripts/setup.sh
+
+readonly BUILD_JOBS="${GPUQ_BUILD_JOBS:-$(nproc)}"
+readonly CTEST_JOBS="${GPUQ_CTEST_JOBS:-$(nproc)}"
+readonly CTEST_TIMEOUT="${GPUQ_CTEST_TIMEOUT:-900}"
+readonly SANITIZER_LABELS='^(unit|stress|integration)$'
+readonly DEFAULT_STAGES=(format build asan tsan)
+
+# ---- stage selection ---------------------------------------------------------------------------
+stages=()
+for s in ${GPUQ_TEST_STAGES:-${DEFAULT_STAGES[*]}}; do
+  case "${s}" in
+    all) stages+=("${DEFAULT_STAGES[@]}") ;;
+    sanitize) stages+=(asan tsan) ;;
+    format | build | asan | tsan | tidy) stages+=("${s}") ;;
+    *)
+      echo "test.sh: unknown stage '${s}' (known: format build asan tsan tidy sanitize all)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+# ---- reporting ---------------------------------------------------------------------------------
+summary=()        # one line per finished stage
+current_stage=""  # the stage running now (named in the summary if it fails)
+stage_start=0
+tests_passed=0
+tests_failed=0
+tests_skipped=0
+stage_counts=""   # "(N passed, N failed, N skipped)" of the last ctest run
+
+banner() {
+  local line="================================================================================"
+  printf '\n%s\n== %s\n%s\n' "${line}" "$*" "${line}"
+}
+
+finish() {
+  local rc=$?
+  trap - EXIT
+  banner "summary"
+  local l
+  for l in "${summary[@]}"; do echo "  ${l}"; done
+  if [[ -n "${current_stage}" ]]; then
+    printf '  %-7s FAILED after %ds %s\n' "${current_stage}" $((SECONDS - stage_start)) \
+      "${stage_counts}"
+    ((rc != 0)) || rc=1
+  fi
+  if ((rc == 0)); then
+    echo "test.sh: all stages passed (${stages[*]})"
+  else
+    echo "test.sh: FAILED (exit ${rc})${current_stage:+ in stage ${current_stage}}"
+  fi
+  # The closing line: test counts over every ctest run of this invocation.
+  echo "tests: ${tests_passed} passed, ${tests_failed} failed, ${tests_skipped} skipped"
+  exit "${rc}"
+}
+trap finish EXIT
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+# configure DIR BUILD_TYPE [cmake args...]: (re)configures DIR. A new DIR uses Ninja when it is
+# installed; an existing one keeps the generator it was made with.
+configure() {
+  local dir="$1" type="$2"
+  shift 2
+  local -a gen=()
+  if [[ ! -f "${dir}/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1; then
+    gen=(-G Ninja)
+  fi
+  cmake -S "${ROOT}" -B "${dir}" "${gen[@]}" -DCMAKE_BUILD_TYPE="${type}" "$@"
+}
+
+build() {
+  cmake --build "$1" -j "${BUILD_JOBS}"
+}
+
+# run_ctest DIR LABEL_REGEX [command prefix...]: runs the tests of DIR (all of them when the regex
+# is empty), adds their counts to the totals. An empty selection is an error: a test stage that
+# ran no test must not pass.
+run_ctest() {
+  local dir="$1" labels="$2"
+  shift 2
+  local junit="${ROOT}/${dir}/ctest-junit.xml"
+  rm -f "${junit}"
+  local -a args=(--test-dir "${ROOT}/${dir}" --output-on-failure --no-tests=error
+    -j "${CTEST_JOBS}" --timeout "${CTEST_TIMEOUT}" --output-junit "${junit}")
+  [[ -z "${labels}" ]] || args+=(-L "${labels}")
+  local -a extra=()
+  [[ -z "${GPUQ_CTEST_ARGS:-}" ]] || read -r -a extra <<<"${GPUQ_CTEST_ARGS}"
+  local rc=0
+  "$@" ctest "${args[@]}" "${extra[@]}" || rc=$?
+  count_results "${junit}"
+  return "${rc}"
+}
+
+# Adds the counts of a ctest JUnit file to the totals and sets stage_counts.
+count_results() {
+  stage_counts=""
+  [[ -f "$1" ]] || return 0
+  local counts
+  counts=$(python3 - "$1" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+s = ET.parse(sys.argv[1]).getroot()
+n = lambda k: int(s.get(k, "0") or 0)
+skipped = n("skipped") + n("disabled")
+print(n("tests") - n("failures") - skipped, n("failures"), skipped)
+EOF
+  ) || return 0
+  local p f k
+  read -r p f k <<<"${counts}"
+  tests_passed=$((tests_passed + p))
+  tests_failed=$((tests_failed + f))
+  tests_skipped=$((tests_skipped + k))
+  stage_counts="(${p} passed, ${f} failed, ${k} skipped)"
+}
+
+# sanitizer_prefix FLAGS: compiles and runs a tiny threaded program with -fsanitize=FLAGS and
+# sets `run_prefix` to what the tests must run under. Some kernels map memory where the
+# sanitizer runtimes cannot work with full ASLR ("FATAL: ThreadSanitizer: unexpected memory
+# mapping"); then the tests run under `setarch -R` (ASLR off for that process tree).
+run_prefix=()
+sanitizer_prefix() {
+  local flags="$1" dir
+  dir=$(mktemp -d)
+  cat >"${dir}/probe.cpp" <<'EOF'
+#include <atomic>
+#include <mutex>
+#include <thread>
+int main() {
+  std::mutex m;
+  std::atomic<int> n{0};
+  int x = 0;
+  std::thread t([&] { std::lock_guard<std::mutex> g(m); ++x; n.fetch_add(1); });
+  { std::lock_guard<std::mutex> g(m); ++x; }
+  t.join();
+  return (x == 2 && n.load() == 1) ? 0 : 1;
+}
+EOF
+  local cxx="${CXX:-c++}"
+  if ! "${cxx}" -std=c++20 -fsanitize="${flags}" -pthread -o "${dir}/probe" "${dir}/probe.cpp"; then
+    echo "test.sh: ${cxx} cannot build a -fsanitize=${flags} program (runtime missing?)" >&2
+    rm -rf "${dir}"
+    return 1
+  fi
+  run_prefix=()
+  if "${dir}/probe" >"${dir}/out" 2>&1; then
+    echo "test.sh: -fsanitize=${flags} probe runs as is"
+  elif setarch "$(uname -m)" -R "${dir}/probe" >"${dir}/out2" 2>&1; then
+    echo "test.sh: -fsanitize=${flags} probe fails with ASLR on; tests run under setarch -R:"
+    sed 's/^/  | /' "${dir}/out" | head -5
+    run_prefix=(setarch "$(uname -m)" -R)
+  else
+    echo "test.sh: a trivial -fsanitize=${flags} program fails even under setarch -R:" >&2
+    sed 's/^/  | /' "${dir}/out2" >&2
+    echo "test.sh: on such kernels 'sysctl vm.mmap_rnd_bits=28' (as root) may help" >&2
+    rm -rf "${dir}"
+    return 1
+  fi
+  rm -rf "${dir}"
+}
+
+# Sanitizer builds leave out CUDA, benchmarks and examples: they test the host code. No -Werror
+# there: GCC's -Wtsan warns that TSan does not model std::atomic_thread_fence (EventCount's
+# Dekker fence), which is worth seeing but not a build failure.
+readonly SANITIZER_CMAKE_ARGS=(-DGPUQ_WITH_CUDA=OFF -DGPUQ_BUILD_BENCH=OFF
+  -DGPUQ_BUILD_EXAMPLES=OFF -DGPUQ_BUILD_TESTS=ON -DGPUQ_WERROR=OFF)
+
+# ---- stages ------------------------------------------------------------------------------------
+
+stage_format() {
+  command -v clang-format >/dev/null || { echo "clang-format not found" >&2; return 1; }
+  clang-format --version
+  local -a files=()
+  if git -C "${ROOT}" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    local f
+    while IFS= read -r -d '' f; do
+      [[ -f "${f}" ]] && files+=("${f}")  # skip tracked files deleted in the work tree
+    done < <(git -C "${ROOT}" ls-files -z --cached --others --exclude-standard -- \
+      '*.cpp' '*.hpp' '*.h' '*.cu' | sort -zu)
+  else
+    echo "not a git checkout: checking every source file outside build*/"
+    mapfile -d '' files < <(find . -path './build*' -prune -o -type f \
+      \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.cu' \) -print0 | sort -z)
+  fi
+  echo "checking ${#files[@]} files"
+  ((${#files[@]} > 0)) || return 0
+  if ! printf '%s\0' "${files[@]}" | xargs -0 -n 50 clang-format --dry-run -Werror; then
+    echo "test.sh: files above are not formatted; fix with:" >&2
+    echo "  git ls-files -z '*.cpp' '*.hpp' '*.h' '*.cu' | xargs -0 clang-format -i" >&2
+    return 1
+  fi
+}
+
+stage_build() {
+  configure build RelWithDebInfo -DGPUQ_WERROR=ON -DGPUQ_SANITIZE= -DGPUQ_BUILD_TESTS=ON \
+    -DGPUQ_BUILD_BENCH=ON -DGPUQ_BUILD_EXAMPLES=ON
+  build build
+  run_ctest build ""
+}
+
+stage_asan() {
+  sanitizer_prefix "address,undefined"
+  configure build-asan RelWithDebInfo "-DGPUQ_SANITIZE=address;undefined" \
+    "${SANITIZER_CMAKE_ARGS[@]}"
+  build build-asan
+  ASAN_OPTIONS="halt_on_error=1:abort_on_error=0:detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1:print_stacktrace=1${ASAN_OPTIONS:+:${ASAN_OPTIONS}}" \
+  UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:report_error_type=1${UBSAN_OPTIONS:+:${UBSAN_OPTIONS}}" \
+    run_ctest build-asan "${SANITIZER_LABELS}" "${run_prefix[@]}"
+}
+
+stage_tsan() {
+  sanitizer_prefix "thread"
+  configure build-tsan RelWithDebInfo -DGPUQ_SANITIZE=thread "${SANITIZER_CMAKE_ARGS[@]}"
+  build build-tsan
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:print_stacktrace=1${TSAN_OPTIONS:+:${TSAN_OPTIONS}}" \
+    run_ctest build-tsan "${SANITIZER_LABELS}" "${run_prefix[@]}"
+}
+
+stage_tidy() {
+  [[ -f build/compile_commands.json ]] || configure build RelWithDebInfo -DGPUQ_WERROR=ON
+  # Generated headers, if any, must exist before clang-tidy reads the sources.
+  build build
+  run-clang-tidy -quiet -p build -j "${BUILD_JOBS}" \
+    "^${ROOT}/(common|daemon|libclient|tools|examples|bench|tests)/.*\\.cpp\$"
+}
+
+# ---- main --------------------------------------------------------------------------------------
+echo "test.sh: stages: ${stages[*]}; ${BUILD_JOBS} build jobs, ${CTEST_JOBS} test jobs"
+for s in "${stages[@]}"; do
+  banner "stage ${s}"
+  current_stage="${s}"
+  stage_start=${SECONDS}
+  stage_counts=""
+  "stage_${s}"
+  summary+=("$(printf '%-7s ok in %ds %s' "${s}" $((SECONDS - stage_start)) "${stage_counts}")")
+  current_stage=""
+done
