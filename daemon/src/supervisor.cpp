@@ -561,12 +561,12 @@ void Supervisor::requeue_lost_jobs(uint32_t pool) {
       if (sw.state != JobState::kSubmitted || slot.desc.pool_id != pool) continue;
       const uint32_t ref = JobRef{conn->index, s, sw.generation}.pack();
       if (std::binary_search(in_ring.begin(), in_ring.end(), ref)) continue;
-      queue_.client(conn->index).queued[pool].fetch_add(1, std::memory_order_relaxed);
+      // `queued` is left alone: the dead worker may or may not have decremented it, and the
+      // saturating decrement of the next pop keeps it from wrapping either way.
       if (ring.try_push(ref)) {
         GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn->index, s);
         queue_.pool(pool).work.notify_one();
       } else {
-        queue_.client(conn->index).queued[pool].fetch_sub(1, std::memory_order_relaxed);
         GPUQ_LOG_ERROR("cannot requeue job %u/%u: ring full", conn->index, s);
       }
     }

@@ -20,6 +20,8 @@
 namespace gpuq::daemon {
 namespace {
 
+constexpr uint64_t kIdleRecheckNs = 1'000'000'000;
+
 struct MappedClient {
   uint64_t session = 0;
   MemfdSegment segment;
@@ -89,7 +91,9 @@ class Worker {
         pool_->work.cancel_wait();
         continue;
       }
-      pool_->work.wait(key, kNoDeadline);
+      // Bounded, as a safety net: a producer killed between its cell CAS and its notify leaves
+      // a value that no notify announces. One wakeup a second costs nothing measurable.
+      pool_->work.wait(key, monotonic_ns() + kIdleRecheckNs);
     }
   }
 
@@ -163,8 +167,11 @@ class Worker {
     uint64_t word = slot.state.load(std::memory_order_acquire);
     SlotWord sw = SlotWord::unpack(word);
     if (sw.state != JobState::kSubmitted ||
-        (sw.generation & JobRef::kGenerationMask) != ref.generation) {
-      return;  // cancelled, or a stale entry for an earlier use of the slot
+        (sw.generation & JobRef::kGenerationMask) != ref.generation ||
+        slot.desc.pool_id != options_.pool_id) {
+      // Cancelled; or a stale entry for an earlier use of the slot, whose 14-bit generation
+      // happens to match a job now queued on another pool (that pool's own entry runs it).
+      return;
     }
     const SlotWord running{sw.generation, JobState::kRunning, options_.worker_id + 1};
     if (!slot.state.compare_exchange_strong(word, running.pack(), std::memory_order_acq_rel,

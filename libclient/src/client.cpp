@@ -533,6 +533,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       std::snprintf(out.message, sizeof out.message, "cancelled by the client before it started");
       out.finished_ns = monotonic_ns();
       std::memcpy(&js.outcome, &out, sizeof out);
+      js.done.notify_all();  // another thread may be waiting on this job
       return {};
     }
     SlotWord w = SlotWord::unpack(word);
