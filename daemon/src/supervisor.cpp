@@ -294,6 +294,7 @@ Result<void> Supervisor::create_queue_segment() {
       WorkerShm& ws = queue_.worker(first + i);
       ws.id = first + i;
       ws.pool_id = p;
+      ws.cpu = c.pools[p].cpus[i % c.pools[p].cpus.size()];
     }
     first += c.pools[p].workers;
   }
@@ -459,7 +460,7 @@ void Supervisor::send_to_worker(WorkerProc& w, int type, const std::string& body
     return;
   }
   queue_.worker(w.id).control_seq.fetch_add(1, std::memory_order_release);
-  queue_.pool(w.pool).work.notify_all();
+  queue_.worker(w.id).wake.notify_all();
 }
 
 void Supervisor::send_to_workers(int type, const std::string& body, int fd) {
@@ -532,7 +533,7 @@ void Supervisor::fail_running_jobs(const WorkerProc& w, const std::string& why) 
       out.code = static_cast<int32_t>(ErrorCode::kWorkerDied);
       out.worker_id = w.id;
       out.finished_ns = monotonic_ns();
-      std::snprintf(out.message, sizeof out.message, "%s", why.c_str());
+      set_slot_message(slot, why.c_str());
       std::memcpy(&slot.outcome, &out, sizeof out);
       SlotWord failed{sw.generation, JobState::kFailed, sw.worker_plus_one};
       if (slot.state.compare_exchange_strong(word, failed.pack(), std::memory_order_acq_rel)) {
@@ -565,7 +566,7 @@ void Supervisor::requeue_lost_jobs(uint32_t pool) {
       // saturating decrement of the next pop keeps it from wrapping either way.
       if (ring.try_push(ref)) {
         GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn->index, s);
-        queue_.pool(pool).work.notify_one();
+        queue_.wake_worker(pool, -1);
       } else {
         GPUQ_LOG_ERROR("cannot requeue job %u/%u: ring full", conn->index, s);
       }
@@ -818,6 +819,7 @@ Result<void> Supervisor::register_client(Connection& conn, const std::string& bo
   ++registered_clients_;
   ClientShm& cs = queue_.client(index);
   for (auto& q : cs.queued) q.store(0, std::memory_order_relaxed);
+  for (auto& n : cs.submitted) n.store(0, std::memory_order_relaxed);
   cs.submitting.store(0, std::memory_order_relaxed);
   cs.pid.store(conn.pid, std::memory_order_relaxed);
   cs.session.store(conn.session, std::memory_order_release);
@@ -870,6 +872,9 @@ void Supervisor::unregister_client(Connection& conn) {
     }
   }
   ClientShm& cs = queue_.client(conn.index);
+  for (uint32_t p = 0; p < options_.config.pools.size(); ++p) {
+    submitted_by_departed_[p] += cs.submitted[p].load(std::memory_order_relaxed);
+  }
   cs.session.store(0, std::memory_order_release);
   cs.submitting.store(0, std::memory_order_relaxed);
   json j{{"client", conn.index}, {"session", conn.session}};
@@ -1074,8 +1079,8 @@ std::string Supervisor::status_json() const {
               {"queue_depth", queue_.ring(p).size()},
               {"client_share", ps.client_share},
               {"accepting", ps.accepting.load() != 0},
-              {"jobs_submitted", ps.jobs_submitted.load()},
-              {"jobs_completed", ps.jobs_completed.load()}};
+              {"jobs_submitted", jobs_submitted(p)},
+              {"jobs_completed", jobs_completed(p)}};
     uint32_t ready = 0, total = 0;
     pool["workers"] = json::array();
     for (const auto& w : workers_) {
@@ -1101,6 +1106,25 @@ std::string Supervisor::status_json() const {
     s["pools"].push_back(pool);
   }
   return s.dump();
+}
+
+// Jobs pushed to pool `p`: by clients that have left, plus the live clients' own counters.
+uint64_t Supervisor::jobs_submitted(uint32_t p) const {
+  uint64_t n = submitted_by_departed_[p];
+  for (const auto& [id, conn] : connections_) {
+    if (conn->registered) n += queue_.client(conn->index).submitted[p].load();
+  }
+  return n;
+}
+
+// Jobs of pool `p` that reached a terminal state in a worker (or failed with its death).
+uint64_t Supervisor::jobs_completed(uint32_t p) const {
+  uint64_t n = 0;
+  for (const auto& w : workers_) {
+    if (w->pool != p) continue;
+    n += queue_.worker(w->id).jobs_done.load() + queue_.worker(w->id).jobs_failed.load();
+  }
+  return n;
 }
 
 void Supervisor::cleanup() {

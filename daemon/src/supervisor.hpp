@@ -76,6 +76,8 @@ class Supervisor {
   void begin_drain(const char* reason);
   void check_drain();
   std::string status_json() const;
+  uint64_t jobs_submitted(uint32_t pool) const;
+  uint64_t jobs_completed(uint32_t pool) const;
 
   Result<void> create_runtime_dir();
   Result<void> create_queue_segment();
@@ -104,6 +106,7 @@ class Supervisor {
   uint64_t drain_deadline_ns_ = 0;
   bool done_ = false;
   bool timer_armed_ = false;
+  uint64_t submitted_by_departed_[kMaxPools] = {};
 };
 
 }  // namespace gpuq::daemon

@@ -1,13 +1,17 @@
 #include "worker.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
+#include <cstddef>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "gpuq/common/clock.hpp"
@@ -82,18 +86,23 @@ class Worker {
       if (stopping_) return 0;  // ring drained after WorkerStop
       // Nothing queued: spin a little, then sleep on the pool's event count.
       auto has_work = [&] {
-        return ring_.has_values() ||
+        return ring_.value_at_head() ||
                self_->control_seq.load(std::memory_order_acquire) != seen_control_;
       };
       if (spin_until(has_work, spin_ns)) continue;
-      EventCount::Key key = pool_->work.prepare_wait();
-      if (has_work()) {
-        pool_->work.cancel_wait();
+      // Register first, then raise the pool's sleeper count, then re-check (see
+      // QueueView::wake_worker for why no wakeup is lost).
+      EventCount::Key key = self_->wake.prepare_wait();
+      pool_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (has_work() || ring_.has_values()) {
+        pool_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        self_->wake.cancel_wait();
         continue;
       }
       // Bounded, as a safety net: a producer killed between its cell CAS and its notify leaves
       // a value that no notify announces. One wakeup a second costs nothing measurable.
-      pool_->work.wait(key, monotonic_ns() + kIdleRecheckNs);
+      self_->wake.wait(key, monotonic_ns() + kIdleRecheckNs);
+      pool_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 
@@ -179,8 +188,11 @@ class Worker {
       return;  // the client cancelled it first
     }
     self_->busy.store(1, std::memory_order_relaxed);
+    // One copy, validated once (no re-reads): the fixed fields, then only the params in use.
     JobDescriptor d;
-    std::memcpy(&d, &slot.desc, sizeof d);  // one copy, validated once (no re-reads)
+    std::memcpy(&d, &slot.desc, offsetof(JobDescriptor, params));
+    d.params_bytes = std::min<uint32_t>(d.params_bytes, kMaxParamBytes);
+    std::memcpy(d.params, slot.desc.params, d.params_bytes);
     JobOutcome out{};
     out.worker_id = options_.worker_id;
     out.started_ns = monotonic_ns();
@@ -211,23 +223,24 @@ class Worker {
       }
     }
     out.finished_ns = monotonic_ns();
+    if (out.code != 0) set_slot_message(slot, error_message_.c_str());
     std::memcpy(&slot.outcome, &out, sizeof out);
     const SlotWord done{sw.generation, final_state, options_.worker_id + 1};
     slot.state.store(done.pack(), std::memory_order_release);
-    slot.done.notify_all();
+    // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
+    // pinned to its own CPU): give it the core now instead of spinning in front of it.
+    if (slot.done.notify_all()) sched_yield();
     self_->busy.store(0, std::memory_order_relaxed);
     if (final_state == JobState::kDone) {
       self_->jobs_done.fetch_add(1, std::memory_order_relaxed);
     } else {
       self_->jobs_failed.fetch_add(1, std::memory_order_relaxed);
     }
-    pool_->jobs_completed.fetch_add(1, std::memory_order_relaxed);
   }
 
-  static void set_outcome(JobOutcome& out, const Error& e) {
+  void set_outcome(JobOutcome& out, const Error& e) {
     out.code = static_cast<int32_t>(e.code());
-    std::strncpy(out.message, e.message().c_str(), sizeof out.message - 1);
-    out.message[sizeof out.message - 1] = '\0';
+    error_message_ = e.message();
   }
 
   WorkerOptions options_;
@@ -239,6 +252,7 @@ class Worker {
   std::vector<std::optional<MappedClient>> clients_;
   uint32_t seen_control_ = 0;
   bool stopping_ = false;
+  std::string error_message_;  // the current job's failure message
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -378,8 +379,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       free_slot(s, generation);
       return pushed.error();
     }
-    ps.jobs_submitted.fetch_add(1, std::memory_order_relaxed);
-    ps.work.notify_one();
+    // This client's own counter (its own cache line); only this client writes it.
+    std::atomic<uint64_t>& submitted = cs.submitted[pool->id];
+    submitted.store(submitted.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    queue_.wake_worker(pool->id, sched_getcpu());
     return Job(shared_from_this(), s, generation);
   }
 
@@ -470,6 +473,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     JobOutcome out;
     std::memcpy(&out, &js.outcome, sizeof out);
+    char message[kMessageBytes] = "";
+    if (out.code != 0) std::memcpy(message, js.message, sizeof message);
     JobResult r;
     switch (w.state) {
       case JobState::kDone:
@@ -489,8 +494,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     if (code < 0 || code > kMaxErrorCode) code = static_cast<int32_t>(ErrorCode::kInternal);
     r.code = static_cast<ErrorCode>(code);
     if (r.status == JobStatus::kFailed && r.code == ErrorCode::kOk) r.code = ErrorCode::kInternal;
-    out.message[sizeof out.message - 1] = '\0';
-    r.message = out.message;
+    message[sizeof message - 1] = '\0';
+    r.message = message;
     r.output_size = out.output_bytes;
     r.value = out.value;
     r.worker_id = out.worker_id;
@@ -530,7 +535,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                                          std::memory_order_acquire)) {
       JobOutcome out{};
       out.code = static_cast<int32_t>(ErrorCode::kCancelled);
-      std::snprintf(out.message, sizeof out.message, "cancelled by the client before it started");
+      set_slot_message(js, "cancelled by the client before it started");
       out.finished_ns = monotonic_ns();
       std::memcpy(&js.outcome, &out, sizeof out);
       js.done.notify_all();  // another thread may be waiting on this job

@@ -50,14 +50,15 @@ class EventCount {
   bool wait(Key key, uint64_t deadline_ns) noexcept;
 
   // Wakes one (or all) sleeping waiters, if any are registered. Lock-free when none are.
-  void notify_one() noexcept { notify(1); }
-  void notify_all() noexcept { notify(INT32_MAX); }
+  // Return true if a waiter was registered (and so was woken).
+  bool notify_one() noexcept { return notify(1); }
+  bool notify_all() noexcept { return notify(INT32_MAX); }
 
   // Number of registered waiters (for status and tests; racy by nature).
-  uint32_t waiters() const noexcept { return waiters_.load(std::memory_order_relaxed); }
+  uint32_t waiters() const noexcept { return waiters_.load(std::memory_order_seq_cst); }
 
  private:
-  void notify(int count) noexcept;
+  bool notify(int count) noexcept;
 
   std::atomic<uint32_t> epoch_;
   std::atomic<uint32_t> waiters_;

@@ -94,6 +94,16 @@ class JobRing {
   // True if some value is present; cheaper than size() for wait conditions.
   bool has_values() const noexcept { return size() != 0; }
 
+  // True if the cell at the head holds a value: what a consumer spins on. It reads the cell a
+  // producer writes, so a spinning consumer sees a push after one cache-line transfer (the
+  // tail hint would cost a second). May miss a value behind a lagging head; a try_pop helps.
+  bool value_at_head() const noexcept {
+    const uint64_t pos = header_->head.load(std::memory_order_acquire);
+    const uint64_t c = cell(pos).load(std::memory_order_acquire);
+    return static_cast<uint32_t>(c >> 32) == static_cast<uint32_t>(pos) &&
+           static_cast<uint32_t>(c) != kEmptyValue;
+  }
+
   // Visits every value currently published (for recovery scans by the supervisor; racy with
   // concurrent pops, which is fine for its use). fn(uint32_t value).
   template <typename Fn>

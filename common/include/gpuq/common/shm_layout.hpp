@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "gpuq/common/event_count.hpp"
@@ -111,8 +112,11 @@ struct JobDescriptor {
 };
 static_assert(std::is_trivially_copyable_v<JobDescriptor>);
 static_assert(sizeof(JobDescriptor) == 256);
+static_assert(offsetof(JobDescriptor, params) == 64);
 
-// What happened (OUT, written by the worker before it stores the terminal state).
+// What happened (OUT, written by the worker before it stores the terminal state). The message
+// lives apart, in JobSlot::message, and is written and read only when code != kOk: a successful
+// job's outcome and state word share one cache line, the one line its client must fetch.
 struct JobOutcome {
   int32_t code;  // ErrorCode
   uint32_t worker_id;
@@ -120,19 +124,29 @@ struct JobOutcome {
   uint64_t value;         // small scalar result (e.g. checksum)
   uint64_t started_ns;
   uint64_t finished_ns;
-  char message[kMessageBytes];  // NUL-terminated
 };
 static_assert(std::is_trivially_copyable_v<JobOutcome>);
+static_assert(sizeof(JobOutcome) == 40);
 
+// Cache-line plan: line 0 holds everything a finished job's client reads (state word, outcome);
+// the descriptor starts on line 1 with its fixed fields, params after them.
 struct alignas(64) JobSlot {
   std::atomic<uint64_t> state;             // SlotWord
   EventCount done;                         // notified when the slot reaches a terminal state
   std::atomic<uint32_t> cancel_requested;  // set by the client; a running op may poll it
   uint32_t reserved;
-  JobDescriptor desc;
   JobOutcome outcome;
+  JobDescriptor desc;
+  char message[kMessageBytes];  // NUL-terminated; meaningful only when outcome.code != kOk
 };
 static_assert(std::is_standard_layout_v<JobSlot>);
+static_assert(offsetof(JobSlot, desc) == 64);
+
+// Sets `slot`'s message (truncated to fit). Call before the terminal state store.
+inline void set_slot_message(JobSlot& slot, const char* text) noexcept {
+  std::strncpy(slot.message, text, kMessageBytes - 1);
+  slot.message[kMessageBytes - 1] = '\0';
+}
 static_assert(std::is_trivially_destructible_v<JobSlot>);
 static_assert(sizeof(JobSlot) % 64 == 0);
 
@@ -207,22 +221,24 @@ struct alignas(64) PoolShm {
   uint32_t client_share;                        // most ring cells one client may hold
   uint64_t ring_offset;                         // from the start of the queue segment
   alignas(64) std::atomic<uint32_t> accepting;  // 0 while draining
-  alignas(64) EventCount work;                  // workers sleep here when the ring is empty
-  alignas(64) EventCount space;                 // producers sleep here when the ring is full
-  alignas(64) std::atomic<uint64_t> jobs_submitted;
-  std::atomic<uint64_t> jobs_completed;
+  alignas(64) std::atomic<uint32_t> sleepers;   // workers of this pool asleep (a hint) // workers
+                                               // sleep here when the ring is empty
+  alignas(64) EventCount space;  // producers sleep here when the ring is full
 };
 
 struct alignas(64) WorkerShm {
   uint32_t id;
   uint32_t pool_id;
+  int32_t cpu;  // the CPU the worker is pinned to
+  uint32_t reserved0;
+  EventCount wake;  // the worker sleeps here when its ring is empty
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> state;  // WorkerState
   std::atomic<uint32_t> restarts;
   std::atomic<uint32_t> control_seq;  // bumped by the supervisor after each control message
   std::atomic<uint32_t> busy;         // 1 while running a job
   uint32_t reserved;
-  std::atomic<uint64_t> jobs_done;
+  alignas(64) std::atomic<uint64_t> jobs_done;
   std::atomic<uint64_t> jobs_failed;
 };
 
@@ -230,7 +246,8 @@ struct alignas(64) ClientShm {
   std::atomic<uint64_t> session;  // nonzero while a client holds this index
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> submitting;  // >0 while the client is inside submit (drain handshake)
-  std::atomic<uint32_t> queued[kMaxPools];  // ring cells this client holds in each pool
+  std::atomic<uint32_t> queued[kMaxPools];     // ring cells this client holds in each pool
+  std::atomic<uint64_t> submitted[kMaxPools];  // jobs pushed to each pool (status counter)
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -264,6 +281,31 @@ class QueueView {
     return JobRing(base_ + this->pool(pool).ring_offset);
   }
   char* base() const noexcept { return base_; }
+
+  // After a push to `pool`: wakes one sleeping worker of the pool, preferring one pinned to
+  // `cpu` (the caller's CPU: the wakeup then needs no cross-core interrupt, which costs tens of
+  // microseconds on a VM). Costs a fence and one load when no worker sleeps. Lock-free.
+  //
+  // No lost wakeup: a worker registers in its `wake` event count and only then raises the
+  // pool's `sleepers`, then re-checks the ring. The pusher's fence orders its push before its
+  // load of `sleepers`; so either the worker's re-check sees the push, or the pusher sees
+  // `sleepers` > 0 and then that worker's registration, and notifies it.
+  void wake_worker(uint32_t pool, int cpu) const noexcept {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    PoolShm& p = this->pool(pool);
+    if (p.sleepers.load(std::memory_order_seq_cst) == 0) return;
+    WorkerShm* fallback = nullptr;
+    for (uint32_t i = 0; i < p.worker_count; ++i) {
+      WorkerShm& w = worker(p.first_worker + i);
+      if (w.wake.waiters() == 0) continue;
+      if (w.cpu == cpu) {
+        w.wake.notify_one();
+        return;
+      }
+      if (fallback == nullptr) fallback = &w;
+    }
+    if (fallback != nullptr) fallback->wake.notify_one();
+  }
 
  private:
   char* base_ = nullptr;
