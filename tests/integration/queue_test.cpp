@@ -1,0 +1,215 @@
+// Integration: backpressure (a full ring, a client's share of it, a blocking submit's deadline),
+// cancelling, and jobs that expire in the queue, on a real daemon with one worker.
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <thread>
+
+#include "integration/integration_support.hpp"
+
+namespace gpuq::test {
+namespace {
+
+// One worker, ring capacity `queue_factor`, each client allowed `share` of it.
+std::string small_ring_config(uint32_t queue_factor, double share) {
+  return one_pool_config(1, {{"queue_factor", queue_factor}, {"client_queue_share", share}});
+}
+
+// Long enough that the worker stays busy while a test looks at the queue behind it.
+constexpr int64_t kOccupyUs = 600'000;
+
+TEST_CASE("a full ring: try_submit returns QueueFull, submit waits for room") {
+  DaemonProcess daemon(small_ring_config(2, 1.0));
+  CHECK(daemon.status()["pools"][0]["capacity"] == 2);
+  Client client = connect_client(daemon);
+  REQUIRE(client.pools().size() == 1);
+  CHECK(client.pools()[0].capacity == 2);
+  CHECK(client.pools()[0].client_share == 2);
+
+  // The worker runs one job; the ring behind it then takes exactly its capacity.
+  Job running = submit_ok(client, sleep_spec(kOccupyUs));
+  wait_running(running);
+  std::vector<Job> queued;
+  std::optional<Error> refusal;
+  for (int i = 0; i < 10 && !refusal; ++i) {
+    auto job = client.try_submit(noop_spec());
+    if (job) {
+      queued.push_back(std::move(job).value());
+    } else {
+      refusal = job.error();
+    }
+  }
+  REQUIRE(refusal.has_value());
+  CHECK(refusal->code() == ErrorCode::kQueueFull);
+  CHECK(queued.size() == 2);
+  for (auto& job : queued) CHECK(poll_status(job) == JobStatus::kQueued);
+  CHECK(daemon.status()["pools"][0]["queue_depth"] == 2);
+
+  // A blocking submit waits while the ring is full...
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> returned{false};
+  std::optional<Result<Job>> blocked;
+  std::thread submitter([&] {
+    tid.store(current_tid());
+    auto job = client.submit(noop_spec(), 20s);
+    blocked.emplace(std::move(job));
+    returned.store(true);
+  });
+  // ...asleep in the kernel (not spinning) ...
+  const bool asleep = wait_until(
+      [&] {
+        return returned.load() || (tid.load() != 0 && task_state(getpid(), tid.load()) == 'S');
+      },
+      10s);
+  CHECK(asleep);
+  // ...and cannot have got in while the running job still holds the worker.
+  const bool returned_early = returned.load();
+  if (poll_status(running) == JobStatus::kRunning) {
+    CHECK_FALSE(returned_early);
+  } else {
+    MESSAGE("the occupying job ended before the check (a very slow machine); check skipped");
+  }
+
+  // Once the running job finishes, the worker takes the next one and the submit gets in.
+  wait_done(running);
+  submitter.join();
+  REQUIRE(blocked.has_value());
+  REQUIRE_MESSAGE(blocked->ok(), "blocked submit: " << error_text(*blocked));
+  Job late = std::move(*blocked).value();
+  for (auto& job : queued) wait_done(job);
+  wait_done(late);
+}
+
+TEST_CASE("one client's share of a ring leaves room for another client") {
+  DaemonProcess daemon(small_ring_config(4, 0.5));
+  Client first = connect_client(daemon);
+  Client second = connect_client(daemon);
+  REQUIRE(first.pools().size() == 1);
+  CHECK(first.pools()[0].capacity == 4);
+  CHECK(first.pools()[0].client_share == 2);
+
+  Job running = submit_ok(first, sleep_spec(kOccupyUs));
+  wait_running(running);
+  std::vector<Job> jobs;
+  for (int i = 0; i < 2; ++i) {
+    auto job = first.try_submit(noop_spec());
+    REQUIRE_MESSAGE(job.ok(), "first client, job " << i << ": " << error_text(job));
+    jobs.push_back(std::move(job).value());
+  }
+  auto over = first.try_submit(noop_spec());
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.error().code() == ErrorCode::kQueueFull);
+  CHECK(over.error().message().find("share") != std::string::npos);
+
+  // The ring has 2 free cells: the second client may use them.
+  for (int i = 0; i < 2; ++i) {
+    auto job = second.try_submit(noop_spec());
+    REQUIRE_MESSAGE(job.ok(), "second client, job " << i << ": " << error_text(job));
+    jobs.push_back(std::move(job).value());
+  }
+  auto full = second.try_submit(noop_spec());
+  REQUIRE_FALSE(full.ok());
+  CHECK(full.error().code() == ErrorCode::kQueueFull);
+
+  wait_done(running);
+  for (auto& job : jobs) wait_done(job);
+  // Room again for both.
+  check_echo_works(first);
+  check_echo_works(second);
+}
+
+TEST_CASE("a blocking submit on a full ring times out with Timeout") {
+  DaemonProcess daemon(small_ring_config(2, 1.0));
+  Client client = connect_client(daemon);
+  Job running = submit_ok(client, sleep_spec(kOccupyUs));
+  wait_running(running);
+  std::vector<Job> queued;
+  queued.push_back(submit_ok(client, noop_spec()));
+  queued.push_back(submit_ok(client, noop_spec()));
+
+  const uint64_t start = monotonic_ns();
+  auto job = client.submit(noop_spec(), 50ms);
+  const uint64_t elapsed = monotonic_ns() - start;
+  REQUIRE_FALSE(job.ok());
+  CHECK(job.error().code() == ErrorCode::kTimeout);
+  CHECK(elapsed >= 45 * kMillisecond);  // it did wait, about as long as asked
+  CHECK(elapsed < 5 * kSecond);
+
+  wait_done(running);
+  for (auto& q : queued) wait_done(q);
+  check_echo_works(client);
+}
+
+TEST_CASE("cancel: a queued job is cancelled, a running one cannot be") {
+  DaemonProcess daemon(one_pool_config(1));
+  Client client = connect_client(daemon);
+  Buffer in = allocate(client, 256);
+  Buffer out = allocate(client, 256);
+  std::memset(in.data(), 0x5A, 256);
+  std::memset(out.data(), 0, 256);
+
+  Job running = submit_ok(client, sleep_spec(300'000));
+  wait_running(running);
+  Job queued = submit_ok(client, job_spec("echo", in, out));
+  REQUIRE(poll_status(queued) == JobStatus::kQueued);
+
+  auto cancelled = queued.cancel();
+  REQUIRE_MESSAGE(cancelled.ok(), "cancel: " << error_text(cancelled));
+  JobResult q = wait_result(queued);
+  CHECK(q.status == JobStatus::kCancelled);
+  CHECK(q.code == ErrorCode::kCancelled);
+  auto again = queued.cancel();
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.error().code() == ErrorCode::kNotCancellable);
+
+  auto not_cancelled = running.cancel();
+  REQUIRE_FALSE(not_cancelled.ok());
+  CHECK(not_cancelled.error().code() == ErrorCode::kNotCancellable);
+  JobResult r = wait_done(running);
+  CHECK(r.run_ns >= 300'000'000);
+
+  // A job behind the cancelled one completes, so the worker has passed it by: it never ran.
+  Job after = submit_ok(client, noop_spec());
+  wait_done(after);
+  const bool untouched =
+      std::all_of(out.data(), out.data() + 256, [](std::byte b) { return b == std::byte{0}; });
+  CHECK(untouched);
+}
+
+TEST_CASE("a job whose deadline passes while queued expires without running") {
+  DaemonProcess daemon(one_pool_config(1));
+  Client client = connect_client(daemon);
+  Buffer in = allocate(client, 256);
+  Buffer out_expiring = allocate(client, 256);
+  Buffer out_patient = allocate(client, 256);
+  std::memset(in.data(), 0x5A, 256);
+  std::memset(out_expiring.data(), 0, 256);
+  std::memset(out_patient.data(), 0, 256);
+
+  Job running = submit_ok(client, sleep_spec(300'000));
+  wait_running(running);
+  JobSpec spec = job_spec("echo", in, out_expiring);
+  spec.expire_after = 20ms;
+  Job expiring = submit_ok(client, spec);
+  spec.output = out_patient;
+  spec.expire_after = 60s;
+  Job patient = submit_ok(client, spec);
+
+  JobResult e = wait_result(expiring);
+  CHECK(e.status == JobStatus::kExpired);
+  CHECK(e.code == ErrorCode::kExpired);
+  CHECK(e.output_size == 0);
+  wait_done(running);
+  // The job behind it, whose deadline is far, runs.
+  JobResult p = wait_done(patient);
+  CHECK(p.output_size == 256);
+  CHECK(std::memcmp(in.data(), out_patient.data(), 256) == 0);
+  // The expired one never touched its output, and the worker did not count it as done.
+  const bool untouched = std::all_of(out_expiring.data(), out_expiring.data() + 256,
+                                     [](std::byte b) { return b == std::byte{0}; });
+  CHECK(untouched);
+  CHECK(daemon.status()["pools"][0]["workers"][0]["jobs_done"] == 2);  // the sleep and patient
+}
+
+}  // namespace
+}  // namespace gpuq::test
