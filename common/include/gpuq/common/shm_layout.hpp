@@ -221,8 +221,8 @@ struct alignas(64) PoolShm {
   uint32_t client_share;                        // most ring cells one client may hold
   uint64_t ring_offset;                         // from the start of the queue segment
   alignas(64) std::atomic<uint32_t> accepting;  // 0 while draining
-  alignas(64) std::atomic<uint32_t> sleepers;   // workers of this pool asleep (a hint) // workers
-                                               // sleep here when the ring is empty
+  // Workers of this pool asleep on their own `wake` (a hint for QueueView::wake_worker).
+  alignas(64) std::atomic<uint32_t> sleepers;
   alignas(64) EventCount space;  // producers sleep here when the ring is full
 };
 
