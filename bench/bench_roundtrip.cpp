@@ -1113,6 +1113,13 @@ struct Target {
   bool pass() const { return upper_bound ? value <= bound : value >= bound; }
 };
 
+// "<= 0.1", ">= 10".
+std::string goal_text(const Target& t) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%s %g", t.upper_bound ? "<=" : ">=", t.bound);
+  return buf;
+}
+
 bool has(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
@@ -1413,7 +1420,7 @@ int run_orchestrator(const Options& o) {
   for (const auto& t : targets) {
     tj.push_back({{"name", t.name},
                   {"value", t.value},
-                  {"goal", std::string(t.upper_bound ? "<= " : ">= ") + std::to_string(t.bound)},
+                  {"goal", goal_text(t)},
                   {"result", t.pass() ? "pass" : "miss"}});
     all_pass = all_pass && t.pass();
   }
