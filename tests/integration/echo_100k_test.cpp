@@ -235,9 +235,17 @@ TEST_CASE("100,000 echo jobs from 4 client processes come back byte for byte") {
               static_cast<double>(completed) / seconds, small, largest);
   std::fflush(stdout);
   CHECK(completed == kClients * kJobsPerClient);
-  // The daemon's own count agrees: every job reached a worker and completed there.
-  const nlohmann::json status = daemon.status();
-  CHECK(status["pools"][0]["jobs_completed"] == kClients * kJobsPerClient);
+  // The daemon's own count agrees: every job reached a worker and completed there. (A worker
+  // counts a job just after publishing its end: wait for the count to settle.)
+  nlohmann::json status;
+  const bool counted = wait_until(
+      [&] {
+        status = daemon.status();
+        return status["pools"][0]["jobs_completed"] == kClients * kJobsPerClient;
+      },
+      10s);
+  INFO("status: " << status.dump());
+  CHECK(counted);
   for (const auto& w : status["pools"][0]["workers"]) {
     CHECK(w["jobs_failed"] == 0);
     CHECK(w["restarts"] == 0);

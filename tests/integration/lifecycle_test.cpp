@@ -84,11 +84,17 @@ TEST_CASE("a worker killed mid-job: the job fails with WorkerDied and the worker
   Client client = connect_client(daemon);
   Job victim = submit_ok(client, sleep_spec(30'000'000));
   wait_running(victim);
-  const nlohmann::json before = daemon.status()["pools"][0]["workers"][0];
+  // The worker marks itself busy just after it takes the job: wait for the status to say so.
+  nlohmann::json before;
+  CHECK(wait_until(
+      [&] {
+        before = daemon.status()["pools"][0]["workers"][0];
+        return before["busy"] == true;
+      },
+      10s));
   const pid_t old_pid = before["pid"].get<pid_t>();
   const uint32_t worker_id = before["id"].get<uint32_t>();
   REQUIRE(old_pid > 0);
-  CHECK(before["busy"] == true);
   CHECK(before["restarts"] == 0);
 
   REQUIRE(::kill(old_pid, SIGKILL) == 0);
