@@ -191,8 +191,9 @@ void DaemonProcess::start(const DaemonOptions& options) {
   std::fflush(stderr);
   const pid_t pid = ::fork();
   if (pid == 0) {
-    // The daemon must not outlive a test executable that crashes or is killed.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // The daemon must not outlive a test executable that crashes or is killed (a ctest
+    // timeout): SIGTERM, so that it drains and removes its queue segment and socket itself.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);
     ::dup2(null_fd, 0);
     ::dup2(log_fd, 1);

@@ -16,7 +16,9 @@
 // fails the test if the log holds a sanitizer report (ASan, UBSan, TSan, LSan: the daemon and
 // its workers are built with the same sanitizer as the test), removes a queue segment a killed
 // daemon left in /dev/shm, and removes the directory. The log of every daemon a test case used is
-// printed when that test case fails.
+// printed when that test case fails. If the test executable itself dies (a crash, a ctest
+// timeout), the daemon gets SIGTERM (PR_SET_PDEATHSIG) and drains; only its directory, with the
+// log, is left behind.
 //
 // Test-only code; use from the main thread of a doctest test case. Not thread-safe.
 #pragma once
