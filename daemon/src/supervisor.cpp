@@ -489,7 +489,7 @@ void Supervisor::on_worker_control(uint32_t worker_id) {
   }
 }
 
-void Supervisor::on_worker_output(uint32_t tag_id_value, int /*unused*/) {
+void Supervisor::on_worker_output(uint32_t tag_id_value) {
   WorkerProc& w = *workers_[tag_id_value >> 1];
   const bool is_err = (tag_id_value & 1) != 0;
   UniqueFd& fd = is_err ? w.err : w.out;
@@ -580,8 +580,8 @@ void Supervisor::on_worker_exit(pid_t pid, int status) {
   if (it == workers_.end()) return;
   WorkerProc& w = **it;
   // Log what it still had to say, then let go of its descriptors.
-  if (w.out.valid()) on_worker_output(w.id << 1, 0);
-  if (w.err.valid()) on_worker_output((w.id << 1) | 1, 0);
+  if (w.out.valid()) on_worker_output(w.id << 1);
+  if (w.err.valid()) on_worker_output((w.id << 1) | 1);
   for (UniqueFd* fd : {&w.control, &w.out, &w.err}) {
     if (fd->valid()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd->get(), nullptr);
     fd->reset();
@@ -929,7 +929,7 @@ int Supervisor::run() {
           on_worker_control(static_cast<uint32_t>(tag_id(tag)));
           break;
         case Tag::kWorkerOut:
-          on_worker_output(static_cast<uint32_t>(tag_id(tag)), 0);
+          on_worker_output(static_cast<uint32_t>(tag_id(tag)));
           break;
       }
     }

@@ -53,7 +53,8 @@ class Supervisor {
   void on_accept();
   void on_connection(uint64_t conn_id, uint32_t events);
   void on_worker_control(uint32_t worker_id);
-  void on_worker_output(uint32_t worker_id, int stream);
+  // `tag` is {worker id << 1 | 1 for stderr}.
+  void on_worker_output(uint32_t tag);
 
   // Clients.
   void handle_message(Connection& conn, Message& msg);

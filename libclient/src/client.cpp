@@ -600,10 +600,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 // ---- Job ----
 
 Job::Job(Job&& o) noexcept
-    : impl_(std::move(o.impl_)),
-      slot_(o.slot_),
-      generation_(o.generation_),
-      finished_(o.finished_) {}
+    : impl_(std::move(o.impl_)), slot_(o.slot_), generation_(o.generation_) {}
 
 Job& Job::operator=(Job&& o) noexcept {
   if (this != &o) {
@@ -611,7 +608,6 @@ Job& Job::operator=(Job&& o) noexcept {
     impl_ = std::move(o.impl_);
     slot_ = o.slot_;
     generation_ = o.generation_;
-    finished_ = o.finished_;
   }
   return *this;
 }
@@ -628,7 +624,7 @@ void Job::reset() noexcept {
 Result<JobResult> Job::wait(std::chrono::nanoseconds timeout) {
   if (!impl_) return Error(ErrorCode::kNotFound, "empty Job handle");
   auto r = impl_->wait(slot_, generation_, timeout.count());
-  if (r) finished_ = true;
+
   return r;
 }
 

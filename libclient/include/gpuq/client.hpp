@@ -127,7 +127,6 @@ class GPUQ_API Job {
   std::shared_ptr<ClientImpl> impl_;
   uint32_t slot_ = 0;
   uint32_t generation_ = 0;
-  bool finished_ = false;
 };
 
 struct ConnectOptions {
