@@ -566,7 +566,7 @@ void Supervisor::requeue_lost_jobs(uint32_t pool) {
       // saturating decrement of the next pop keeps it from wrapping either way.
       if (ring.try_push(ref)) {
         GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn->index, s);
-        queue_.wake_worker(pool, -1);
+        queue_.wake_worker(pool);
       } else {
         GPUQ_LOG_ERROR("cannot requeue job %u/%u: ring full", conn->index, s);
       }
@@ -592,6 +592,8 @@ void Supervisor::on_worker_exit(pid_t pid, int status) {
   requeue_lost_jobs(w.pool);
   WorkerShm& ws = queue_.worker(w.id);
   ws.busy.store(0, std::memory_order_relaxed);
+  // A worker that died asleep must not absorb the next wakeup meant for a live one.
+  ws.asleep.store(0, std::memory_order_seq_cst);
   ws.pid.store(0, std::memory_order_relaxed);
   w.pid = 0;
   const uint64_t now = monotonic_ns();

@@ -25,6 +25,8 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr uint64_t kIdleRecheckNs = 1'000'000'000;
+// The part of the idle spin during which this worker counts as `spinning` (see loop()).
+constexpr uint64_t kSpinningNs = kSpinPauseOnlyNs;
 
 struct MappedClient {
   uint64_t session = 0;
@@ -89,12 +91,23 @@ class Worker {
         return ring_.value_at_head() ||
                self_->control_seq.load(std::memory_order_acquire) != seen_control_;
       };
-      if (spin_until(has_work, spin_ns)) continue;
-      // Register first, then raise the pool's sleeper count, then re-check (see
+      // First the pause-only phase, counted in the pool's `spinning` so that pushers need not
+      // wake a sleeping worker meanwhile (the decrement comes before the sleep protocol's
+      // re-check, so a push that saw this worker spinning is popped or seen by that re-check);
+      // then the rest of the spin, which yields the core between looks.
+      pool_->spinning.fetch_add(1, std::memory_order_seq_cst);
+      const bool found = spin_until(has_work, std::min(spin_ns, kSpinningNs));
+      pool_->spinning.fetch_sub(1, std::memory_order_seq_cst);
+      if (found || (spin_ns > kSpinningNs && spin_until(has_work, spin_ns - kSpinningNs))) {
+        continue;
+      }
+      // Register, mark this worker asleep, raise the pool's sleeper count, then re-check (see
       // QueueView::wake_worker for why no wakeup is lost).
       EventCount::Key key = self_->wake.prepare_wait();
+      self_->asleep.store(1, std::memory_order_seq_cst);
       pool_->sleepers.fetch_add(1, std::memory_order_seq_cst);
       if (has_work() || ring_.has_values()) {
+        self_->asleep.store(0, std::memory_order_relaxed);
         pool_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
         self_->wake.cancel_wait();
         continue;
@@ -102,6 +115,7 @@ class Worker {
       // Bounded, as a safety net: a producer killed between its cell CAS and its notify leaves
       // a value that no notify announces. One wakeup a second costs nothing measurable.
       self_->wake.wait(key, monotonic_ns() + kIdleRecheckNs);
+      self_->asleep.store(0, std::memory_order_relaxed);
       pool_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
   }

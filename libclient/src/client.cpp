@@ -382,7 +382,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     // This client's own counter (its own cache line); only this client writes it.
     std::atomic<uint64_t>& submitted = cs.submitted[pool->id];
     submitted.store(submitted.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    queue_.wake_worker(pool->id, sched_getcpu());
+    queue_.wake_worker(pool->id);
     return Job(shared_from_this(), s, generation);
   }
 
@@ -421,9 +421,16 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                      "pool '" + pool.info.name + "' had no room for the job before the deadline");
       }
       if (!daemon_alive()) return disconnected_error();
+      auto has_room = [&] {
+        return ps.accepting.load(std::memory_order_seq_cst) == 0 ||
+               (ring.size() < ring.capacity() && queued.load() < pool.info.client_share);
+      };
+      // Room comes back as soon as a worker pops: spin first, as wait() does, so that a
+      // client with more jobs in flight than its share does not pay a futex sleep and wakeup
+      // per job.
+      if (spin_until(has_room, spin_ns_)) continue;
       EventCount::Key key = ps.space.prepare_wait();
-      if (ps.accepting.load(std::memory_order_seq_cst) == 0 ||
-          (ring.size() < ring.capacity() && queued.load() < pool.info.client_share)) {
+      if (has_room()) {
         ps.space.cancel_wait();
         continue;
       }

@@ -13,6 +13,8 @@
 // docs/design/job_states.md describes the job slot state machine; docs/design/ring.md the rings.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -26,7 +28,7 @@ namespace gpuq {
 
 inline constexpr uint64_t kQueueMagic = 0x314D485355515047ull;   // "GPQUSHM1"
 inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
-inline constexpr uint32_t kLayoutVersion = 2;  // 2: outcome beside the state word, per-worker wake
+inline constexpr uint32_t kLayoutVersion = 3;  // 3: WorkerShm::asleep (a wakeup is claimed once)
 
 inline constexpr uint32_t kMaxPools = 8;
 inline constexpr uint32_t kMaxWorkers = 1024;
@@ -223,6 +225,9 @@ struct alignas(64) PoolShm {
   alignas(64) std::atomic<uint32_t> accepting;  // 0 while draining
   // Workers of this pool asleep on their own `wake` (a hint for QueueView::wake_worker).
   alignas(64) std::atomic<uint32_t> sleepers;
+  // Workers of this pool in the first, pause-only phase of their idle spin (on their core, not
+  // yielding it): a push needs no wakeup while one of them is looking at the ring.
+  alignas(64) std::atomic<uint32_t> spinning;
   alignas(64) EventCount space;  // producers sleep here when the ring is full
 };
 
@@ -237,7 +242,9 @@ struct alignas(64) WorkerShm {
   std::atomic<uint32_t> restarts;
   std::atomic<uint32_t> control_seq;  // bumped by the supervisor after each control message
   std::atomic<uint32_t> busy;         // 1 while running a job
-  uint32_t reserved;
+  // 1 while the worker sleeps on `wake` and no one has woken it yet: a waker claims the wakeup
+  // by exchanging it to 0, so a burst of pushes wakes distinct workers, not one worker N times.
+  std::atomic<uint32_t> asleep;
   alignas(64) std::atomic<uint64_t> jobs_done;
   std::atomic<uint64_t> jobs_failed;
 };
@@ -286,25 +293,38 @@ class QueueView {
   // `cpu` (the caller's CPU: the wakeup then needs no cross-core interrupt, which costs tens of
   // microseconds on a VM). Costs a fence and one load when no worker sleeps. Lock-free.
   //
-  // No lost wakeup: a worker registers in its `wake` event count and only then raises the
-  // pool's `sleepers`, then re-checks the ring. The pusher's fence orders its push before its
-  // load of `sleepers`; so either the worker's re-check sees the push, or the pusher sees
-  // `sleepers` > 0 and then that worker's registration, and notifies it.
-  void wake_worker(uint32_t pool, int cpu) const noexcept {
+  // A wakeup is claimed: the waker exchanges the worker's `asleep` from 1 to 0 and only the
+  // winner notifies. A worker already woken but not yet running is skipped, so the next push of
+  // a burst wakes the next sleeping worker (on another core) instead of the same one again.
+  //
+  // No lost wakeup: a worker registers in its `wake` event count, sets `asleep`, raises the
+  // pool's `sleepers`, and only then re-checks the ring. The pusher's fence orders its push
+  // before its load of `sleepers`; so either the worker's re-check sees the push, or the pusher
+  // sees `sleepers` > 0 and then that worker's `asleep` = 1 (and notifies it), or `asleep` = 0
+  // because the worker is already awake or another pusher claimed it: in both cases the worker
+  // returns to the top of its loop, where it pops.
+  // `cpu`: the caller's CPU, -1 for sched_getcpu() (called only when a wakeup is needed).
+  void wake_worker(uint32_t pool, int cpu = -1) const noexcept {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     PoolShm& p = this->pool(pool);
     if (p.sleepers.load(std::memory_order_seq_cst) == 0) return;
-    WorkerShm* fallback = nullptr;
-    for (uint32_t i = 0; i < p.worker_count; ++i) {
-      WorkerShm& w = worker(p.first_worker + i);
-      if (w.wake.waiters() == 0) continue;
-      if (w.cpu == cpu) {
-        w.wake.notify_one();
-        return;
+    if (p.spinning.load(std::memory_order_seq_cst) != 0) return;  // a spinner will pop it
+    if (cpu < 0) cpu = sched_getcpu();
+    auto claim = [](WorkerShm& w) {
+      uint32_t one = 1;
+      return w.asleep.load(std::memory_order_relaxed) == 1 &&
+             w.asleep.compare_exchange_strong(one, 0, std::memory_order_seq_cst);
+    };
+    for (int pass = 0; pass < 2; ++pass) {
+      for (uint32_t i = 0; i < p.worker_count; ++i) {
+        WorkerShm& w = worker(p.first_worker + i);
+        if ((pass == 0) != (w.cpu == cpu)) continue;  // pass 0: the caller's CPU; 1: the rest
+        if (claim(w)) {
+          w.wake.notify_one();
+          return;
+        }
       }
-      if (fallback == nullptr) fallback = &w;
     }
-    if (fallback != nullptr) fallback->wake.notify_one();
   }
 
  private:

@@ -16,19 +16,27 @@
 
 namespace gpuq {
 
+// How long spin_until pause-spins before it starts yielding the core between checks.
+inline constexpr uint64_t kSpinPauseOnlyNs = 2000;
+
 template <typename Cond>
 bool spin_until(Cond&& cond, uint64_t spin_ns) noexcept {
   if (cond()) return true;
   if (spin_ns == 0) return false;
+  // Pause-spin for the first microseconds (a job or a push usually lands within one); after
+  // that, yield between checks, so that on a machine with more runnable processes than cores
+  // the spinner hands its core to whoever would make `cond` true (a worker, another client)
+  // instead of burning the slice in front of it. sched_yield returns at once when nothing
+  // else wants the core.
   const uint64_t start = monotonic_ns();
-  for (uint32_t i = 1;; ++i) {
+  for (;;) {
     for (int k = 0; k < 16; ++k) {
       GPUQ_CPU_RELAX();
       if (cond()) return true;
     }
-    // Check the clock every 16 pauses; yield every 256 so a spinner shares its core.
-    if (monotonic_ns() - start >= spin_ns) return cond();
-    if ((i & 15) == 0) sched_yield();
+    const uint64_t spent = monotonic_ns() - start;
+    if (spent >= spin_ns) return cond();
+    if (spent >= kSpinPauseOnlyNs) sched_yield();
   }
 }
 
