@@ -65,6 +65,9 @@ Result<void> send_message(int socket, MessageType type, const std::string& body,
   }
   auto r = GPUQ_POSIX_CALL(::sendmsg, socket, &msg, MSG_NOSIGNAL);
   if (!r) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return Error(ErrorCode::kTimeout, "the peer's receive queue is full");
+    }
     if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) {
       return Error(ErrorCode::kDisconnected, "peer closed the control socket");
     }
@@ -122,8 +125,16 @@ std::string error_body(const Error& error) {
 Error error_from_body(const std::string& body) {
   try {
     auto j = nlohmann::json::parse(body);
-    int32_t code = j.at("code").get<int32_t>();
-    if (code <= 0 || code > kMaxErrorCode) code = static_cast<int32_t>(ErrorCode::kInternal);
+    // Only an integer is a code: get<int32_t>() casts a float such as 1e300 to int32_t, which is
+    // undefined behaviour (found by tests/fuzz/fuzz_protocol; regressions/fuzz_protocol/).
+    const auto& c = j.at("code");
+    if (!c.is_number_integer()) {
+      return Error(ErrorCode::kInvalidArgument, "malformed error reply: code is not an integer");
+    }
+    int64_t code = c.is_number_unsigned() && c.get<uint64_t>() > uint64_t{kMaxErrorCode}
+                       ? 0
+                       : c.get<int64_t>();
+    if (code <= 0 || code > kMaxErrorCode) code = static_cast<int64_t>(ErrorCode::kInternal);
     return Error(static_cast<ErrorCode>(code), j.at("message").get<std::string>());
   } catch (const std::exception& e) {
     return Error(ErrorCode::kInvalidArgument, std::string("malformed error reply: ") + e.what());

@@ -333,8 +333,15 @@ TEST_CASE(
   CHECK(error_from_body(R"({"code":0,"message":"m"})").code() == ErrorCode::kInternal);
   CHECK(error_from_body(R"({"code":9999,"message":"m"})").code() == ErrorCode::kInternal);
   CHECK(error_from_body(R"({"code":-1,"message":"m"})").code() == ErrorCode::kInternal);
+  CHECK(error_from_body(R"({"code":18446744073709551615,"message":"m"})").code() ==
+        ErrorCode::kInternal);
+  CHECK(error_from_body(R"({"code":-9223372036854775808,"message":"m"})").code() ==
+        ErrorCode::kInternal);
+  // Malformed bodies, a float code among them (converting 1e300 to an int is undefined behaviour:
+  // tests/fuzz/regressions/fuzz_protocol/error_code_float_out_of_int_range).
   for (const char* body : {"", "not json", "{}", R"({"code":"x","message":"m"})", R"({"code":1})",
-                           R"({"code":1,"message":2})", "[1,2]"}) {
+                           R"({"code":1,"message":2})", "[1,2]", R"({"code":1e300,"message":"m"})",
+                           R"({"code":4.0,"message":"m"})"}) {
     CAPTURE(body);
 
     const Error e = error_from_body(body);
