@@ -22,6 +22,9 @@ gpuq_setup_packages=(
   nlohmann-json3-dev   # config and control-protocol JSON
   doctest-dev          # unit and integration tests
   libsystemd-dev       # sd_notify for the Type=notify unit
+  systemd              # systemd-analyze (unit tests), systemd-sysusers (package postinst)
+  dpkg-dev             # dpkg-shlibdeps: the .deb's dependencies (cpack, stage package)
+  file                 # CPack's DEB generator finds the ELF files with it
   clang                # second compiler, sanitizers and fuzzers
   clang-format         # scripts/test.sh format stage
   clang-tidy           # lint (.clang-tidy), run-clang-tidy

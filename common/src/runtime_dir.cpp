@@ -1,5 +1,6 @@
 #include "gpuq/common/runtime_dir.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -19,10 +20,30 @@ std::string resolve_daemon_runtime_dir(const std::string& explicit_dir) {
   return "/tmp/gpuq-" + std::to_string(getuid());
 }
 
-std::string resolve_client_runtime_dir(const std::string& explicit_dir) {
+namespace detail {
+
+std::string resolve_client_runtime_dir(const std::string& explicit_dir,
+                                       const std::string& system_dir) {
   if (!explicit_dir.empty()) return explicit_dir;
   if (const char* g = std::getenv("GPUQ_RUNTIME_DIR"); g != nullptr && *g != '\0') return g;
-  return resolve_daemon_runtime_dir({});
+  std::string own = resolve_daemon_runtime_dir({});
+  struct stat st {};
+  // A socket in the user's own directory: a daemon of this user (or one that died; then the
+  // connection error names this path, which is what the user must see).
+  if (::stat((own + "/" + kSocketName).c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return own;
+  // Else the system daemon's directory, if there is one. A user outside the daemon's group
+  // cannot look inside it (mode 0750), so its existence decides, not the socket's: connecting
+  // then fails with PermissionDenied, which says what to fix.
+  if (!system_dir.empty() && ::stat(system_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return system_dir;
+  }
+  return own;
+}
+
+}  // namespace detail
+
+std::string resolve_client_runtime_dir(const std::string& explicit_dir) {
+  return detail::resolve_client_runtime_dir(explicit_dir, kSystemRuntimeDir);
 }
 
 }  // namespace gpuq
