@@ -5,19 +5,27 @@
 #   format  clang-format --dry-run -Werror over every tracked (or new, not ignored) C++/CUDA file
 #   build   RelWithDebInfo build with -Werror in build/, ctest for every label (tests labelled
 #           `gpu` report Skipped on a machine without a GPU)
+#   package install build/ into a temporary prefix and build and run examples/consumer against it
+#           (CMake and pkg-config); build the .deb (cpack), dpkg -i it, run the installed
+#           daemon, dpkg -r and -P it (as root; skipped otherwise). tests/package/, docs/service.md
 #   asan    ASan+UBSan build in build-asan/, ctest labels unit|stress|integration
 #   tsan    TSan build in build-tsan/, ctest labels unit|stress|integration
+#   fuzz    clang libFuzzer build (ASan+UBSan) in build-fuzz/; runs each fuzz target of tests/fuzz
+#           for GPUQ_FUZZ_SECONDS on a copy of its seed corpus and regression inputs (in
+#           build-fuzz/fuzz-corpus/); any crash, leak or timeout fails the stage
 #   tidy    (not run by default) clang-tidy with the root .clang-tidy over build/'s sources
 #
 # The cheap format check runs first so a formatting slip fails in seconds, not after the builds.
 #
 # Environment:
-#   GPUQ_TEST_STAGES   stages to run, in this order (default "format build asan tsan");
+#   GPUQ_TEST_STAGES   stages to run, in this order (default "format build package asan tsan
+#                      fuzz");
 #                      "sanitize" stands for "asan tsan", "all" for the default list
 #   GPUQ_BUILD_JOBS    parallel compile jobs (default: nproc)
 #   GPUQ_CTEST_JOBS    parallel tests (default: nproc)
 #   GPUQ_CTEST_TIMEOUT per-test limit in seconds for tests that set none (default 900)
 #   GPUQ_CTEST_ARGS    extra ctest arguments for every stage, e.g. "-R ring"
+#   GPUQ_FUZZ_SECONDS  how long the fuzz stage runs each fuzz target (default 60)
 #   CXX / CC           compilers, as CMake reads them (a build dir keeps its first choice)
 #   ASAN_OPTIONS, UBSAN_OPTIONS, TSAN_OPTIONS  appended to this script's defaults (later wins)
 set -euo pipefail
@@ -32,7 +40,7 @@ readonly BUILD_JOBS="${GPUQ_BUILD_JOBS:-$(nproc)}"
 readonly CTEST_JOBS="${GPUQ_CTEST_JOBS:-$(nproc)}"
 readonly CTEST_TIMEOUT="${GPUQ_CTEST_TIMEOUT:-900}"
 readonly SANITIZER_LABELS='^(unit|stress|integration)$'
-readonly DEFAULT_STAGES=(format build asan tsan)
+readonly DEFAULT_STAGES=(format build package asan tsan fuzz)
 
 # ---- stage selection ---------------------------------------------------------------------------
 stages=()
@@ -40,9 +48,9 @@ for s in ${GPUQ_TEST_STAGES:-${DEFAULT_STAGES[*]}}; do
   case "${s}" in
     all) stages+=("${DEFAULT_STAGES[@]}") ;;
     sanitize) stages+=(asan tsan) ;;
-    format | build | asan | tsan | tidy) stages+=("${s}") ;;
+    format | build | package | asan | tsan | fuzz | tidy) stages+=("${s}") ;;
     *)
-      echo "test.sh: unknown stage '${s}' (known: format build asan tsan tidy sanitize all)" >&2
+      echo "test.sh: unknown stage '${s}' (known: format build package asan tsan fuzz tidy sanitize all)" >&2
       exit 2
       ;;
   esac
@@ -226,6 +234,38 @@ stage_build() {
   run_ctest build ""
 }
 
+# Install and package, from build/ (the build stage's tree; configured and built here if that
+# stage did not run): tests/package/install_test.sh and tests/package/deb_test.sh. Each cleans up
+# after itself; deb_test.sh purges a gpuq package an earlier run left installed, and exits 77
+# (counted as skipped) when not run as root.
+stage_package() {
+  if [[ ! -f build/CMakeCache.txt ]]; then
+    configure build RelWithDebInfo -DGPUQ_WERROR=ON -DGPUQ_SANITIZE= -DGPUQ_BUILD_TESTS=ON \
+      -DGPUQ_BUILD_BENCH=ON -DGPUQ_BUILD_EXAMPLES=ON
+  fi
+  build build
+  local t rc passed=0 skipped=0
+  for t in install_test deb_test; do
+    rc=0
+    GPUQ_BUILD_JOBS="${BUILD_JOBS}" bash "tests/package/${t}.sh" build || rc=$?
+    if ((rc == 77)); then
+      skipped=$((skipped + 1))
+    elif ((rc != 0)); then
+      stage_counts="(${passed} passed, 1 failed, ${skipped} skipped)"
+      tests_passed=$((tests_passed + passed))
+      tests_failed=$((tests_failed + 1))
+      tests_skipped=$((tests_skipped + skipped))
+      echo "test.sh: tests/package/${t}.sh failed (exit ${rc})" >&2
+      return 1
+    else
+      passed=$((passed + 1))
+    fi
+  done
+  tests_passed=$((tests_passed + passed))
+  tests_skipped=$((tests_skipped + skipped))
+  stage_counts="(${passed} passed, 0 failed, ${skipped} skipped)"
+}
+
 stage_asan() {
   sanitizer_prefix "address,undefined"
   configure build-asan RelWithDebInfo "-DGPUQ_SANITIZE=address;undefined" \
@@ -242,6 +282,62 @@ stage_tsan() {
   build build-tsan
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:print_stacktrace=1${TSAN_OPTIONS:+:${TSAN_OPTIONS}}" \
     run_ctest build-tsan "${SANITIZER_LABELS}" "${run_prefix[@]}"
+}
+
+# The fuzz targets (tests/fuzz/CMakeLists.txt). Each runs for GPUQ_FUZZ_SECONDS on a copy of its
+# seed corpus and regression inputs in build-fuzz/fuzz-corpus/<target>/ (inputs it finds are kept
+# there for the next run; the source tree is never written). A crash, a sanitizer report, a leak,
+# or one input running longer than 10 s fails the stage; the input lands in
+# build-fuzz/fuzz-artifacts/<target>/ and its path is printed.
+readonly FUZZ_TARGETS=(fuzz_descriptor fuzz_params fuzz_protocol)
+readonly FUZZ_SECONDS="${GPUQ_FUZZ_SECONDS:-60}"
+
+stage_fuzz() {
+  command -v clang++ >/dev/null || { echo "clang++ not found (scripts/setup.sh)" >&2; return 1; }
+  CXX=clang++ sanitizer_prefix "address,undefined"
+  CC=clang CXX=clang++ configure build-fuzz RelWithDebInfo -DGPUQ_FUZZ=ON -DGPUQ_SANITIZE= \
+    -DGPUQ_WITH_CUDA=OFF -DGPUQ_BUILD_TESTS=ON -DGPUQ_BUILD_BENCH=OFF -DGPUQ_BUILD_EXAMPLES=OFF \
+    -DGPUQ_WERROR=ON
+  cmake --build build-fuzz -j "${BUILD_JOBS}" --target "${FUZZ_TARGETS[@]}"
+  local t failed=0 runs=0
+  for t in "${FUZZ_TARGETS[@]}"; do
+    local corpus="${ROOT}/build-fuzz/fuzz-corpus/${t}"
+    local artifacts="${ROOT}/build-fuzz/fuzz-artifacts/${t}"
+    local log="${ROOT}/build-fuzz/fuzz-logs/${t}.log"
+    mkdir -p "${corpus}" "${artifacts}" "$(dirname "${log}")"
+    rm -f "${artifacts}"/*
+    # Seeds and regressions (not the .gitkeep of an empty directory); earlier finds stay.
+    find "${ROOT}/tests/fuzz/corpus/${t}" "${ROOT}/tests/fuzz/regressions/${t}" -maxdepth 1 \
+      -type f ! -name '.*' -exec cp -f {} "${corpus}/" \;
+    local -a args=(-max_total_time="${FUZZ_SECONDS}" -timeout=10 -print_final_stats=1
+      -artifact_prefix="${artifacts}/")
+    [[ ! -f "${ROOT}/tests/fuzz/${t}.dict" ]] || args+=(-dict="${ROOT}/tests/fuzz/${t}.dict")
+    echo "fuzz: ${t} for ${FUZZ_SECONDS}s on $(find "${corpus}" -type f | wc -l) inputs (log: ${log})"
+    local rc=0
+    ASAN_OPTIONS="detect_leaks=1:print_stacktrace=1${ASAN_OPTIONS:+:${ASAN_OPTIONS}}" \
+    UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:report_error_type=1${UBSAN_OPTIONS:+:${UBSAN_OPTIONS}}" \
+      "${run_prefix[@]}" "${ROOT}/build-fuzz/tests/fuzz/${t}" "${args[@]}" "${corpus}" \
+      >"${log}" 2>&1 || rc=$?
+    grep -E '^#[0-9]+[[:space:]]+DONE' "${log}" | tail -1 | sed "s/^/  ${t}: /" || true
+    local n
+    n=$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "${log}" | tail -1)
+    runs=$((runs + ${n:-0}))
+    local -a crash=()
+    mapfile -t crash < <(find "${artifacts}" -type f | sort)
+    if ((rc != 0 || ${#crash[@]} > 0)); then
+      failed=$((failed + 1))
+      echo "fuzz: ${t} FAILED (exit ${rc}); the end of its log:" >&2
+      tail -n 60 "${log}" | sed 's/^/  | /' >&2
+      local f
+      for f in "${crash[@]}"; do
+        echo "fuzz: crashing input: ${f}" >&2
+        echo "  replay: build-fuzz/tests/fuzz/${t} ${f}" >&2
+        echo "  keep it: cp ${f} tests/fuzz/regressions/${t}/<what-it-does>" >&2
+      done
+    fi
+  done
+  stage_counts="(${#FUZZ_TARGETS[@]} targets x ${FUZZ_SECONDS}s, ${runs} inputs run, ${failed} failed)"
+  ((failed == 0))
 }
 
 stage_tidy() {

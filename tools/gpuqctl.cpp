@@ -41,6 +41,8 @@ constexpr const char* kUsage = R"(usage: gpuqctl [--runtime-dir DIR] COMMAND [AR
 
 Commands:
   status [--json]         show the daemon's pools and workers (--json: the status document)
+  ready                   readiness probe: exit 0 if the daemon accepts jobs and every pool has
+                          a live, ready worker; else print why and exit 1
   submit OP [OPTIONS]     run one job (or --count N jobs) and report the result
   stop                    ask the daemon to drain (finish its jobs, accept no new ones) and exit
 
@@ -56,7 +58,8 @@ submit options:
 
 Global options:
   --runtime-dir DIR       the daemon's runtime directory (default: $GPUQ_RUNTIME_DIR, else
-                          $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID)
+                          $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID,
+                          if a daemon's socket is there; else /run/gpuq, the system service's)
   -h, --help              show this help
   --version               show the version
 
@@ -265,6 +268,40 @@ int run_status(const std::string& runtime_dir, bool as_json) {
     print_status_table(doc);
   }
   return kExitOk;
+}
+
+// ---- ready ----------------------------------------------------------------------------------
+
+int run_ready(const std::string& runtime_dir) {
+  gpuq::Result<std::string> text = gpuq::daemon_status_json(runtime_dir);
+  if (!text) return daemon_error(text.error());
+  Json doc = Json::parse(text.value(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("ready") ||
+      !doc["ready"].is_boolean()) {
+    return daemon_error(gpuq::Error(gpuq::ErrorCode::kProtocolMismatch,
+                                    "the daemon's status document has no readiness field"));
+  }
+  if (doc["ready"].get<bool>()) {
+    std::cout << "ready\n";
+    return kExitOk;
+  }
+  std::string why;
+  if (text_field(doc, "state", "") == "draining") why = "the daemon is draining";
+  if (doc.contains("pools") && doc["pools"].is_array()) {
+    for (const Json& pool : doc["pools"]) {
+      if (!pool.is_object()) continue;
+      auto ready_workers = pool.find("workers_ready");
+      if (ready_workers != pool.end() && ready_workers->is_number_unsigned() &&
+          ready_workers->get<uint64_t>() > 0) {
+        continue;
+      }
+      if (!why.empty()) why += "; ";
+      why += "pool '" + text_field(pool, "name", "?") + "' has no ready worker (" +
+             text_field(pool, "reason", "no reason given") + ")";
+    }
+  }
+  std::cout << "not ready: " << (why.empty() ? "see gpuqctl status" : why) << '\n';
+  return kExitFailure;
 }
 
 // ---- stop -----------------------------------------------------------------------------------
@@ -709,7 +746,7 @@ int run(int argc, char** argv) {
     }
     if (!error.empty()) return usage_error(error);
   }
-  if (cursor.done()) return usage_error("no command given (status, submit or stop)");
+  if (cursor.done()) return usage_error("no command given (status, ready, submit or stop)");
   const std::string command(cursor.next());
 
   if (command == "help") {
@@ -733,6 +770,20 @@ int run(int argc, char** argv) {
       }
     }
     return run_status(runtime_dir, as_json);
+  }
+  if (command == "ready") {
+    while (!cursor.done()) {
+      std::string_view arg = cursor.peek();
+      if (arg == "-h" || arg == "--help") {
+        std::cout << kUsage;
+        return kExitOk;
+      }
+      if (!cursor.take_value("--runtime-dir", runtime_dir, error)) {
+        return usage_error("unknown argument '" + std::string(arg) + "' for ready");
+      }
+      if (!error.empty()) return usage_error(error);
+    }
+    return run_ready(runtime_dir);
   }
   if (command == "stop") {
     while (!cursor.done()) {

@@ -1,7 +1,16 @@
 #include "job_validation.hpp"
 
+#include <cstdio>
+#include <string>
+
 namespace gpuq::daemon {
 namespace {
+
+std::string hex32(uint32_t v) {
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", v);
+  return text;
+}
 
 // [offset, offset + length) inside [0, arena) without overflow.
 Result<void> check_range(const char* which, uint64_t offset, uint64_t length, uint64_t arena) {
@@ -22,6 +31,10 @@ Result<ValidatedJob> validate_descriptor(const JobDescriptor& d, uint64_t arena_
   if (op == nullptr) {
     return Error(ErrorCode::kUnknownOp,
                  "op_id " + std::to_string(d.op_id) + " is not registered with this worker");
+  }
+  if ((d.flags & ~kJobFlagsKnown) != 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "flags 0x" + hex32(d.flags) + " has bits this worker does not know");
   }
   if (d.pool_id != expected_pool) {
     return Error(ErrorCode::kInvalidArgument,

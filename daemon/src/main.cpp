@@ -10,7 +10,15 @@
 #include "config.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/runtime_dir.hpp"
+#include "service_notifier.hpp"
 #include "supervisor.hpp"
+#include "test_hooks.hpp"
+
+// Where gpuq-worker is installed, relative to gpuqd's directory (daemon/CMakeLists.txt derives
+// it from CMAKE_INSTALL_BINDIR and CMAKE_INSTALL_LIBEXECDIR).
+#ifndef GPUQ_WORKER_RELATIVE_DIR
+#define GPUQ_WORKER_RELATIVE_DIR "../libexec/gpuq"
+#endif
 
 namespace {
 
@@ -27,9 +35,12 @@ constexpr const char* kUsage =
     "  --check-config     validate the config, print the effective pools, and exit\n"
     "  --help, --version\n"
     "\n"
-    "Signals: SIGTERM or SIGINT drain (finish queued and running jobs, then exit 0).\n";
+    "Signals: SIGTERM or SIGINT drain (finish queued and running jobs, then exit 0).\n"
+    "Under systemd (Type=notify) it sends READY=1 once every pool is up, STATUS=,\n"
+    "STOPPING=1 and, with WatchdogSec=, WATCHDOG=1 (docs/service.md).\n";
 
-// gpuq-worker next to this executable, else in ../libexec/gpuq/.
+// gpuq-worker next to this executable (the build tree), else where `cmake --install` puts it
+// (../libexec/gpuq/ with the default GNUInstallDirs layout).
 std::string find_worker() {
   char self[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -37,7 +48,8 @@ std::string find_worker() {
   self[n] = '\0';
   std::string dir(self);
   dir = dir.substr(0, dir.rfind('/'));
-  for (const std::string& c : {dir + "/gpuq-worker", dir + "/../libexec/gpuq/gpuq-worker"}) {
+  for (const std::string& c :
+       {dir + "/gpuq-worker", dir + "/" GPUQ_WORKER_RELATIVE_DIR "/gpuq-worker"}) {
     if (access(c.c_str(), X_OK) == 0) return c;
   }
   return dir + "/gpuq-worker";
@@ -78,12 +90,20 @@ int main(int argc, char** argv) {
     std::printf("config OK\n");
     return 0;
   }
+  auto hooks = gpuq::daemon::read_test_hooks();
+  if (!hooks) {
+    std::fprintf(stderr, "gpuqd: %s\n", hooks.error().message().c_str());
+    return 2;
+  }
   gpuq::log_init("gpuqd", config->log_level);
-  gpuq::daemon::SupervisorOptions options{
-      std::move(*config), gpuq::resolve_daemon_runtime_dir(runtime_dir), find_worker()};
+  std::shared_ptr<gpuq::daemon::ServiceNotifier> notifier = gpuq::daemon::make_systemd_notifier();
+  gpuq::daemon::SupervisorOptions options{std::move(*config),
+                                          gpuq::resolve_daemon_runtime_dir(runtime_dir),
+                                          find_worker(), notifier, std::move(*hooks)};
   gpuq::daemon::Supervisor supervisor(std::move(options));
   if (auto r = supervisor.start(); !r) {
     GPUQ_LOG_ERROR("cannot start: %s", r.error().to_string().c_str());
+    notifier->status("cannot start: " + r.error().to_string());
     return 1;
   }
   return supervisor.run();

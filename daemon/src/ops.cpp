@@ -2,7 +2,9 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/crc32c.hpp"
@@ -14,6 +16,13 @@ Result<OpOutput> op_noop(const OpContext&) {
   return OpOutput{};
 }
 
+// Work on large buffers is done in chunks of this size, with a look at the cancel flag between.
+constexpr uint64_t kChunkBytes = 1 << 20;
+
+Error cancelled_error(const char* op) {
+  return Error(ErrorCode::kCancelled, std::string(op) + ": cancelled while running");
+}
+
 // Copies the input to the output. output_capacity must be >= input_bytes.
 Result<OpOutput> op_echo(const OpContext& c) {
   if (c.output_capacity < c.input_bytes) {
@@ -21,7 +30,18 @@ Result<OpOutput> op_echo(const OpContext& c) {
                  "echo: output buffer holds " + std::to_string(c.output_capacity) +
                      " bytes, input is " + std::to_string(c.input_bytes));
   }
-  if (c.input_bytes > 0) std::memmove(c.output, c.input, c.input_bytes);
+  const bool overlap =
+      c.input_bytes > 0 && c.output < c.input + c.input_bytes && c.input < c.output + c.input_bytes;
+  if (overlap) {
+    std::memmove(c.output, c.input, c.input_bytes);  // one piece: chunks could clobber input
+  } else {
+    for (uint64_t done = 0; done < c.input_bytes; done += kChunkBytes) {
+      if (done > 0 && c.cancel_requested.load(std::memory_order_relaxed) != 0) {
+        return cancelled_error("echo");
+      }
+      std::memcpy(c.output + done, c.input + done, std::min(kChunkBytes, c.input_bytes - done));
+    }
+  }
   return OpOutput{c.input_bytes, c.input_bytes};
 }
 
@@ -34,7 +54,7 @@ Result<OpOutput> op_sleep(const OpContext& c) {
     uint64_t now = monotonic_ns();
     if (now >= end) break;
     if (c.cancel_requested.load(std::memory_order_relaxed) != 0) {
-      return Error(ErrorCode::kCancelled, "sleep: cancelled while running");
+      return cancelled_error("sleep");
     }
     uint64_t step = end - now < 1'000'000 ? end - now : 1'000'000;
     timespec ts{0, static_cast<long>(step)};
@@ -46,7 +66,13 @@ Result<OpOutput> op_sleep(const OpContext& c) {
 // CRC32C of the input into `value`; also written little-endian to the output if it has room
 // for 4 bytes.
 Result<OpOutput> op_checksum(const OpContext& c) {
-  uint32_t crc = crc32c(c.input, c.input_bytes);
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < c.input_bytes; done += kChunkBytes) {
+    if (done > 0 && c.cancel_requested.load(std::memory_order_relaxed) != 0) {
+      return cancelled_error("checksum");
+    }
+    crc = crc32c(c.input + done, std::min(kChunkBytes, c.input_bytes - done), crc);
+  }
   OpOutput out{0, crc};
   if (c.output_capacity >= 4) {
     std::memcpy(c.output, &crc, 4);

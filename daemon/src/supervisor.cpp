@@ -11,6 +11,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -20,10 +21,14 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
+#include "client_messages.hpp"
 #include "gpuq/common/clock.hpp"
+#include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/posix_call.hpp"
 #include "gpuq/common/protocol.hpp"
@@ -38,7 +43,17 @@ namespace {
 using nlohmann::json;
 
 // epoll tags: {kind:8 | id:56}.
-enum class Tag : uint64_t { kListen = 1, kSignal, kTimer, kConnection, kWorkerControl, kWorkerOut };
+enum class Tag : uint64_t {
+  kListen = 1,
+  kSignal,
+  kTimer,
+  kConnection,
+  kClientExit,  // a client's pidfd: the process has exited
+  kWorkerControl,
+  kWorkerOut,
+  kWatchdog,  // the watchdog keep-alive timer (supervisor_service.cpp)
+  kTestHook   // SIGUSR2 with GPUQ_TEST_HOOKS=1 (supervisor_service.cpp)
+};
 uint64_t make_tag(Tag t, uint64_t id) {
   return (static_cast<uint64_t>(t) << 56) | id;
 }
@@ -97,11 +112,21 @@ struct Supervisor::WorkerProc {
   uint64_t ready_since_ns = 0;
   uint64_t respawn_at_ns = 0;
   uint64_t kill_at_ns = 0;
+  // Control messages that did not fit in the worker's socket queue (a Unix datagram queue
+  // holds net.unix.max_dgram_qlen, 10 by default): sent in order as it drains (EPOLLOUT).
+  struct Outgoing {
+    int type;
+    std::string body;
+    UniqueFd fd;  // a dup of the descriptor to pass, or none
+  };
+  std::deque<Outgoing> outbox;
+  bool waiting_writable = false;  // EPOLLOUT registered on `control`
 };
 
 struct Supervisor::Connection {
   uint64_t id = 0;
   UniqueFd fd;
+  UniqueFd pidfd;  // the peer process (pidfd_open), when the kernel has it
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
@@ -160,6 +185,11 @@ Result<void> Supervisor::start() {
   epoll_add(listen_fd_.get(), make_tag(Tag::kListen, 0), EPOLLIN);
   epoll_add(signal_fd_.get(), make_tag(Tag::kSignal, 0), EPOLLIN);
   epoll_add(timer_fd_.get(), make_tag(Tag::kTimer, 0), EPOLLIN);
+  if (auto r = start_service_link(); !r) return r;
+  if (watchdog_fd_.valid()) epoll_add(watchdog_fd_.get(), make_tag(Tag::kWatchdog, 0), EPOLLIN);
+  if (test_hook_fd_.valid()) {
+    epoll_add(test_hook_fd_.get(), make_tag(Tag::kTestHook, 0), EPOLLIN);
+  }
 
   // Workers: pool by pool, each pinned to one of its pool's CPUs in turn.
   const Config& c = options_.config;
@@ -276,6 +306,7 @@ Result<void> Supervisor::create_queue_segment() {
   h.pools_offset = pools_off;
   h.workers_offset = workers_off;
   h.clients_offset = clients_off;
+  queue_ = QueueView(segment_.address());  // takes the array offsets just written
   uint32_t first = 0;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     PoolShm& ps = queue_.pool(p);
@@ -298,6 +329,9 @@ Result<void> Supervisor::create_queue_segment() {
     }
     first += c.pools[p].workers;
   }
+  // From here on this process indexes the segment with this copy of the layout only; clients
+  // can write the segment's own copy (QueueLayout).
+  queue_ = QueueView(segment_.address());
   index_in_use_.assign(c.max_clients, false);
   h.daemon_state.store(static_cast<uint32_t>(DaemonState::kStarting), std::memory_order_release);
 
@@ -347,6 +381,8 @@ void Supervisor::epoll_add(int fd, uint64_t tag, uint32_t events) {
 
 Result<void> Supervisor::spawn_worker(WorkerProc& w) {
   const Config& c = options_.config;
+  // A client may have scribbled over the layout fields; the new worker reads them at start.
+  queue_.restore_shared_layout();
   int sv[2], out[2], err[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
     return GPUQ_SYSTEM_ERROR("socketpair");
@@ -390,6 +426,13 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
   sigemptyset(&empty);
   const char* path = options_.worker_path.c_str();
 
+  // Reset the worker's shared state before fork(), not after: once forked, the worker stores
+  // kReady and busy = 1 itself, and a later store here would overwrite them (the segment would
+  // say "starting" and "idle" for good while the worker serves jobs).
+  WorkerShm& ws = queue_.worker(w.id);
+  ws.busy.store(0, std::memory_order_relaxed);
+  ws.asleep.store(0, std::memory_order_relaxed);
+  ws.state.store(static_cast<uint32_t>(WorkerState::kStarting), std::memory_order_release);
   pid_t pid = ::fork();
   if (pid < 0) return GPUQ_SYSTEM_ERROR("fork");
   if (pid == 0) {
@@ -415,6 +458,8 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
   ::close(out[1]);
   ::close(err[1]);
   w.pid = pid;
+  w.outbox.clear();  // messages for the previous process of this worker
+  w.waiting_writable = false;
   w.control.reset(sv[0]);
   w.out.reset(out[0]);
   w.err.reset(err[0]);
@@ -428,10 +473,8 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
   epoll_add(w.control.get(), make_tag(Tag::kWorkerControl, w.id), EPOLLIN);
   epoll_add(w.out.get(), make_tag(Tag::kWorkerOut, uint64_t{w.id} << 1), EPOLLIN);
   epoll_add(w.err.get(), make_tag(Tag::kWorkerOut, (uint64_t{w.id} << 1) | 1), EPOLLIN);
-  WorkerShm& ws = queue_.worker(w.id);
-  ws.pid.store(pid, std::memory_order_relaxed);
-  ws.busy.store(0, std::memory_order_relaxed);
-  ws.state.store(static_cast<uint32_t>(WorkerState::kStarting), std::memory_order_release);
+  // Its own pid, the same value the worker stores (the rest was reset before fork()).
+  queue_.worker(w.id).pid.store(pid, std::memory_order_relaxed);
   // Hand the new worker every current client's segment (read before it reports ready).
   for (auto& [id, conn] : connections_) {
     if (!conn->registered) continue;
@@ -451,16 +494,45 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
 
 void Supervisor::send_to_worker(WorkerProc& w, int type, const std::string& body, int fd) {
   if (!w.control.valid()) return;
-  std::vector<int> fds;
-  if (fd >= 0) fds.push_back(fd);
-  // The control socket is non-blocking; messages are small and few, so a full buffer means the
-  // worker is wedged. It is then treated as dead on its next exit or restart.
-  if (auto r = send_message(w.control.get(), static_cast<MessageType>(type), body, fds); !r) {
-    GPUQ_LOG_WARN("cannot send to worker %u: %s", w.id, r.error().to_string().c_str());
-    return;
+  WorkerProc::Outgoing m{type, body, {}};
+  if (fd >= 0) {
+    m.fd.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (!m.fd.valid()) {
+      GPUQ_LOG_ERROR("cannot queue a message for worker %u: dup: %s", w.id, std::strerror(errno));
+      return;
+    }
   }
-  queue_.worker(w.id).control_seq.fetch_add(1, std::memory_order_release);
-  queue_.worker(w.id).wake.notify_all();
+  w.outbox.push_back(std::move(m));
+  flush_outbox(w);
+}
+
+// Sends queued control messages in order until the worker's queue is full (then waits for
+// EPOLLOUT) or the outbox is empty. Each message sent bumps control_seq and wakes the worker.
+void Supervisor::flush_outbox(WorkerProc& w) {
+  while (!w.outbox.empty() && w.control.valid()) {
+    WorkerProc::Outgoing& m = w.outbox.front();
+    std::vector<int> fds;
+    if (m.fd.valid()) fds.push_back(m.fd.get());
+    auto r = send_message(w.control.get(), static_cast<MessageType>(m.type), m.body, fds);
+    if (!r && r.error().code() == ErrorCode::kTimeout) break;  // full: EPOLLOUT resumes
+    if (!r) {
+      GPUQ_LOG_WARN("cannot send to worker %u: %s", w.id, r.error().to_string().c_str());
+      w.outbox.clear();  // its exit (SIGCHLD) follows
+      break;
+    }
+    w.outbox.pop_front();
+    queue_.worker(w.id).control_seq.fetch_add(1, std::memory_order_release);
+    queue_.worker(w.id).wake.notify_all();
+  }
+  if (!w.control.valid()) return;
+  const bool want_out = !w.outbox.empty();
+  if (want_out != w.waiting_writable) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | (want_out ? EPOLLOUT : 0u);
+    ev.data.u64 = make_tag(Tag::kWorkerControl, w.id);
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, w.control.get(), &ev);
+    w.waiting_writable = want_out;
+  }
 }
 
 void Supervisor::send_to_workers(int type, const std::string& body, int fd) {
@@ -469,12 +541,15 @@ void Supervisor::send_to_workers(int type, const std::string& body, int fd) {
 
 void Supervisor::on_worker_control(uint32_t worker_id) {
   WorkerProc& w = *workers_[worker_id];
+  flush_outbox(w);  // EPOLLOUT, or room made while reading
   for (;;) {
     auto m = receive_message(w.control.get());
     if (!m) {
       if (m.error().code() != ErrorCode::kTimeout) {
         epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, w.control.get(), nullptr);
         w.control.reset();  // the exit itself arrives as SIGCHLD
+        w.outbox.clear();
+        w.waiting_writable = false;
       }
       return;
     }
@@ -529,6 +604,7 @@ void Supervisor::fail_running_jobs(const WorkerProc& w, const std::string& why) 
       uint64_t word = slot.state.load(std::memory_order_acquire);
       SlotWord sw = SlotWord::unpack(word);
       if (sw.state != JobState::kRunning || sw.worker_plus_one != w.id + 1) continue;
+      if (retry_job(*conn, s, slot, word, why)) continue;
       JobOutcome out{};
       out.code = static_cast<int32_t>(ErrorCode::kWorkerDied);
       out.worker_id = w.id;
@@ -542,6 +618,43 @@ void Supervisor::fail_running_jobs(const WorkerProc& w, const std::string& why) 
       }
     }
   }
+}
+
+// A retryable job whose worker died: back to SUBMITTED (same generation) and into its pool's
+// ring, once. The count is kept here, not in the client's segment, which the client could
+// rewrite to retry a job that kills every worker forever. False if the job is not retryable,
+// was retried already, or there is no room; the caller then fails it.
+bool Supervisor::retry_job(Connection& conn, uint32_t s, JobSlot& slot, uint64_t running_word,
+                           const std::string& why) {
+  const SlotWord sw = SlotWord::unpack(running_word);
+  const uint32_t pool = slot.desc.pool_id;
+  if ((slot.desc.flags & kJobFlagRetryable) == 0 || pool >= options_.config.pools.size()) {
+    return false;
+  }
+  const auto key = std::make_tuple(conn.session, s, sw.generation);
+  if (retried_.count(key) != 0) {
+    GPUQ_LOG_WARN("job %u/%u is retryable but was retried once already: failing it", conn.index, s);
+    return false;
+  }
+  const SlotWord queued_again{sw.generation, JobState::kSubmitted, 0};
+  if (!slot.state.compare_exchange_strong(running_word, queued_again.pack(),
+                                          std::memory_order_acq_rel)) {
+    return false;
+  }
+  std::atomic<uint32_t>& held = queue_.client(conn.index).queued[pool];
+  held.fetch_add(1, std::memory_order_relaxed);  // the pop that takes it decrements it
+  if (!queue_.ring(pool).try_push(JobRef{conn.index, s, sw.generation}.pack())) {
+    held.fetch_sub(1, std::memory_order_relaxed);
+    // Put it back as it was, for the caller to fail.
+    uint64_t expected = queued_again.pack();
+    slot.state.compare_exchange_strong(expected, running_word, std::memory_order_acq_rel);
+    GPUQ_LOG_WARN("cannot retry job %u/%u: the ring of pool %u is full", conn.index, s, pool);
+    return false;
+  }
+  retried_.insert(key);
+  queue_.wake_worker(pool);
+  GPUQ_LOG_WARN("retrying job %u/%u (retryable): %s", conn.index, s, why.c_str());
+  return true;
 }
 
 // A worker killed between popping a job's reference and claiming the slot took the reference
@@ -568,7 +681,9 @@ void Supervisor::requeue_lost_jobs(uint32_t pool) {
         GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn->index, s);
         queue_.wake_worker(pool);
       } else {
-        GPUQ_LOG_ERROR("cannot requeue job %u/%u: ring full", conn->index, s);
+        // Not lost: tried again on every timer tick until there is room.
+        GPUQ_LOG_WARN("cannot requeue job %u/%u yet: ring full; retrying", conn->index, s);
+        requeue_pending_ |= 1u << pool;
       }
     }
   }
@@ -586,6 +701,8 @@ void Supervisor::on_worker_exit(pid_t pid, int status) {
     if (fd->valid()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd->get(), nullptr);
     fd->reset();
   }
+  w.outbox.clear();
+  w.waiting_writable = false;
   const std::string how = describe_exit(status);
   fail_running_jobs(w, "worker " + std::to_string(w.id) + " (pid " + std::to_string(pid) + ") " +
                            how + " while running this job");
@@ -683,7 +800,17 @@ void Supervisor::on_accept() {
       continue;  // conn closes the socket
     }
     conn->id = next_conn_id_++;
+    GPUQ_FAULT_POINT("supervisor.client_accepted");
     epoll_add(fd, make_tag(Tag::kConnection, conn->id), EPOLLIN | EPOLLRDHUP);
+    // The socket alone misses a client whose children inherited it (fork, exec): they keep
+    // it open after the client itself has died. Its pidfd becomes readable when it exits.
+    if (int pfd = static_cast<int>(::syscall(SYS_pidfd_open, cred.pid, 0)); pfd >= 0) {
+      conn->pidfd.reset(pfd);
+      epoll_add(pfd, make_tag(Tag::kClientExit, conn->id), EPOLLIN);
+    } else if (errno != ENOSYS) {
+      GPUQ_LOG_WARN("pidfd_open(%d): %s; the client's exit is seen when its socket closes",
+                    cred.pid, std::strerror(errno));
+    }
     connections_.emplace(conn->id, std::move(conn));
   }
 }
@@ -755,32 +882,10 @@ bool Supervisor::client_index_free(uint32_t index) const {
 Result<void> Supervisor::register_client(Connection& conn, const std::string& body) {
   const Config& c = options_.config;
   if (draining_) return Error(ErrorCode::kShuttingDown, "the daemon is draining");
-  uint64_t arena = c.client_segment_bytes;
-  try {
-    json j = json::parse(body);
-    if (!j.is_object()) throw std::runtime_error("body is not a JSON object");
-    if (j.contains("name")) {
-      if (!j["name"].is_string() || j["name"].get<std::string>().size() > 64) {
-        return Error(ErrorCode::kInvalidArgument,
-                     "Hello.name must be a string of at most 64 bytes");
-      }
-      conn.name = j["name"].get<std::string>();
-    }
-    if (j.contains("arena_bytes")) {
-      if (!j["arena_bytes"].is_number_unsigned()) {
-        return Error(ErrorCode::kInvalidArgument, "Hello.arena_bytes must be a positive integer");
-      }
-      uint64_t a = j["arena_bytes"].get<uint64_t>();
-      if (a > c.max_client_segment_bytes) {
-        return Error(ErrorCode::kInvalidArgument, "Hello.arena_bytes " + std::to_string(a) +
-                                                      " exceeds max_client_segment_bytes " +
-                                                      std::to_string(c.max_client_segment_bytes));
-      }
-      if (a != 0) arena = a;
-    }
-  } catch (const std::exception& e) {
-    return Error(ErrorCode::kInvalidArgument, std::string("Hello body: ") + e.what());
-  }
+  auto hello = parse_hello(body, c.max_client_segment_bytes);
+  if (!hello) return hello.error();
+  conn.name = std::move(hello->name);
+  const uint64_t arena = hello->arena_bytes != 0 ? hello->arena_bytes : c.client_segment_bytes;
   if (registered_clients_ >= c.max_clients) {
     return Error(ErrorCode::kTooManyClients, "the daemon already serves max_clients = " +
                                                  std::to_string(c.max_clients) + " clients");
@@ -861,7 +966,15 @@ Result<void> Supervisor::register_client(Connection& conn, const std::string& bo
   return {};
 }
 
+void Supervisor::on_client_exit(uint64_t conn_id) {
+  auto it = connections_.find(conn_id);
+  if (it == connections_.end()) return;
+  GPUQ_LOG_INFO("client pid %d has exited", it->second->pid);
+  close_connection(conn_id);
+}
+
 void Supervisor::unregister_client(Connection& conn) {
+  GPUQ_FAULT_POINT("supervisor.client_unregistering");
   ClientSegmentView view(conn.segment.address(), conn.geometry, conn.slot_count);
   // Jobs still queued will never be read: cancel them (a worker that pops one skips it).
   for (uint32_t s = 0; s < conn.slot_count; ++s) {
@@ -877,6 +990,7 @@ void Supervisor::unregister_client(Connection& conn) {
   for (uint32_t p = 0; p < options_.config.pools.size(); ++p) {
     submitted_by_departed_[p] += cs.submitted[p].load(std::memory_order_relaxed);
   }
+  std::erase_if(retried_, [&](const auto& key) { return std::get<0>(key) == conn.session; });
   cs.session.store(0, std::memory_order_release);
   cs.submitting.store(0, std::memory_order_relaxed);
   json j{{"client", conn.index}, {"session", conn.session}};
@@ -927,16 +1041,26 @@ int Supervisor::run() {
         case Tag::kConnection:
           on_connection(tag_id(tag), events[i].events);
           break;
+        case Tag::kClientExit:
+          on_client_exit(tag_id(tag));
+          break;
         case Tag::kWorkerControl:
           on_worker_control(static_cast<uint32_t>(tag_id(tag)));
           break;
         case Tag::kWorkerOut:
           on_worker_output(static_cast<uint32_t>(tag_id(tag)));
           break;
+        case Tag::kWatchdog:
+          on_watchdog_timer();
+          break;
+        case Tag::kTestHook:
+          on_test_hook_signal();
+          break;
       }
     }
     if (draining_) check_drain();
     update_timer();
+    update_service_state();
   }
   cleanup();
   GPUQ_LOG_INFO("stopped");
@@ -946,7 +1070,7 @@ int Supervisor::run() {
 // The periodic tick runs only while something is timed: a respawn or kill deadline, a drain,
 // or a client index waiting for the rings to pass it. An idle daemon does not wake at all.
 void Supervisor::update_timer() {
-  bool needed = draining_ || !retired_.empty();
+  bool needed = draining_ || !retired_.empty() || requeue_pending_ != 0;
   for (const auto& w : workers_) {
     if (w->state == WorkerState::kRestarting || w->kill_at_ns != 0) needed = true;
   }
@@ -980,6 +1104,12 @@ void Supervisor::on_timer() {
   ssize_t ignored = ::read(timer_fd_.get(), &expirations, sizeof expirations);
   (void)ignored;
   const uint64_t now = monotonic_ns();
+  // Jobs a dead worker took that found no room in a full ring: try again each tick.
+  if (const uint32_t pending = std::exchange(requeue_pending_, 0); pending != 0) {
+    for (uint32_t p = 0; p < options_.config.pools.size(); ++p) {
+      if ((pending & (1u << p)) != 0) requeue_lost_jobs(p);
+    }
+  }
   for (auto& w : workers_) {
     if (w->state == WorkerState::kRestarting && !workers_stopping_ && now >= w->respawn_at_ns) {
       if (auto r = spawn_worker(*w); !r) {
@@ -1007,6 +1137,7 @@ void Supervisor::begin_drain(const char* reason) {
   draining_ = true;
   drain_deadline_ns_ = monotonic_ns() + uint64_t{options_.config.drain_timeout_ms} * 1'000'000;
   GPUQ_LOG_INFO("draining (%s): no new jobs; finishing queued and running ones", reason);
+  notify_stopping(reason);
   queue_.header().daemon_state.store(static_cast<uint32_t>(DaemonState::kDraining),
                                      std::memory_order_seq_cst);
   for (uint32_t p = 0; p < options_.config.pools.size(); ++p) {
@@ -1071,7 +1202,10 @@ std::string Supervisor::status_json() const {
   s["state"] = draining_ ? "draining" : "running";
   s["runtime_dir"] = options_.runtime_dir;
   s["clients"] = registered_clients_;
+  // Indexes of departed clients whose last ring entries have not all been popped yet.
+  s["client_indexes_retiring"] = retired_.size();
   s["pools"] = json::array();
+  bool all_pools_serving = true;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     const PoolShm& ps = queue_.pool(p);
     json pool{{"name", c.pools[p].name},
@@ -1082,7 +1216,8 @@ std::string Supervisor::status_json() const {
               {"client_share", ps.client_share},
               {"accepting", ps.accepting.load() != 0},
               {"jobs_submitted", jobs_submitted(p)},
-              {"jobs_completed", jobs_completed(p)}};
+              {"jobs_completed", jobs_completed(p)},
+              {"cells_held", cells_held(p)}};
     uint32_t ready = 0, total = 0;
     pool["workers"] = json::array();
     for (const auto& w : workers_) {
@@ -1105,9 +1240,41 @@ std::string Supervisor::status_json() const {
     pool["reason"] = ready == total ? ""
                                     : std::to_string(total - ready) + " of " +
                                           std::to_string(total) + " workers not ready";
+    if (ready == 0) all_pools_serving = false;
     s["pools"].push_back(pool);
   }
+  // Ready: accepting jobs, and every pool has at least one live, ready worker. A readiness
+  // probe (gpuqctl ready) answers from this.
+  s["ready"] = !draining_ && all_pools_serving;
   return s.dump();
+}
+
+// Ring cells of pool `p` that live clients hold by their own count (`ClientShm::queued`): 0
+// when idle. A count that stays above the ring's depth means the accounting leaked.
+uint64_t Supervisor::cells_held(uint32_t p) const {
+  uint64_t n = 0;
+  for (const auto& [id, conn] : connections_) {
+    if (conn->registered) n += queue_.client(conn->index).queued[p].load();
+  }
+  return n;
+}
+
+// Each pool's workers by state, for the service manager's READY=1 and STATUS= lines.
+std::vector<Supervisor::PoolHealth> Supervisor::pool_health() const {
+  const Config& c = options_.config;
+  std::vector<PoolHealth> pools(c.pools.size());
+  for (uint32_t p = 0; p < c.pools.size(); ++p) {
+    pools[p].name = c.pools[p].name;
+    pools[p].capacity = queue_.pool(p).capacity;
+  }
+  for (const auto& w : workers_) {
+    PoolHealth& h = pools[w->pool];
+    ++h.total;
+    if (w->state == WorkerState::kReady) ++h.ready;
+    if (w->state == WorkerState::kFailed) ++h.failed;
+    if (w->state == WorkerState::kStarting || w->state == WorkerState::kRestarting) ++h.settling;
+  }
+  return pools;
 }
 
 // Jobs pushed to pool `p`: by clients that have left, plus the live clients' own counters.

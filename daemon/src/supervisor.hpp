@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "config.hpp"
@@ -19,6 +21,8 @@
 #include "gpuq/common/shm_layout.hpp"
 #include "gpuq/common/unique_fd.hpp"
 #include "gpuq/error.hpp"
+#include "service_notifier.hpp"
+#include "test_hooks.hpp"
 
 namespace gpuq::daemon {
 
@@ -26,6 +30,9 @@ struct SupervisorOptions {
   Config config;
   std::string runtime_dir;  // already resolved
   std::string worker_path;  // the gpuq-worker executable
+  // The service manager link (READY=1, STATUS=, STOPPING=1, WATCHDOG=1); null: none.
+  std::shared_ptr<ServiceNotifier> notifier;
+  TestHooks test_hooks;  // off unless GPUQ_TEST_HOOKS=1 (test_hooks.hpp)
 };
 
 class Supervisor {
@@ -52,6 +59,7 @@ class Supervisor {
   void on_timer();
   void on_accept();
   void on_connection(uint64_t conn_id, uint32_t events);
+  void on_client_exit(uint64_t conn_id);
   void on_worker_control(uint32_t worker_id);
   // `tag` is {worker id << 1 | 1 for stderr}.
   void on_worker_output(uint32_t tag);
@@ -68,8 +76,11 @@ class Supervisor {
   Result<void> spawn_worker(WorkerProc& w);
   void on_worker_exit(pid_t pid, int status);
   void fail_running_jobs(const WorkerProc& w, const std::string& why);
+  bool retry_job(Connection& conn, uint32_t slot_index, JobSlot& slot, uint64_t running_word,
+                 const std::string& why);
   void requeue_lost_jobs(uint32_t pool);
   void send_to_workers(int type, const std::string& body, int fd);
+  void flush_outbox(WorkerProc& w);
   void send_to_worker(WorkerProc& w, int type, const std::string& body, int fd);
 
   // Drain and status.
@@ -77,8 +88,23 @@ class Supervisor {
   void begin_drain(const char* reason);
   void check_drain();
   std::string status_json() const;
+  uint64_t cells_held(uint32_t pool) const;
   uint64_t jobs_submitted(uint32_t pool) const;
   uint64_t jobs_completed(uint32_t pool) const;
+
+  // The service manager link (supervisor_service.cpp, docs/service.md).
+  struct PoolHealth {
+    std::string name;
+    uint32_t ready = 0, failed = 0, settling = 0, total = 0;  // settling: starting/restarting
+    uint32_t capacity = 0;
+  };
+  std::vector<PoolHealth> pool_health() const;
+  static std::string pools_summary(const std::vector<PoolHealth>& pools);
+  Result<void> start_service_link();
+  void update_service_state();
+  void notify_stopping(const char* reason);
+  void on_watchdog_timer();
+  void on_test_hook_signal();
 
   Result<void> create_runtime_dir();
   Result<void> create_queue_segment();
@@ -108,6 +134,13 @@ class Supervisor {
   bool done_ = false;
   bool timer_armed_ = false;
   uint64_t submitted_by_departed_[kMaxPools] = {};
+  // Retryable jobs already run again after a worker death: {client session, slot, generation}.
+  std::set<std::tuple<uint64_t, uint32_t, uint32_t>> retried_;
+  // Pools (bit p) with a job a dead worker took that did not fit back into the full ring yet.
+  uint32_t requeue_pending_ = 0;
+  UniqueFd watchdog_fd_, test_hook_fd_;
+  bool ready_notified_ = false;
+  std::string last_service_status_;
 };
 
 }  // namespace gpuq::daemon

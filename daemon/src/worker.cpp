@@ -1,6 +1,7 @@
 #include "worker.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -14,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "client_messages.hpp"
 #include "gpuq/common/clock.hpp"
+#include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/shm.hpp"
@@ -25,6 +28,8 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr uint64_t kIdleRecheckNs = 1'000'000'000;
+// Longest wait for the MapClient of a live client whose job this worker popped.
+constexpr uint64_t kMapWaitNs = 500'000'000;
 // The part of the idle spin during which this worker counts as `spinning` (see loop()).
 constexpr uint64_t kSpinningNs = kSpinPauseOnlyNs;
 
@@ -45,15 +50,20 @@ class Worker {
       return 1;
     }
     segment_ = std::move(*seg);
-    queue_ = QueueView(segment_.address());
-    const QueueHeader& h = queue_.header();
-    if (h.magic != kQueueMagic || h.layout_version != kLayoutVersion ||
-        options_.worker_id >= h.worker_count || options_.pool_id >= h.pool_count) {
-      GPUQ_LOG_ERROR("queue segment '%s' does not match this worker (layout %u)",
-                     options_.queue_segment.c_str(), h.layout_version);
+    auto view = QueueView::attach(segment_.address(), segment_.size());
+    if (!view) {
+      GPUQ_LOG_ERROR("queue segment '%s': %s", options_.queue_segment.c_str(),
+                     view.error().message().c_str());
       return 1;
     }
-    clients_.resize(h.max_clients);
+    queue_ = *view;
+    const QueueLayout& l = queue_.layout();
+    if (options_.worker_id >= l.worker_count || options_.pool_id >= l.pool_count) {
+      GPUQ_LOG_ERROR("queue segment '%s' does not match this worker (worker %u, pool %u)",
+                     options_.queue_segment.c_str(), options_.worker_id, options_.pool_id);
+      return 1;
+    }
+    clients_.resize(l.max_clients);
     pool_ = &queue_.pool(options_.pool_id);
     self_ = &queue_.worker(options_.worker_id);
     ring_ = queue_.ring(options_.pool_id);
@@ -82,6 +92,7 @@ class Worker {
       }
       uint32_t value;
       if (ring_.try_pop(&value)) {
+        GPUQ_FAULT_POINT("worker.popped");
         handle(value);
         continue;
       }
@@ -133,31 +144,34 @@ class Worker {
         stopping_ = true;
         continue;
       }
-      try {
-        auto j = nlohmann::json::parse(m->body);
-        uint32_t index = j.at("client").get<uint32_t>();
-        if (index >= clients_.size()) continue;
-        if (m->type == MessageType::kMapClient && !m->fds.empty()) {
-          ClientSegmentGeometry g{
-              j.at("slots_offset").get<uint64_t>(), j.at("arena_offset").get<uint64_t>(),
-              j.at("arena_bytes").get<uint64_t>(), j.at("segment_bytes").get<uint64_t>()};
-          uint32_t slots = j.at("slot_count").get<uint32_t>();
-          auto seg = MemfdSegment::map(std::move(m->fds[0]), g.segment_bytes);
-          if (!seg) {
-            GPUQ_LOG_ERROR("cannot map client %u: %s", index, seg.error().to_string().c_str());
-            continue;
-          }
-          auto& mc = clients_[index].emplace();
-          mc.session = j.at("session").get<uint64_t>();
-          mc.segment = std::move(*seg);
-          mc.view = ClientSegmentView(mc.segment.address(), g, slots);
-        } else if (m->type == MessageType::kUnmapClient) {
-          if (clients_[index] && clients_[index]->session == j.at("session").get<uint64_t>()) {
-            clients_[index].reset();
-          }
+      if (m->type == MessageType::kMapClient && !m->fds.empty()) {
+        auto map = parse_map_client(m->body);
+        if (!map) {
+          GPUQ_LOG_ERROR("bad control message from the supervisor: %s",
+                         map.error().to_string().c_str());
+          continue;
         }
-      } catch (const std::exception& e) {
-        GPUQ_LOG_ERROR("bad control message from the supervisor: %s", e.what());
+        if (map->client >= clients_.size()) continue;
+        auto seg = MemfdSegment::map(std::move(m->fds[0]), map->geometry.segment_bytes);
+        if (!seg) {
+          GPUQ_LOG_ERROR("cannot map client %u: %s", map->client, seg.error().to_string().c_str());
+          continue;
+        }
+        auto& mc = clients_[map->client].emplace();
+        mc.session = map->session;
+        mc.segment = std::move(*seg);
+        mc.view = ClientSegmentView(mc.segment.address(), map->geometry, map->slot_count);
+      } else if (m->type == MessageType::kUnmapClient) {
+        auto unmap = parse_unmap_client(m->body);
+        if (!unmap) {
+          GPUQ_LOG_ERROR("bad control message from the supervisor: %s",
+                         unmap.error().to_string().c_str());
+          continue;
+        }
+        if (unmap->client < clients_.size() && clients_[unmap->client] &&
+            clients_[unmap->client]->session == unmap->session) {
+          clients_[unmap->client].reset();
+        }
       }
     }
   }
@@ -171,6 +185,7 @@ class Worker {
       seen_control_ = self_->control_seq.load(std::memory_order_acquire);
       drain_control();
     }
+    if (ref.client < clients_.size() && !clients_[ref.client]) wait_for_map(ref.client);
     if (ref.client >= clients_.size() || !clients_[ref.client]) {
       pool_->space.notify_all();
       return;  // an entry of a client that has gone, or a forged one
@@ -201,12 +216,13 @@ class Worker {
                                             std::memory_order_acquire)) {
       return;  // the client cancelled it first
     }
+    GPUQ_FAULT_POINT("worker.claimed");
     self_->busy.store(1, std::memory_order_relaxed);
     // One copy, validated once (no re-reads): the fixed fields, then only the params in use.
+    // params_bytes stays as the client wrote it, so that validation rejects one over the limit.
     JobDescriptor d;
     std::memcpy(&d, &slot.desc, offsetof(JobDescriptor, params));
-    d.params_bytes = std::min<uint32_t>(d.params_bytes, kMaxParamBytes);
-    std::memcpy(d.params, slot.desc.params, d.params_bytes);
+    std::memcpy(d.params, slot.desc.params, std::min<uint32_t>(d.params_bytes, kMaxParamBytes));
     JobOutcome out{};
     out.worker_id = options_.worker_id;
     out.started_ns = monotonic_ns();
@@ -226,6 +242,7 @@ class Worker {
                     v->output_capacity,
                     v->params,
                     slot.cancel_requested};
+      GPUQ_FAULT_POINT("worker.running");
       auto r = v->op->run(ctx);
       if (r) {
         out.output_bytes = r->output_bytes;
@@ -239,8 +256,10 @@ class Worker {
     out.finished_ns = monotonic_ns();
     if (out.code != 0) set_slot_message(slot, error_message_.c_str());
     std::memcpy(&slot.outcome, &out, sizeof out);
+    GPUQ_FAULT_POINT("worker.before_complete");
     const SlotWord done{sw.generation, final_state, options_.worker_id + 1};
     slot.state.store(done.pack(), std::memory_order_release);
+    GPUQ_FAULT_POINT("worker.completed");
     // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
     // pinned to its own CPU): give it the core now instead of spinning in front of it.
     if (slot.done.notify_all()) sched_yield();
@@ -249,6 +268,27 @@ class Worker {
       self_->jobs_done.fetch_add(1, std::memory_order_relaxed);
     } else {
       self_->jobs_failed.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
+  // A job of a client this worker has not mapped, whose index a live client holds: its
+  // MapClient is on the way (a worker that has just started gets one per client, more than its
+  // socket queue holds at once; the supervisor sends the rest as it drains). Waits for it,
+  // for a bounded time: the `session` word is in shared memory, and a forged reference must
+  // not stall a worker for long.
+  void wait_for_map(uint32_t client) {
+    const uint64_t deadline = monotonic_ns() + kMapWaitNs;
+    while (!clients_[client] && queue_.client(client).session.load() != 0) {
+      const uint64_t now = monotonic_ns();
+      if (now >= deadline) {
+        GPUQ_LOG_WARN("client %u holds an index but was never mapped here: dropping its job",
+                      client);
+        return;
+      }
+      pollfd p{options_.control_fd, POLLIN, 0};
+      ::poll(&p, 1, static_cast<int>(std::min<uint64_t>((deadline - now) / 1'000'000 + 1, 50)));
+      seen_control_ = self_->control_seq.load(std::memory_order_acquire);
+      if (!drain_control()) return;
     }
   }
 

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "gpuq/common/log.hpp"
+#include "test_hooks.hpp"
 #include "worker.hpp"
 
 namespace {
@@ -55,5 +56,6 @@ int main(int argc, char** argv) {
   static char name[32];
   std::snprintf(name, sizeof name, "gpuq-worker[%u]", o.worker_id);
   gpuq::log_init(name, gpuq::LogLevel::kInfo);
+  if (int status = gpuq::daemon::run_worker_test_hooks(o.worker_id); status >= 0) return status;
   return gpuq::daemon::run_worker(o);
 }

@@ -152,12 +152,22 @@ gpuq_buffer_t to_c(const gpuq::Buffer& b) {
 }
 
 // Fills `out` from `spec`, or returns the InvalidArgument status that names the bad field.
+static_assert(offsetof(gpuq_job_spec_t, flags) == (GPUQ_JOB_SPEC_VERSION1 & 0xFFFFFFu),
+              "revision 1 of gpuq_job_spec_t must be the prefix before `flags`");
+
 gpuq_status_t to_cpp(const gpuq_job_spec_t& spec, gpuq::JobSpec& out) {
   gpuq_status_t status = GPUQ_OK;
-  if (!check_version(spec.version, GPUQ_JOB_SPEC_VERSION, "gpuq_job_spec_t",
-                     "GPUQ_JOB_SPEC_VERSION", status)) {
+  const bool revision1 = spec.version == GPUQ_JOB_SPEC_VERSION1;
+  if (!revision1 && !check_version(spec.version, GPUQ_JOB_SPEC_VERSION, "gpuq_job_spec_t",
+                                   "GPUQ_JOB_SPEC_VERSION", status)) {
     return status;
   }
+  const uint32_t flags = revision1 ? 0 : spec.flags;  // a revision-1 struct has no `flags`
+  if ((flags & ~GPUQ_JOB_RETRYABLE) != 0) {
+    return invalid("gpuq_job_spec_t.flags has unknown bits " + std::to_string(flags) +
+                   " (known: GPUQ_JOB_RETRYABLE)");
+  }
+  out.retryable = (flags & GPUQ_JOB_RETRYABLE) != 0;
   if (spec.op == nullptr) return invalid("gpuq_job_spec_t.op is NULL");
   out.op = spec.op;
   out.pool = text_or_empty(spec.pool);
@@ -255,6 +265,14 @@ gpuq_status_t gpuq_connect(const gpuq_connect_options_t* options, gpuq_client_t*
 gpuq_status_t gpuq_disconnect(gpuq_client_t* client) {
   return guarded(__func__, [&]() -> gpuq_status_t {
     delete client;
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_reconnect(gpuq_client_t* client) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (client == nullptr) return invalid("client is NULL");
+    if (auto r = client->client.reconnect(); !r) return fail(r.error());
     return GPUQ_OK;
   });
 }

@@ -19,6 +19,7 @@
 
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/event_count.hpp"
+#include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/params.hpp"
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/runtime_dir.hpp"
@@ -146,7 +147,13 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                  "the daemon (epoch " + std::to_string(epoch_) + ") has gone; reconnect");
   }
 
+  const ConnectOptions& options() const noexcept { return options_; }
+
+  // Makes every later call on this connection (and on its Jobs) fail with Disconnected.
+  void mark_disconnected() noexcept { disconnected_.store(true, std::memory_order_relaxed); }
+
   Result<void> connect(const ConnectOptions& options) {
+    options_ = options;
     fork_generation_ = g_fork_generation.load(std::memory_order_relaxed);
     spin_ns_ = options.spin.count() < 0 ? 0 : static_cast<uint64_t>(options.spin.count());
     auto fd = connect_socket(options.runtime_dir);
@@ -190,10 +197,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       auto qs = QueueSegment::open(w.at("queue_segment").get<std::string>());
       if (!qs) return qs.error();
       queue_segment_ = std::move(*qs);
-      queue_ = QueueView(queue_segment_.address());
+      auto view = QueueView::attach(queue_segment_.address(), queue_segment_.size());
+      if (!view) return view.error();
+      queue_ = *view;
       const QueueHeader& h = queue_.header();
-      if (h.magic != kQueueMagic || h.layout_version != kLayoutVersion || h.epoch != epoch_ ||
-          index_ >= h.max_clients || slot_count_ > kMaxSlotsPerClient || pools_.empty()) {
+      if (h.epoch != epoch_ || index_ >= queue_.layout().max_clients ||
+          slot_count_ > kMaxSlotsPerClient || pools_.empty() ||
+          std::any_of(pools_.begin(), pools_.end(),
+                      [&](const Pool& p) { return p.id >= queue_.layout().pool_count; })) {
         return Error(ErrorCode::kProtocolMismatch,
                      "the daemon's queue segment does not match its handshake");
       }
@@ -353,12 +364,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     auto acquired = acquire_slot();
     if (!acquired) return acquired.error();
     const auto [s, generation] = *acquired;
+    GPUQ_FAULT_POINT("client.submit.slot_acquired");
     JobSlot& js = slot(s);
     JobDescriptor& d = js.desc;
     d.op_id = op->second;
     d.pool_id = pool->id;
-    d.flags = 0;
+    d.flags = spec.retryable ? kJobFlagRetryable : 0;
     d.params_bytes = static_cast<uint32_t>(params.size());
+    GPUQ_FAULT_POINT("client.submit.mid_descriptor");
     d.input_offset = spec.input.offset;
     d.input_bytes = spec.input.size;
     d.output_offset = spec.output.offset;
@@ -369,6 +382,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                         : d.submit_ns + static_cast<uint64_t>(spec.expire_after.count());
     if (params.size() > 0) std::memcpy(d.params, params.data(), params.size());
     js.state.store(SlotWord{generation, JobState::kSubmitted, 0}.pack(), std::memory_order_release);
+    GPUQ_FAULT_POINT("client.submit.before_push");
 
     const uint32_t ref = JobRef{index_, s, generation}.pack();
     PoolShm& ps = queue_.pool(pool->id);
@@ -382,6 +396,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     // This client's own counter (its own cache line); only this client writes it.
     std::atomic<uint64_t>& submitted = cs.submitted[pool->id];
     submitted.store(submitted.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    GPUQ_FAULT_POINT("client.submit.after_push");
     queue_.wake_worker(pool->id);
     return Job(shared_from_this(), s, generation);
   }
@@ -459,14 +474,22 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     };
     if (!spin_until(finished, spin_ns_)) {
       const uint64_t deadline = deadline_after_ns(timeout_ns);
+      // The job's own deadline fires here whether or not a worker is free: a job still queued
+      // at its deadline is expired by its waiter, as the worker would if it popped it.
+      const uint64_t job_deadline = js.desc.deadline_ns;
       for (;;) {
         EventCount::Key key = js.done.prepare_wait();
+        GPUQ_FAULT_POINT("client.wait.sleeping");
         if (finished()) {
           js.done.cancel_wait();
           break;
         }
         const uint64_t now = monotonic_ns();
-        js.done.wait(key, std::min(deadline, now + kLivenessCheckNs));
+        if (now >= job_deadline && expire_if_queued(js, generation)) {
+          js.done.cancel_wait();
+          break;
+        }
+        js.done.wait(key, std::min({deadline, now + kLivenessCheckNs, job_deadline}));
         if (finished()) break;
         if (!daemon_alive()) return disconnected_error();
         if (monotonic_ns() >= deadline) {
@@ -512,9 +535,13 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     return r;
   }
 
-  Result<JobStatus> poll(uint32_t s) const {
+  Result<JobStatus> poll(uint32_t s, uint32_t generation) {
     if (forked()) return forked_error();
-    switch (SlotWord::unpack(slot(s).state.load(std::memory_order_acquire)).state) {
+    JobSlot& js = slot(s);
+    if (js.desc.deadline_ns != kNoDeadline && monotonic_ns() >= js.desc.deadline_ns) {
+      expire_if_queued(js, generation);
+    }
+    switch (SlotWord::unpack(js.state.load(std::memory_order_acquire)).state) {
       case JobState::kSubmitted:
         return JobStatus::kQueued;
       case JobState::kRunning:
@@ -532,25 +559,50 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
   }
 
+  // Ends a job that no worker has started: SUBMITTED -> `state`, with `code` and `message`.
+  // Races the worker's SUBMITTED -> RUNNING CAS on the same word: exactly one wins. False if
+  // the job was not (or no longer) queued; `*seen` then holds the state word that won.
+  bool finish_unstarted(JobSlot& js, uint32_t generation, JobState state, ErrorCode code,
+                        const char* message, uint64_t* seen = nullptr) {
+    uint64_t word = SlotWord{generation, JobState::kSubmitted, 0}.pack();
+    const uint64_t final_word = SlotWord{generation, state, 0}.pack();
+    if (!js.state.compare_exchange_strong(word, final_word, std::memory_order_acq_rel,
+                                          std::memory_order_acquire)) {
+      if (seen != nullptr) *seen = word;
+      return false;
+    }
+    // Written after the CAS: the readers of this outcome are this client's own wait() and
+    // poll(), which see the terminal state first (job_states.md, "Cancel against start").
+    JobOutcome out{};
+    out.code = static_cast<int32_t>(code);
+    set_slot_message(js, message);
+    out.finished_ns = monotonic_ns();
+    std::memcpy(&js.outcome, &out, sizeof out);
+    js.done.notify_all();  // another thread may be waiting on this job
+    return true;
+  }
+
+  bool expire_if_queued(JobSlot& js, uint32_t generation) {
+    return finish_unstarted(js, generation, JobState::kExpired, ErrorCode::kExpired,
+                            "deadline passed while the job was queued");
+  }
+
+  // A queued job ends CANCELLED at once. A running one is asked to stop: its op sees
+  // `cancel_requested` (ops that loop poll it) and the job ends CANCELLED, or the op finishes
+  // first and the job ends with its result. Either way it reaches exactly one terminal state,
+  // set by the worker's single store; wait() tells which.
   Result<void> cancel(uint32_t s, uint32_t generation) {
     if (forked()) return forked_error();
     JobSlot& js = slot(s);
-    uint64_t word = SlotWord{generation, JobState::kSubmitted, 0}.pack();
-    const uint64_t cancelled = SlotWord{generation, JobState::kCancelled, 0}.pack();
-    // Races the worker's SUBMITTED -> RUNNING CAS on the same word: exactly one wins.
-    if (js.state.compare_exchange_strong(word, cancelled, std::memory_order_acq_rel,
-                                         std::memory_order_acquire)) {
-      JobOutcome out{};
-      out.code = static_cast<int32_t>(ErrorCode::kCancelled);
-      set_slot_message(js, "cancelled by the client before it started");
-      out.finished_ns = monotonic_ns();
-      std::memcpy(&js.outcome, &out, sizeof out);
-      js.done.notify_all();  // another thread may be waiting on this job
+    uint64_t word = 0;
+    if (finish_unstarted(js, generation, JobState::kCancelled, ErrorCode::kCancelled,
+                         "cancelled by the client before it started", &word)) {
       return {};
     }
     SlotWord w = SlotWord::unpack(word);
-    if (w.state == JobState::kRunning) {
-      return Error(ErrorCode::kNotCancellable, "the job is already running");
+    if (w.generation == generation && w.state == JobState::kRunning) {
+      js.cancel_requested.store(1, std::memory_order_relaxed);
+      return {};
     }
     return Error(ErrorCode::kNotCancellable, "the job has already finished");
   }
@@ -572,7 +624,9 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     if (is_terminal(w.state)) {
       free_slot(s, generation);
     } else {
-      abandon(s, generation);  // running: freed once it finishes
+      // Running, and nobody will read its result: ask its op to stop early.
+      js.cancel_requested.store(1, std::memory_order_relaxed);
+      abandon(s, generation);  // freed once it finishes
     }
   }
 
@@ -594,6 +648,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   uint64_t session_ = 0;
   std::vector<Pool> pools_;
   std::atomic<bool> disconnected_{false};
+  ConnectOptions options_;  // as given to connect(), for Client::reconnect
 
   std::mutex slot_mutex_;  // process-local; never in shared memory
   std::deque<uint32_t> free_slots_;
@@ -637,7 +692,7 @@ Result<JobResult> Job::wait(std::chrono::nanoseconds timeout) {
 
 Result<JobStatus> Job::poll() const {
   if (!impl_) return Error(ErrorCode::kNotFound, "empty Job handle");
-  return impl_->poll(slot_);
+  return impl_->poll(slot_, generation_);
 }
 
 Result<void> Job::cancel() {
@@ -653,6 +708,17 @@ Result<Client> Client::connect(const ConnectOptions& options) {
   auto impl = std::make_shared<ClientImpl>();
   if (auto r = impl->connect(options); !r) return r.error();
   return Client(std::move(impl));
+}
+
+Result<void> Client::reconnect() {
+  if (!impl_) return Error(ErrorCode::kNotFound, "empty Client handle");
+  auto impl = std::make_shared<ClientImpl>();
+  if (auto r = impl->connect(impl_->options()); !r) return r.error();
+  // The old connection stays mapped while its Jobs live (they now return Disconnected) and is
+  // closed with the last of them; its Buffers must not be used with the new connection.
+  if (!impl_->forked()) impl_->mark_disconnected();
+  impl_ = std::move(impl);
+  return {};
 }
 
 Client::Client(std::shared_ptr<ClientImpl> impl) noexcept : impl_(std::move(impl)) {}

@@ -102,6 +102,16 @@ static void test_argument_checks(gpuq_client_t* client) {
   spec.op = NULL;
   CHECK(gpuq_try_submit(client, &spec, &job) == GPUQ_INVALID_ARGUMENT);
   CHECK(job == NULL);
+  spec.op = "noop";
+  spec.flags = 0x80u; /* an unknown flag */
+  CHECK(gpuq_try_submit(client, &spec, &job) == GPUQ_INVALID_ARGUMENT);
+  CHECK(job == NULL);
+  /* Revision 1 of the struct (no `flags`) is still accepted. */
+  spec.version = GPUQ_JOB_SPEC_VERSION1;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
+  CHECK(gpuq_job_release(job) == GPUQ_OK);
+  job = NULL;
+  CHECK(gpuq_reconnect(NULL) == GPUQ_INVALID_ARGUMENT);
   CHECK(gpuq_job_release(NULL) == GPUQ_OK);
   CHECK(gpuq_disconnect(NULL) == GPUQ_OK);
 }

@@ -3,8 +3,11 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <optional>
+#include <thread>
 
 #include "integration/integration_support.hpp"
 
@@ -121,6 +124,115 @@ TEST_CASE("a worker killed mid-job: the job fails with WorkerDied and the worker
   check_echo_works(client);
   Job next = submit_ok(client, sleep_spec(1000));
   CHECK(wait_done(next).worker_id == worker_id);
+}
+
+// The pid of the pool's worker once it is running a job (busy in the status document).
+pid_t busy_worker_pid(DaemonProcess& daemon) {
+  nlohmann::json w;
+  const bool busy = wait_until(
+      [&] {
+        w = daemon.status()["pools"][0]["workers"][0];
+        return w["busy"] == true && w["pid"].get<pid_t>() > 0;
+      },
+      10s);
+  INFO("worker: " << w.dump());
+  REQUIRE(busy);
+  return w["pid"].get<pid_t>();
+}
+
+TEST_CASE("a retryable job whose worker dies runs again, once; a second death fails it") {
+  DaemonProcess daemon(one_pool_config(1));
+  Client client = connect_client(daemon);
+  JobSpec spec = sleep_spec(30'000'000);
+  spec.retryable = true;
+  Job job = submit_ok(client, spec);
+  wait_running(job);
+  const pid_t first = busy_worker_pid(daemon);
+  REQUIRE(::kill(first, SIGKILL) == 0);
+
+  // Back in the queue, then running again on the respawned worker: not failed.
+  const bool rerunning = wait_until(
+      [&] {
+        const pid_t pid = daemon.status()["pools"][0]["workers"][0]["pid"].get<pid_t>();
+        auto st = job.poll();
+        return pid > 0 && pid != first && st.ok() && st.value() == JobStatus::kRunning;
+      },
+      10s);
+  REQUIRE(rerunning);
+  const pid_t second = busy_worker_pid(daemon);
+  REQUIRE(second != first);
+  REQUIRE(::kill(second, SIGKILL) == 0);
+  JobResult r = wait_result(job, 10s);
+  CHECK(r.status == JobStatus::kFailed);
+  CHECK(r.code == ErrorCode::kWorkerDied);
+
+  // A job not marked retryable is never run twice.
+  Job plain = submit_ok(client, sleep_spec(30'000'000));
+  wait_running(plain);
+  REQUIRE(::kill(busy_worker_pid(daemon), SIGKILL) == 0);
+  JobResult p = wait_result(plain, 10s);
+  CHECK(p.status == JobStatus::kFailed);
+  CHECK(p.code == ErrorCode::kWorkerDied);
+}
+
+TEST_CASE(
+    "gpuqd killed with SIGKILL: workers exit, waits return Disconnected, a client reconnects") {
+  DaemonProcess daemon(one_pool_config(2));
+  Client client = connect_client(daemon);
+  const uint64_t old_epoch = client.daemon_epoch();
+  const std::vector<pid_t> workers = daemon.worker_pids();
+  REQUIRE(workers.size() == 2);
+  Job running = submit_ok(client, sleep_spec(30'000'000));
+  wait_running(running);
+
+  // A thread blocked in wait() when the daemon dies.
+  std::optional<Result<JobResult>> waited;
+  uint64_t waited_ns = 0;
+  std::thread waiter([&] {
+    const uint64_t start = monotonic_ns();
+    waited.emplace(running.wait(30s));
+    waited_ns = monotonic_ns() - start;
+  });
+  // Let the waiter fall asleep on the job's futex before the kill.
+  timespec nap{0, 50'000'000};
+  ::nanosleep(&nap, nullptr);
+  const uint64_t killed_at = monotonic_ns();
+  REQUIRE(::kill(daemon.pid(), SIGKILL) == 0);
+  waiter.join();
+  REQUIRE(waited.has_value());
+  REQUIRE_FALSE(waited->ok());
+  CHECK(waited->error().code() == ErrorCode::kDisconnected);
+  CHECK(waited_ns < 30 * kSecond);
+  // Bounded: noticed within a 20 ms liveness slice (5 s of slack for a loaded CI machine).
+  CHECK(monotonic_ns() - killed_at < 5 * kSecond);
+
+  // No orphans: every worker follows its supervisor within a second (PR_SET_PDEATHSIG).
+  const bool workers_gone = wait_until(
+      [&] {
+        return std::all_of(workers.begin(), workers.end(), [](pid_t pid) {
+          return ::kill(pid, 0) != 0 ||
+                 read_proc_file(pid, "stat").find(") Z ") != std::string::npos;
+        });
+      },
+      1s);
+  CHECK(workers_gone);
+
+  // Calls on the old connection fail at once.
+  auto late = client.submit(noop_spec(), 1s);
+  REQUIRE_FALSE(late.ok());
+  CHECK(late.error().code() == ErrorCode::kDisconnected);
+
+  // A new daemon starts over the old one's leftovers, and the same Client object reconnects.
+  daemon.kill_and_restart();
+  auto again = client.reconnect();
+  REQUIRE_MESSAGE(again.ok(), "reconnect: " << error_text(again));
+  CHECK(client.daemon_epoch() != old_epoch);
+  check_echo_works(client);
+  // The Job of the old connection stays an error, not a hang.
+  auto old_result = running.wait(1s);
+  REQUIRE_FALSE(old_result.ok());
+  CHECK(old_result.error().code() == ErrorCode::kDisconnected);
+  CHECK(daemon.status()["clients"] == 1);
 }
 
 TEST_CASE("no CUDA library in the supervisor or its CPU workers, which see no GPU") {

@@ -158,7 +158,23 @@ void DaemonProcess::start(const DaemonOptions& options) {
   }
   handle_.dir = dir_template;
   handle_.log_path = handle_.dir + "/gpuqd.log";
+  options_ = options;
+  launch(options);
+}
 
+void DaemonProcess::kill_and_restart() {
+  if (running()) {
+    ::kill(handle_.pid, SIGKILL);
+    handle_.exit = wait_child(handle_.pid, kTeardownGraceNs);
+    handle_.reaped = true;
+  }
+  handle_.pid = 0;
+  handle_.reaped = false;
+  handle_.exit = {};
+  launch(options_);
+}
+
+void DaemonProcess::launch(const DaemonOptions& options) {
   std::vector<std::string> args = {gpuqd_path(), "--runtime-dir", handle_.dir};
   if (!options.config_json.empty()) {
     const std::string config_path = handle_.dir + "/config.json";
@@ -170,11 +186,14 @@ void DaemonProcess::start(const DaemonOptions& options) {
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
     const std::string key = entry.substr(0, entry.find('=') + 1);
-    bool replaced = false;
+    bool replaced = options.set_watchdog_pid && key == "WATCHDOG_PID=";
     for (const auto& extra : options.env) replaced = replaced || extra.rfind(key, 0) == 0;
     if (!replaced) env.push_back(entry);
   }
   env.insert(env.end(), options.env.begin(), options.env.end());
+  // WATCHDOG_PID's value is the child's pid: the child writes it in place after fork.
+  constexpr size_t kPidOffset = sizeof "WATCHDOG_PID=" - 1;
+  if (options.set_watchdog_pid) env.push_back("WATCHDOG_PID=" + std::string(24, '\0'));
 
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
   std::vector<char*> argv, envp;
@@ -195,6 +214,15 @@ void DaemonProcess::start(const DaemonOptions& options) {
     // timeout): SIGTERM, so that it drains and removes its queue segment and socket itself.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);
+    if (options.set_watchdog_pid) {
+      char digits[24];
+      int n = 0;
+      for (pid_t v = ::getpid(); v > 0 && n < 23; v /= 10)
+        digits[n++] = static_cast<char>('0' + v % 10);
+      char* out = envp[env.size() - 1] + kPidOffset;
+      while (n > 0) *out++ = digits[--n];
+      *out = '\0';
+    }
     ::dup2(null_fd, 0);
     ::dup2(log_fd, 1);
     ::dup2(log_fd, 2);

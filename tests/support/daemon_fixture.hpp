@@ -57,6 +57,9 @@ struct DaemonOptions {
   Readiness readiness = Readiness::kWorkersReady;
   // Extra "KEY=VALUE" entries added to (or replacing those of) the daemon's environment.
   std::vector<std::string> env;
+  // Adds WATCHDOG_PID=<gpuqd's own pid> to its environment, as systemd does for the main process
+  // of a unit with WatchdogSec= (tests/systemd).
+  bool set_watchdog_pid = false;
 };
 
 class DaemonProcess {
@@ -84,6 +87,10 @@ class DaemonProcess {
 
   // Sends `signal` to gpuqd. False if it has already been reaped or kill() failed.
   bool send_signal(int signal);
+  // SIGKILLs gpuqd (its workers are left to notice) and starts a new one with the same
+  // options in the same runtime directory, over whatever the old one left there. Returns when
+  // the new one is ready.
+  void kill_and_restart();
   // Waits up to `timeout` for gpuqd to exit and reaps it; on timeout it is killed (SIGKILL) and
   // the result says timed_out. Safe to call again: returns the first result.
   ChildExit wait_exit(std::chrono::nanoseconds timeout = std::chrono::seconds(30));
@@ -106,10 +113,13 @@ class DaemonProcess {
   };
 
   void start(const DaemonOptions& options);
+  // Starts gpuqd in handle_.dir and waits until it is ready.
+  void launch(const DaemonOptions& options);
   // Empty when the daemon's workers are ready (per `readiness`), else why not yet.
   std::string readiness_problem(DaemonOptions::Readiness readiness) const;
 
   Handle handle_;
+  DaemonOptions options_;
 };
 
 // Path of a binary of the build, from the compile definitions GPUQ_TEST_GPUQD and

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "gpuq/common/job_ring.hpp"
 #include "gpuq/common/shm_layout.hpp"
@@ -280,6 +281,103 @@ TEST_CASE("SlotWord distinguishes words that differ only in generation") {
   CHECK(is_terminal(JobState::kDone));
   CHECK(is_terminal(JobState::kExpired));
   CHECK_FALSE(is_terminal(JobState::kRunning));
+}
+
+}  // namespace
+}  // namespace gpuq
+
+namespace gpuq {
+namespace {
+
+// A queue segment laid out in ordinary memory: one pool of `capacity` cells with 2 workers,
+// 4 clients, as the supervisor lays it out.
+struct LaidOutQueue {
+  static constexpr uint32_t kCapacity = 20;
+  static constexpr uint32_t kWorkers = 2;
+  static constexpr uint32_t kClients = 4;
+  std::vector<char> storage;
+  char* base = nullptr;
+  uint64_t bytes = 0;
+
+  LaidOutQueue() {
+    const uint64_t pools_off = sizeof(QueueHeader);
+    const uint64_t workers_off = pools_off + sizeof(PoolShm);
+    const uint64_t clients_off = workers_off + kWorkers * sizeof(WorkerShm);
+    const uint64_t ring_off = clients_off + kClients * sizeof(ClientShm);
+    bytes = ring_off + JobRing::bytes_for(kCapacity);
+    storage.assign(bytes + 64, 0);
+    base = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+    auto& h = *reinterpret_cast<QueueHeader*>(base);
+    h.magic = kQueueMagic;
+    h.layout_version = kLayoutVersion;
+    h.pool_count = 1;
+    h.worker_count = kWorkers;
+    h.max_clients = kClients;
+    h.pools_offset = pools_off;
+    h.workers_offset = workers_off;
+    h.clients_offset = clients_off;
+    auto& p = *reinterpret_cast<PoolShm*>(base + pools_off);
+    p.capacity = kCapacity;
+    p.worker_count = kWorkers;
+    p.first_worker = 0;
+    p.ring_offset = ring_off;
+    JobRing::create(base + ring_off, kCapacity);
+  }
+  QueueHeader& header() { return *reinterpret_cast<QueueHeader*>(base); }
+  PoolShm& pool() { return *reinterpret_cast<PoolShm*>(base + header().pools_offset); }
+};
+
+TEST_CASE("QueueView::attach accepts a well-formed layout") {
+  LaidOutQueue q;
+  auto v = QueueView::attach(q.base, q.bytes);
+  REQUIRE_MESSAGE(v.ok(), v.error().to_string());
+  CHECK(v->layout().pool_count == 1);
+  CHECK(v->ring(0).capacity() == LaidOutQueue::kCapacity);
+}
+
+TEST_CASE("QueueView::attach rejects every layout field that points outside the segment") {
+  auto rejected = [](auto scribble) {
+    LaidOutQueue q;
+    scribble(q);
+    return !QueueView::attach(q.base, q.bytes).ok();
+  };
+  CHECK(rejected([](LaidOutQueue& q) { q.header().magic = 0; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.header().layout_version = kLayoutVersion + 1; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.header().pool_count = 0; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.header().pool_count = kMaxPools + 1; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.header().pools_offset = q.bytes; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.header().pools_offset = ~uint64_t{0} - 63; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.header().workers_offset += 8; }));  // misaligned
+  CHECK(rejected([](LaidOutQueue& q) { q.header().max_clients = kMaxClients; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.header().worker_count = 1'000'000; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().ring_offset = q.bytes - 64; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().capacity = 0; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().capacity = 21; }));  // ring header says 20
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().first_worker = 2; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().worker_count = 3; }));
+}
+
+TEST_CASE("a QueueView indexes with its own copy of the layout; restore writes it back") {
+  LaidOutQueue q;
+  auto v = QueueView::attach(q.base, q.bytes);
+  REQUIRE(v.ok());
+  const uint64_t ring_offset = q.pool().ring_offset;
+  // A client scribbles over the shared layout after the view was taken.
+  q.pool().ring_offset = 1 << 30;
+  q.pool().capacity = 1 << 20;
+  q.header().pools_offset = 1 << 30;
+  CHECK(reinterpret_cast<char*>(&v->pool(0)) == q.base + sizeof(QueueHeader));
+  JobRing ring = v->ring(0);
+  CHECK(ring.capacity() == LaidOutQueue::kCapacity);
+  CHECK(ring.try_push(7));
+  uint32_t value = 0;
+  CHECK(ring.try_pop(&value));
+  CHECK(value == 7);
+  CHECK_FALSE(QueueView::attach(q.base, q.bytes).ok());
+  v->restore_shared_layout();
+  CHECK(q.header().pools_offset == sizeof(QueueHeader));
+  CHECK(q.pool().ring_offset == ring_offset);
+  CHECK(QueueView::attach(q.base, q.bytes).ok());
 }
 
 }  // namespace

@@ -74,6 +74,10 @@ struct JobSpec {
   // If still queued at this long after submission, the job ends Expired without running.
   // Negative: no deadline.
   std::chrono::nanoseconds expire_after{-1};
+  // If the worker running it dies, run it again (once) instead of failing it with
+  // WorkerDied. Only for jobs that may safely run twice: the first run may have written part
+  // of the output.
+  bool retryable = false;
 };
 
 enum class JobStatus { kQueued, kRunning, kDone, kFailed, kCancelled, kExpired };
@@ -109,11 +113,15 @@ class GPUQ_API Job {
   // died), ForkedClient. Blocking. The result stays readable: wait() again returns it again.
   Result<JobResult> wait(std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
 
-  // The job's current status, without blocking. Lock-free.
+  // The job's current status, without blocking. Lock-free. A job still queued at its deadline
+  // (JobSpec::expire_after) is expired here, as wait() does.
   Result<JobStatus> poll() const;
 
-  // Cancels the job if it has not started. Errors: NotCancellable (already running or
-  // finished), Disconnected, ForkedClient.
+  // Cancels the job. A queued job ends CANCELLED at once. A running job is asked to stop: an
+  // op that checks for cancellation (sleep, echo and checksum do) ends it CANCELLED; an op that
+  // finishes first ends it with its result. Never both: wait() returns the one terminal state.
+  // Dropping a running Job asks the same. Errors: NotCancellable (already finished),
+  // ForkedClient.
   Result<void> cancel();
 
   bool valid() const noexcept { return impl_ != nullptr; }
@@ -130,8 +138,10 @@ class GPUQ_API Job {
 };
 
 struct ConnectOptions {
-  // Runtime directory of the daemon. Empty: $GPUQ_RUNTIME_DIR, else $RUNTIME_DIRECTORY, else
-  // $XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID (the daemon's rule, DESIGN.md).
+  // Runtime directory of the daemon. Empty: $GPUQ_RUNTIME_DIR, else the daemon's rule
+  // ($RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID) if a daemon's socket is
+  // there, else /run/gpuq (the system service) if it exists, else the daemon's rule
+  // (docs/service.md, "Finding the daemon").
   std::string runtime_dir;
   // Size of this client's payload segment (rounded up to 4 KiB); 0: the daemon's default.
   uint64_t segment_bytes = 0;
@@ -156,6 +166,14 @@ class GPUQ_API Client {
   // the socket), ProtocolMismatch, PermissionDenied, TooManyClients, InvalidArgument,
   // SystemError. Blocking; thread-safe.
   static Result<Client> connect(const ConnectOptions& options = {});
+
+  // Connects again with the same options, to the daemon now at the runtime directory: after
+  // Disconnected (the daemon died or stopped, and a new one, with a new epoch, started), or in
+  // a forked child, to get a connection of its own. On success this Client uses the new
+  // connection: Jobs of the old one return Disconnected, and its Buffers are invalid (allocate
+  // new ones). On failure nothing changes. Errors: as connect(). Blocking; not thread-safe with
+  // other calls on the same Client.
+  Result<void> reconnect();
 
   Client(Client&&) noexcept;
   Client& operator=(Client&&) noexcept;

@@ -114,8 +114,9 @@ typedef struct gpuq_job gpuq_job_t;       /* a submitted job */
 typedef struct gpuq_connect_options {
   uint32_t version;        /* IN: GPUQ_CONNECT_OPTIONS_VERSION */
   const char* runtime_dir; /* IN: the daemon's runtime directory. NULL or "": $GPUQ_RUNTIME_DIR,
-                              else $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gpuq,
-                              else /tmp/gpuq-$UID */
+                              else the user's own ($RUNTIME_DIRECTORY, else
+                              $XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID) if a socket is
+                              there, else /run/gpuq if it exists (docs/service.md) */
   uint64_t segment_bytes;  /* IN: size of this client's payload segment (rounded up to 4 KiB);
                               0: the daemon's default */
   const char* name;        /* IN: a name for the daemon's logs and status. NULL: the program name */
@@ -155,9 +156,15 @@ typedef struct gpuq_job_spec {
   uint32_t param_count;       /* IN */
   int64_t expire_after_ns;    /* IN: if still queued this long after submission, the job ends
                                  GPUQ_JOB_EXPIRED without running. 0 or negative: never */
+  uint32_t flags;             /* IN (revision 2): GPUQ_JOB_* flags, or 0 */
 } gpuq_job_spec_t;
-#define GPUQ_JOB_SPEC_VERSION1 GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 1)
-#define GPUQ_JOB_SPEC_VERSION GPUQ_JOB_SPEC_VERSION1
+/* Revision 1 ended at expire_after_ns (96 bytes); the library still accepts it (flags 0). */
+#define GPUQ_JOB_SPEC_VERSION1 ((uint32_t)(96u | (1u << 24)))
+#define GPUQ_JOB_SPEC_VERSION2 GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 2)
+#define GPUQ_JOB_SPEC_VERSION GPUQ_JOB_SPEC_VERSION2
+
+/* gpuq_job_spec_t.flags */
+#define GPUQ_JOB_RETRYABLE 0x1u /* if its worker dies while running it, run it again (once) */
 
 #define GPUQ_MESSAGE_BYTES 256
 
@@ -193,6 +200,14 @@ GPUQ_API gpuq_status_t gpuq_connect(const gpuq_connect_options_t* options, gpuq_
  * Errors: none (always GPUQ_OK).
  * Blocking (briefly). Not thread-safe with other calls on the same client: call it last. */
 GPUQ_API gpuq_status_t gpuq_disconnect(gpuq_client_t* client);
+
+/* Connects again with the same options (after GPUQ_DISCONNECTED: the daemon died or stopped and
+ * a new one started; or in a forked child, for a connection of its own). On success the client
+ * uses the new connection: unreleased jobs of the old one return GPUQ_DISCONNECTED and its
+ * buffers are invalid (allocate new ones). On failure nothing changes.
+ * Errors: as gpuq_connect(), and GPUQ_INVALID_ARGUMENT (client NULL).
+ * Blocking. Not thread-safe with other calls on the same client. */
+GPUQ_API gpuq_status_t gpuq_reconnect(gpuq_client_t* client);
 
 /* ---- Payload buffers --------------------------------------------------------------------------
  */

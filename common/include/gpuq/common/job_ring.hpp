@@ -65,6 +65,13 @@ class JobRing {
         cells_(reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(memory) +
                                                         sizeof(RingHeader))),
         capacity_(header_->capacity) {}
+  // The same, with a capacity the caller knows rather than the one in the shared header, which
+  // any process that maps the ring can overwrite (see QueueView).
+  JobRing(void* memory, uint32_t capacity) noexcept
+      : header_(static_cast<RingHeader*>(memory)),
+        cells_(reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(memory) +
+                                                        sizeof(RingHeader))),
+        capacity_(capacity) {}
   JobRing() = default;
 
   uint32_t capacity() const noexcept { return capacity_; }

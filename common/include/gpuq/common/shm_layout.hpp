@@ -23,6 +23,7 @@
 
 #include "gpuq/common/event_count.hpp"
 #include "gpuq/common/job_ring.hpp"
+#include "gpuq/error.hpp"
 
 namespace gpuq {
 
@@ -102,7 +103,7 @@ struct SlotWord {
 struct JobDescriptor {
   uint32_t op_id;
   uint32_t pool_id;
-  uint32_t flags;
+  uint32_t flags;  // kJobFlag*
   uint32_t params_bytes;
   uint64_t input_offset;  // relative to the payload arena
   uint64_t input_bytes;
@@ -112,6 +113,8 @@ struct JobDescriptor {
   uint64_t submit_ns;              // CLOCK_MONOTONIC when the client pushed it
   uint8_t params[kMaxParamBytes];  // ParamBlock encoding (params.hpp)
 };
+inline constexpr uint32_t kJobFlagRetryable = 1u << 0;  // run again if its worker dies
+inline constexpr uint32_t kJobFlagsKnown = kJobFlagRetryable;
 static_assert(std::is_trivially_copyable_v<JobDescriptor>);
 static_assert(sizeof(JobDescriptor) == 256);
 static_assert(offsetof(JobDescriptor, params) == 64);
@@ -268,24 +271,55 @@ static_assert(std::is_standard_layout_v<ClientShm> && std::is_trivially_destruct
 static_assert(sizeof(QueueHeader) % 64 == 0 && sizeof(PoolShm) % 64 == 0);
 static_assert(sizeof(WorkerShm) % 64 == 0 && sizeof(ClientShm) % 64 == 0);
 
+// Where things are in a queue segment: a process-local copy of the layout fields of the header
+// and of each pool, taken once. Every process that maps the segment can write those fields (a
+// client may scribble over them); indexing with a copy taken at a trusted moment, and checked
+// against the mapping's size, keeps such a scribble from moving anyone's accesses.
+struct QueueLayout {
+  struct Pool {
+    uint64_t ring_offset = 0;
+    uint32_t capacity = 0;
+    uint32_t first_worker = 0;
+    uint32_t worker_count = 0;
+  };
+  uint64_t pools_offset = 0;
+  uint64_t workers_offset = 0;
+  uint64_t clients_offset = 0;
+  uint32_t pool_count = 0;
+  uint32_t worker_count = 0;
+  uint32_t max_clients = 0;
+  Pool pools[kMaxPools];
+};
+
 // Typed views of a mapped queue segment. Cheap to copy; does not own the mapping.
 class QueueView {
  public:
   QueueView() = default;
-  explicit QueueView(void* base) noexcept : base_(static_cast<char*>(base)) {}
+  // Reads the layout from the segment as it is now, unchecked: for the supervisor, which wrote
+  // it (construct again after writing the header and the pools).
+  explicit QueueView(void* base) noexcept;
+  // Reads the layout and checks it against the mapping: magic, version, counts within limits,
+  // every array and ring inside the first `mapped_bytes` bytes, each pool's workers within the
+  // worker array and each ring's own header agreeing on its capacity. For workers and clients.
+  static Result<QueueView> attach(void* base, uint64_t mapped_bytes);
 
+  // Writes the layout fields back into the segment from this view's copy (the supervisor,
+  // before it starts a worker, so a scribble cannot stop workers from attaching).
+  void restore_shared_layout() const noexcept;
+
+  const QueueLayout& layout() const noexcept { return layout_; }
   QueueHeader& header() const noexcept { return *reinterpret_cast<QueueHeader*>(base_); }
   PoolShm& pool(uint32_t i) const noexcept {
-    return reinterpret_cast<PoolShm*>(base_ + header().pools_offset)[i];
+    return reinterpret_cast<PoolShm*>(base_ + layout_.pools_offset)[i];
   }
   WorkerShm& worker(uint32_t i) const noexcept {
-    return reinterpret_cast<WorkerShm*>(base_ + header().workers_offset)[i];
+    return reinterpret_cast<WorkerShm*>(base_ + layout_.workers_offset)[i];
   }
   ClientShm& client(uint32_t i) const noexcept {
-    return reinterpret_cast<ClientShm*>(base_ + header().clients_offset)[i];
+    return reinterpret_cast<ClientShm*>(base_ + layout_.clients_offset)[i];
   }
   JobRing ring(uint32_t pool) const noexcept {
-    return JobRing(base_ + this->pool(pool).ring_offset);
+    return JobRing(base_ + layout_.pools[pool].ring_offset, layout_.pools[pool].capacity);
   }
   char* base() const noexcept { return base_; }
 
@@ -315,9 +349,10 @@ class QueueView {
       return w.asleep.load(std::memory_order_relaxed) == 1 &&
              w.asleep.compare_exchange_strong(one, 0, std::memory_order_seq_cst);
     };
+    const QueueLayout::Pool& lp = layout_.pools[pool];
     for (int pass = 0; pass < 2; ++pass) {
-      for (uint32_t i = 0; i < p.worker_count; ++i) {
-        WorkerShm& w = worker(p.first_worker + i);
+      for (uint32_t i = 0; i < lp.worker_count; ++i) {
+        WorkerShm& w = worker(lp.first_worker + i);
         if ((pass == 0) != (w.cpu == cpu)) continue;  // pass 0: the caller's CPU; 1: the rest
         if (claim(w)) {
           w.wake.notify_one();
@@ -329,6 +364,7 @@ class QueueView {
 
  private:
   char* base_ = nullptr;
+  QueueLayout layout_;
 };
 
 // Typed view of a mapped client segment. The geometry comes from the supervisor (never from the

@@ -1,0 +1,713 @@
+// Fault injection: worker processes die with SIGKILL at the worker fault points (a reference
+// popped, the job claimed, the op running, the outcome written but not published, the end
+// published but not counted) and from outside while they run jobs, dozens of times per point,
+// while two bystander clients keep verified jobs flowing; and a worker that keeps dying at
+// start-up is marked failed, which health (status, `gpuqctl ready`) reports.
+//
+// A daemon runs with GPUQ_FAULT_POINT=<point>:<n> and GPUQ_FAULT_ONCE=<marker>: its workers
+// inherit them, and the first worker to reach its n-th hit of the point dies, creating the
+// marker. The test counts the marker's appearances and deletes it to allow the next death, so
+// every kill is seen exactly once; replacement workers start with fresh counts.
+//
+// Checked: every job a bystander submitted ends exactly once: Done with the right output, or
+// Failed with WorkerDied; a worker that died holding a running job accounts for exactly one
+// WorkerDied, or one retry of a retryable job (JobSpec::retryable; the daemon logs each retry),
+// and nothing else does (a job only popped must be requeued, a job already published stays
+// Done); the daemon's completed-job counters match the submitted ones (a job run twice would
+// count twice); every worker is back and ready; queue depth and held cells return to 0; new
+// clients are served.
+//
+// Then what a replacement worker must get right about the clients already connected: its
+// state in the queue segment, and every client's segment mapped before it skips a job of a
+// client it does not know (three test cases that each fail on a race in worker start-up).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <regex>
+
+#include "fault/fault_support.hpp"
+#include "gpuq/common/job_ring.hpp"
+#include "integration/integration_support.hpp"
+
+namespace gpuq::test::fault {
+namespace {
+
+using nlohmann::json;
+
+struct WorkerPoint {
+  const char* name;
+  bool job_fails;  // the dying worker held a RUNNING job: it must end Failed with WorkerDied
+  bool uncounted;  // the worker died after publishing the job's end, before counting it
+};
+
+void nap_us(uint64_t us) {
+  timespec ts{static_cast<time_t>(us / 1'000'000), static_cast<long>(us % 1'000'000) * 1000};
+  nanosleep(&ts, nullptr);
+}
+
+// Removes a file when it goes out of scope.
+struct RemoveFile {
+  std::string path;
+  ~RemoveFile() { ::unlink(path.c_str()); }
+};
+
+uint64_t sum_workers(const json& status, const char* field) {
+  uint64_t n = 0;
+  for (const auto& pool : status.at("pools")) {
+    for (const auto& w : pool.at("workers")) n += w.value(field, uint64_t{0});
+  }
+  return n;
+}
+
+bool any_worker_failed(const json& status) {
+  for (const auto& pool : status.at("pools")) {
+    for (const auto& w : pool.at("workers")) {
+      if (w.value("state", std::string()) == "failed") return true;
+    }
+  }
+  return false;
+}
+
+// After the kills: the bystanders drain; every job ended once; the counters agree; the daemon
+// is idle with every worker ready; a new client is served; gpuqd drains and exits 0.
+// Retries of retryable jobs, from the daemon's log.
+uint64_t retries_logged(const DaemonProcess& daemon) {
+  const std::string log = daemon.log();
+  uint64_t n = 0;
+  for (size_t at = log.find("retrying job"); at != std::string::npos;
+       at = log.find("retrying job", at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+// After the kills: the bystanders drain; every job ended once (WorkerDied plus retries between
+// `ended_by_deaths_min` and `_max`); the counters agree; the daemon is idle with every worker
+// ready; a new client is served; gpuqd drains and exits 0.
+void check_after_worker_kills(DaemonProcess& daemon, Bystanders& bystanders, uint32_t kills,
+                              uint64_t ended_by_deaths_min, uint64_t ended_by_deaths_max,
+                              uint64_t uncounted_max) {
+  if (!bystanders.drain()) {
+    FAIL("bystander jobs stuck: " << bystanders.totals().describe() << "\n"
+                                  << bystanders.diagnose() << "\n"
+                                  << describe_ring(daemon.runtime_dir()));
+  }
+  const BystanderTotals totals = bystanders.totals();
+  const uint64_t retries = retries_logged(daemon);
+  INFO(totals.describe() << "; " << retries << " retries logged");
+  CHECK(totals.failures == 0);
+  CHECK(totals.submitted == totals.done + totals.worker_died);
+  CHECK(totals.worker_died + retries >= ended_by_deaths_min);
+  CHECK(totals.worker_died + retries <= ended_by_deaths_max);
+
+  std::string why;
+  json status;
+  IdleExpectations connected;
+  connected.live_clients = bystanders.count();
+  const bool idle = poll_until(
+      [&] {
+        if (!daemon_idle(daemon.runtime_dir(), daemon.pid(), connected, &why, &status)) {
+          return false;
+        }
+        const auto& pool = status.at("pools").at(0);
+        const uint64_t submitted = pool.at("jobs_submitted").get<uint64_t>();
+        const uint64_t completed = pool.at("jobs_completed").get<uint64_t>();
+        if (completed > submitted || completed + uncounted_max < submitted) {
+          why = "jobs_completed " + std::to_string(completed) + " vs jobs_submitted " +
+                std::to_string(submitted) + " (at most " + std::to_string(uncounted_max) +
+                " uncounted)";
+          return false;
+        }
+        return true;
+      },
+      20s, 1ms);
+  CHECK_MESSAGE(idle, "not back to idle with the bystanders connected: " << why << "\n"
+                                                                         << status.dump());
+  if (!status.is_null()) {
+    CHECK(sum_workers(status, "restarts") == kills);
+    CHECK_FALSE(any_worker_failed(status));
+    // Every job the bystanders submitted reached the pool; the daemon counted each once.
+    CHECK(status.at("pools").at(0).at("jobs_submitted").get<uint64_t>() == totals.submitted);
+  }
+  REQUIRE(bystanders.release());
+  IdleExpectations alone;
+  alone.no_retiring = true;
+  const bool empty = poll_until(
+      [&] { return daemon_idle(daemon.runtime_dir(), daemon.pid(), alone, &why, &status); }, 10s,
+      1ms);
+  CHECK_MESSAGE(empty, "not idle after every client left: " << why << "\n" << status.dump());
+  {
+    Client fresh = connect_client(daemon);
+    check_echo_works(fresh);
+    for (int i = 0; i < 8; ++i) check_echo_works(fresh, 4096, static_cast<uint64_t>(i));
+  }
+  const ChildExit exit = daemon.terminate();
+  CHECK_MESSAGE(exit.ok(), "gpuqd " << exit.describe());
+}
+
+void run_worker_point(const WorkerPoint& point) {
+  const uint64_t seed = suite_seed();
+  INFO("worker fault point " << std::string(point.name) << ", suite seed " << seed
+                             << " (GPUQ_FAULT_SEED=" << seed << " replays it)");
+  Rng rng(derive_seed(point.name));
+  const uint32_t hit = static_cast<uint32_t>(rng.between(1, 3));
+  INFO("each worker dies at hit " << hit);
+  RemoveFile marker{"/tmp/gpuqt-fault-" + std::to_string(::getpid()) + "-" + point.name};
+  ::unlink(marker.path.c_str());
+  DaemonProcess daemon(
+      DaemonOptions{fault_config(2),
+                    DaemonOptions::Readiness::kWorkersReady,
+                    {"GPUQ_FAULT_POINT=" + std::string(point.name) + ":" + std::to_string(hit),
+                     "GPUQ_FAULT_ONCE=" + marker.path}});
+  BystanderOptions o;
+  o.runtime_dir = daemon.runtime_dir();
+  o.allow_worker_died = true;
+  o.retryable_share = 0.3;
+  o.wait_timeout = 10s;
+  o.seed = derive_seed(point.name, 1);
+  Bystanders bystanders(o);
+  bystanders.wait_connected();
+
+  const uint32_t kills = iterations(80);
+  uint32_t rearms = 0;
+  const uint64_t start = monotonic_ns();
+  for (uint32_t k = 1; k <= kills; ++k) {
+    INFO("kill " << k << " of " << kills << " (" << rearms << " re-arms)");
+    bool died = poll_until([&] { return ::access(marker.path.c_str(), F_OK) == 0; }, 2s,
+                           std::chrono::microseconds(100));
+    // A worker reaching its hit while the marker is still there keeps living, disarmed: if
+    // every worker did (this process was slow to delete the marker), none will die. Then kill
+    // one while no job is anywhere (the bystanders drained), so that its replacement starts
+    // armed; that death touches no job.
+    for (int attempt = 0; !died && attempt < 5; ++attempt) {
+      ++rearms;
+      const bool drained = bystanders.drain();
+      if (!drained || bystanders.totals().failures != 0) {
+        FAIL("no worker died for 2 s, and the bystanders' jobs are stuck: "
+             << bystanders.totals().describe() << "\n"
+             << bystanders.diagnose() << "\n"
+             << describe_ring(daemon.runtime_dir()));
+      }
+      // Both workers up and idle (a death may be on its way through the supervisor).
+      json status;
+      const bool idle = poll_until(
+          [&] {
+            status = try_status(daemon.runtime_dir());
+            if (status.is_null() || status.at("pools").at(0).at("workers_ready") != 2) {
+              return false;
+            }
+            for (const auto& w : status.at("pools").at(0).at("workers")) {
+              if (w.value("busy", true) || w.value("pid", 0) <= 0) return false;
+            }
+            return true;
+          },
+          10s, 1ms);
+      REQUIRE_MESSAGE(idle, "workers not idle with the bystanders drained: " << status.dump());
+      if (::access(marker.path.c_str(), F_OK) == 0) {  // a late death after all
+        died = true;
+        --rearms;
+        REQUIRE(bystanders.resume());
+        break;
+      }
+      const pid_t pid = status.at("pools").at(0).at("workers").at(rearms % 2).value("pid", 0);
+      const uint64_t restarts_before = sum_workers(status, "restarts");
+      REQUIRE(::kill(pid, SIGKILL) == 0);
+      REQUIRE(poll_until(
+          [&] {
+            const json now = try_status(daemon.runtime_dir());
+            return !now.is_null() && sum_workers(now, "restarts") > restarts_before &&
+                   now.at("pools").at(0).at("workers_ready") == 2;
+          },
+          10s, 1ms));
+      REQUIRE(bystanders.resume());
+      died = poll_until([&] { return ::access(marker.path.c_str(), F_OK) == 0; }, 10s,
+                        std::chrono::microseconds(100));
+    }
+    if (!died) {
+      FAIL("no worker died at " << std::string(point.name) << " within 10 s of a re-arm; "
+                                << bystanders.totals().describe()
+                                << "\nstatus: " << try_status(daemon.runtime_dir()).dump());
+    }
+    if (k < kills) ::unlink(marker.path.c_str());  // the last one stays: no more deaths
+    const BystanderTotals t = bystanders.totals();
+    if (t.failures != 0) {
+      FAIL("a bystander saw an error: " << t.describe() << "\n"
+                                        << bystanders.diagnose() << "\n"
+                                        << describe_ring(daemon.runtime_dir()));
+    }
+  }
+  // The daemon has seen every death and every worker is back.
+  json status;
+  const bool back = poll_until(
+      [&] {
+        status = try_status(daemon.runtime_dir());
+        return !status.is_null() && sum_workers(status, "restarts") == kills + rearms &&
+               status.at("pools").at(0).at("workers_ready") == 2;
+      },
+      20s, 1ms);
+  REQUIRE_MESSAGE(back, "workers not back after " << kills << " kills: " << status.dump());
+  std::printf(
+      "worker fault point %s (hit %u): %u kills (and %u re-arms) in %.1f s; %s; %llu "
+      "retries\n",
+      point.name, hit, kills, rearms, static_cast<double>(monotonic_ns() - start) / 1e9,
+      bystanders.totals().describe().c_str(),
+      static_cast<unsigned long long>(retries_logged(daemon)));
+  check_after_worker_kills(daemon, bystanders, kills + rearms, point.job_fails ? kills : 0,
+                           point.job_fails ? kills : 0, point.uncounted ? kills : 0);
+}
+
+TEST_CASE("workers killed after popping a job: the job is requeued and runs once") {
+  run_worker_point({"worker.popped", false, false});
+}
+
+TEST_CASE("workers killed after claiming a job: it fails once with WorkerDied") {
+  run_worker_point({"worker.claimed", true, false});
+}
+
+TEST_CASE("workers killed while running a job: it fails once with WorkerDied") {
+  run_worker_point({"worker.running", true, false});
+}
+
+TEST_CASE("workers killed before publishing a job's end: it fails once with WorkerDied") {
+  run_worker_point({"worker.before_complete", true, false});
+}
+
+TEST_CASE("workers killed after publishing a job's end: the job stays Done") {
+  run_worker_point({"worker.completed", false, true});
+}
+
+TEST_CASE("workers killed from outside mid-job: jobs fail once with WorkerDied, none is lost") {
+  const uint64_t seed = suite_seed();
+  INFO("suite seed " << seed << " (GPUQ_FAULT_SEED=" << seed << " replays it)");
+  DaemonProcess daemon(fault_config(2));
+  QueueMapping queue;
+  REQUIRE(map_queue_segment(daemon.runtime_dir(), &queue).empty());
+  BystanderOptions o;
+  o.runtime_dir = daemon.runtime_dir();
+  o.allow_worker_died = true;
+  o.sleep_share = 0.6;  // keep the workers busy, so that most kills land mid-job
+  o.sleep_us_min = 200;
+  o.sleep_us_max = 3000;
+  o.retryable_share = 0.3;
+  o.seed = derive_seed("worker-external", 1);
+  Bystanders bystanders(o);
+  bystanders.wait_connected();
+
+  Rng rng(derive_seed("worker-external"));
+  const uint32_t kills = iterations(100);
+  uint32_t busy_kills = 0;
+  const uint64_t start = monotonic_ns();
+  for (uint32_t k = 1; k <= kills; ++k) {
+    const uint32_t w = static_cast<uint32_t>(rng.between(0, 1));
+    const uint64_t delay = rng.between(0, 1000);
+    INFO("kill " << k << " of " << kills << ": worker " << w << ", " << delay
+                 << " us after it is busy");
+    // A live worker, by the supervisor's account.
+    json status;
+    pid_t pid = 0;
+    const bool live = poll_until(
+        [&] {
+          status = try_status(daemon.runtime_dir());
+          if (status.is_null()) return false;
+          const json& worker = status.at("pools").at(0).at("workers").at(w);
+          pid = worker.value("pid", 0);
+          return worker.value("state", std::string()) == "ready" && pid > 0;
+        },
+        10s, 1ms);
+    REQUIRE_MESSAGE(live, "worker " << w << " did not come back within 10 s: " << status.dump());
+    WorkerShm& ws = queue.view.worker(w);
+    const uint32_t restarts = ws.restarts.load();
+    // Kill it while it runs a job, most of the time (the bystanders queue mostly sleeps).
+    const bool busy =
+        poll_until([&] { return ws.busy.load() != 0; }, 200ms, std::chrono::microseconds(50));
+    nap_us(delay);
+    busy_kills += busy ? 1 : 0;
+    REQUIRE(::kill(pid, SIGKILL) == 0);
+    const bool seen = poll_until([&] { return ws.restarts.load() == restarts + 1; }, 10s,
+                                 std::chrono::microseconds(100));
+    REQUIRE_MESSAGE(
+        seen, "the supervisor did not see worker " << w << " (pid " << pid << ") die within 10 s");
+    const BystanderTotals t = bystanders.totals();
+    if (t.failures != 0) {
+      FAIL("a bystander saw an error: " << t.describe() << "\n"
+                                        << bystanders.diagnose() << "\n"
+                                        << describe_ring(daemon.runtime_dir()));
+    }
+  }
+  std::printf("external worker kills: %u (%u while busy) in %.1f s; %s; %llu retries\n", kills,
+              busy_kills, static_cast<double>(monotonic_ns() - start) / 1e9,
+              bystanders.totals().describe().c_str(),
+              static_cast<unsigned long long>(retries_logged(daemon)));
+  // A kill between a job's published end and its count leaves it uncounted: at most one per kill.
+  check_after_worker_kills(daemon, bystanders, kills, busy_kills > kills / 2 ? 1 : 0, kills, kills);
+}
+
+TEST_CASE("a respawned worker's state in the queue segment agrees with the supervisor's") {
+  // The supervisor stores pid, busy = 0 and kStarting in a new worker's WorkerShm after fork(),
+  // which races with the worker's own stores (kReady, and busy = 1 once it takes a job): when
+  // the worker gets there first, the segment says "starting" for good while the worker serves
+  // jobs (and "not busy" while it runs one, which the drain reads). Load from bystanders makes
+  // the supervisor lose the race more often.
+  const uint64_t seed = suite_seed();
+  INFO("suite seed " << seed << " (GPUQ_FAULT_SEED=" << seed << " replays it)");
+  DaemonProcess daemon(fault_config(2));
+  QueueMapping queue;
+  REQUIRE(map_queue_segment(daemon.runtime_dir(), &queue).empty());
+  BystanderOptions o;
+  o.runtime_dir = daemon.runtime_dir();
+  o.allow_worker_died = true;
+  o.pace_us = 0;
+  o.seed = derive_seed("worker-shm-bystanders");
+  Bystanders bystanders(o);
+  bystanders.wait_connected();
+  Rng rng(derive_seed("worker-shm"));
+  const uint32_t kills = iterations(300);
+  uint32_t disagreements = 0;
+  std::string last;
+  for (uint32_t k = 1; k <= kills; ++k) {
+    const uint32_t w = static_cast<uint32_t>(rng.between(0, 1));
+    INFO("kill " << k << " of " << kills << ": worker " << w);
+    json status;
+    pid_t pid = 0;
+    const bool live = poll_until(
+        [&] {
+          status = try_status(daemon.runtime_dir());
+          if (status.is_null()) return false;
+          const json& worker = status.at("pools").at(0).at("workers").at(w);
+          pid = worker.value("pid", 0);
+          return worker.value("state", std::string()) == "ready" && pid > 0;
+        },
+        10s, 1ms);
+    REQUIRE_MESSAGE(live, "worker " << w << " did not come back within 10 s: " << status.dump());
+    WorkerShm& ws = queue.view.worker(w);
+    if (!poll_until(
+            [&] {
+              return ws.state.load() == static_cast<uint32_t>(WorkerState::kReady) &&
+                     ws.pid.load() == pid;
+            },
+            1s, std::chrono::microseconds(100))) {
+      ++disagreements;
+      last = "worker " + std::to_string(w) + " (pid " + std::to_string(pid) +
+             ") is ready in the status, but its WorkerShm says state " +
+             std::to_string(ws.state.load()) + " (0 = starting), pid " +
+             std::to_string(ws.pid.load());
+    }
+    const uint32_t restarts = ws.restarts.load();
+    REQUIRE(::kill(pid, SIGKILL) == 0);
+    REQUIRE(poll_until([&] { return ws.restarts.load() == restarts + 1; }, 10s,
+                       std::chrono::microseconds(100)));
+  }
+  std::printf("worker shm state: %u of %u respawned workers disagreed with the status\n",
+              disagreements, kills);
+  CHECK_MESSAGE(disagreements == 0, disagreements << " of " << kills
+                                                  << " respawned workers' WorkerShm disagree "
+                                                     "with the status; last: "
+                                                  << last);
+  REQUIRE(bystanders.drain());
+  CHECK(bystanders.totals().failures == 0);
+  REQUIRE(bystanders.release());
+}
+
+// `count` idle clients in one child process, connected before anything else the test starts,
+// so that their segments come first in the supervisor's MapClient messages to a new worker.
+class ClientCrowd {
+ public:
+  ClientCrowd(const std::string& dir, int count) : memory_(4096), count_(count) {
+    state_ = reinterpret_cast<std::atomic<int>*>(memory_.base());  // connected, or -1
+    exit_ = state_ + 1;
+    pid_ = fork_child([&]() -> int {
+      std::vector<Client> clients;
+      for (int i = 0; i < count; ++i) {
+        auto c = Client::connect(connect_options(dir, 4096));
+        if (!c) {
+          state_->store(-1);
+          return 1;
+        }
+        clients.push_back(std::move(c).value());
+      }
+      state_->store(count);
+      while (exit_->load() == 0) nap_us(1000);
+      return 0;
+    });
+    REQUIRE(pid_ > 0);
+    REQUIRE(wait_until([&] { return state_->load() != 0; }, 60 * kSecond));
+    REQUIRE_MESSAGE(state_->load() == count_,
+                    "the crowd could not connect " << count_ << " clients");
+  }
+  ClientCrowd(const ClientCrowd&) = delete;
+  ClientCrowd& operator=(const ClientCrowd&) = delete;
+  ~ClientCrowd() {
+    exit_->store(1);
+    wait_child(pid_, 10 * kSecond);
+  }
+
+ private:
+  SharedMemory memory_;
+  std::atomic<int>* state_ = nullptr;
+  std::atomic<int>* exit_ = nullptr;
+  int count_;
+  pid_t pid_ = 0;
+};
+
+TEST_CASE("a respawned worker runs the queued jobs of every client, the last to connect too") {
+  // A new worker learns the current clients' segments from MapClient messages, which the
+  // supervisor sends after fork(), one client after another in the order they connected, and
+  // announces by bumping the worker's control_seq after each. A new worker that pops a job of a
+  // client whose message is not there yet skips it as "an entry of a client that has gone": the
+  // job stays queued, with no reference in any ring, for ever. The window is the supervisor's
+  // time between fork() and the last message: a loaded machine can stretch it; here the test
+  // stops the supervisor (SIGSTOP) as soon as the new worker's pid appears in the queue segment,
+  // lets the worker start and pop, then continues it. 200 idle clients connected first keep the
+  // bystanders' messages at the end of the line.
+  const uint64_t seed = suite_seed();
+  INFO("suite seed " << seed << " (GPUQ_FAULT_SEED=" << seed << " replays it)");
+  constexpr int kCrowd = 200;
+  DaemonProcess daemon(fault_config(2, {{"max_clients", kCrowd + 8}}));
+  const std::string dir = daemon.runtime_dir();
+  ClientCrowd crowd(dir, kCrowd);
+  BystanderOptions o;
+  o.runtime_dir = dir;
+  o.allow_worker_died = true;
+  o.pace_us = 0;
+  o.wait_timeout = 5s;
+  o.seed = derive_seed("respawn-crowd-bystanders");
+  Bystanders bystanders(o);  // connected after the crowd: their messages come last
+  bystanders.wait_connected();
+  QueueMapping queue;
+  REQUIRE(map_queue_segment(dir, &queue).empty());
+  JobRing ring = queue.view.ring(0);
+  const uint32_t respawns = iterations(20);
+  for (uint32_t k = 1; k <= respawns; ++k) {
+    INFO("respawn " << k << " of " << respawns);
+    WorkerShm& ws = queue.view.worker(0);
+    json status;
+    pid_t old_pid = 0;
+    const bool live = poll_until(
+        [&] {
+          status = try_status(dir);
+          if (status.is_null()) return false;
+          const json& worker = status.at("pools").at(0).at("workers").at(0);
+          old_pid = worker.value("pid", 0);
+          return worker.value("state", std::string()) == "ready" && old_pid > 0;
+        },
+        10s, 1ms);
+    REQUIRE_MESSAGE(live, "worker 0 did not come back: " << status.dump());
+    REQUIRE(::kill(old_pid, SIGKILL) == 0);
+    // The supervisor stores the new pid right after fork(), before the MapClient messages.
+    pid_t fresh = 0;
+    REQUIRE(wait_until(
+        [&] {
+          fresh = ws.pid.load();
+          return fresh > 0 && fresh != old_pid;
+        },
+        10 * kSecond));
+    int mapped = -1;
+    {
+      ::kill(daemon.pid(), SIGSTOP);
+      struct Continue {
+        pid_t pid;
+        ~Continue() { ::kill(pid, SIGCONT); }
+      } resume{daemon.pid()};
+      // The worker starts, reports ready (its own store), and pops whatever is queued.
+      if (poll_until([&] { return ws.state.load() == static_cast<uint32_t>(WorkerState::kReady); },
+                     500ms, std::chrono::microseconds(100))) {
+        poll_until([&] { return ring.size() == 0; }, 200ms, std::chrono::microseconds(100));
+        mapped = count_client_memfd_mappings(fresh);
+      }
+    }
+    INFO("the new worker had mapped " << mapped << " of " << kCrowd + 2
+                                      << " client segments when it got ready (-1: it was not "
+                                         "ready while the supervisor was stopped)");
+    // Every job queued now must finish: each bystander finishes two rounds of its jobs in
+    // flight, unless one of them is stuck (a bystander gives up on a job after 5 s). No worker
+    // dies meanwhile, so no requeue puts a lost job back.
+    std::vector<uint64_t> before;
+    for (int i = 0; i < bystanders.count(); ++i) before.push_back(bystanders.finished_by(i));
+    const bool flowing = poll_until(
+        [&] {
+          if (bystanders.totals().failures != 0) return false;
+          for (int i = 0; i < bystanders.count(); ++i) {
+            if (bystanders.finished_by(i) <
+                before[static_cast<size_t>(i)] + 2 * static_cast<uint64_t>(o.in_flight)) {
+              return false;
+            }
+          }
+          return true;
+        },
+        20s, 1ms);
+    if (!flowing) {
+      FAIL("bystander jobs lost after a worker restart: " << bystanders.totals().describe() << "\n"
+                                                          << bystanders.diagnose() << "\n"
+                                                          << describe_ring(dir));
+    }
+  }
+  REQUIRE(bystanders.drain(60s));
+  CHECK(bystanders.totals().failures == 0);
+  REQUIRE(bystanders.release());
+}
+
+TEST_CASE("a respawned worker maps the segment of every client, however many there are") {
+  // The supervisor hands a new worker one MapClient message per client on a non-blocking
+  // socketpair, before the worker reads any: with a few hundred clients the socket buffer
+  // (net.core.wmem_default, 208 KiB here) fills, the rest fail with EAGAIN ("cannot send to
+  // worker"), and the new worker never learns of those clients: it skips every job of theirs.
+  constexpr int kCrowd = 400;
+  DaemonProcess daemon(fault_config(2, {{"max_clients", kCrowd + 8}}));
+  const std::string dir = daemon.runtime_dir();
+  ClientCrowd crowd(dir, kCrowd);
+  QueueMapping queue;
+  REQUIRE(map_queue_segment(dir, &queue).empty());
+  const pid_t before = daemon.worker_pids().at(0);
+  // A live worker hears of each client as it connects; a burst of connections can overflow
+  // its socket the same way.
+  const int mapped_before = count_client_memfd_mappings(before);
+  CHECK_MESSAGE(mapped_before == kCrowd,
+                "a live worker maps " << mapped_before << " of " << kCrowd << " client segments");
+  WorkerShm& ws = queue.view.worker(0);
+  const uint32_t restarts = ws.restarts.load();
+  REQUIRE(::kill(before, SIGKILL) == 0);
+  json status;
+  pid_t after = 0;
+  const bool back = poll_until(
+      [&] {
+        status = try_status(dir);
+        if (status.is_null() || ws.restarts.load() == restarts) return false;
+        const json& worker = status.at("pools").at(0).at("workers").at(0);
+        after = worker.value("pid", 0);
+        return worker.value("state", std::string()) == "ready" && after > 0 && after != before;
+      },
+      10s, 1ms);
+  REQUIRE_MESSAGE(back, "worker 0 did not come back: " << status.dump());
+  int mapped = 0;
+  const bool all = poll_until(
+      [&] {
+        mapped = count_client_memfd_mappings(after);
+        return mapped == kCrowd;
+      },
+      10s, 1ms);
+  const std::string log = daemon.log();
+  const size_t lost = [&] {
+    size_t n = 0;
+    for (size_t at = log.find("cannot send to worker"); at != std::string::npos;
+         at = log.find("cannot send to worker", at + 1)) {
+      ++n;
+    }
+    return n;
+  }();
+  CHECK_MESSAGE(all, "the respawned worker maps " << mapped << " of " << kCrowd
+                                                  << " client segments; the supervisor logged "
+                                                  << lost << " 'cannot send to worker' warnings");
+}
+
+// Makes every worker that starts from now on fail before it is ready, until destroyed: hides
+// the queue segment (renames it in /dev/shm), which a starting worker opens by name and exits 1
+// without. Processes that have it mapped already (the supervisor, live workers, connected
+// clients) are not affected.
+class StartFailures {
+ public:
+  explicit StartFailures(const std::string& segment_name)
+      : path_("/dev/shm/" + segment_name), hidden_(path_ + ".hidden") {
+    REQUIRE_MESSAGE(::rename(path_.c_str(), hidden_.c_str()) == 0,
+                    "rename " << path_ << ": " << std::strerror(errno));
+  }
+  StartFailures(const StartFailures&) = delete;
+  StartFailures& operator=(const StartFailures&) = delete;
+  ~StartFailures() { ::rename(hidden_.c_str(), path_.c_str()); }
+
+ private:
+  std::string path_, hidden_;
+};
+
+// Kills worker `w` (ready) while its replacements cannot start, and waits until the supervisor
+// marks it failed. Returns its status entry then.
+json kill_until_failed(DaemonProcess& daemon, const QueueMapping& queue, uint32_t w) {
+  StartFailures failing(queue.name);
+  const json pool_before = daemon.status().at("pools").at(0);
+  const int ready_before = pool_before.at("workers_ready").get<int>();
+  const json before = pool_before.at("workers").at(w);
+  REQUIRE(before.at("state") == "ready");
+  const pid_t pid = before.at("pid").get<pid_t>();
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  // Health counts only live, ready workers: the dead one at once, while it is restarting.
+  json status;
+  const bool noticed = poll_until(
+      [&] {
+        status = try_status(daemon.runtime_dir());
+        return !status.is_null() &&
+               status.at("pools").at(0).at("workers").at(w).at("state") != "ready";
+      },
+      10s, 1ms);
+  REQUIRE_MESSAGE(noticed,
+                  "the supervisor did not notice worker " << w << " die: " << status.dump());
+  CHECK(status.at("pools").at(0).at("workers_ready").get<int>() == ready_before - 1);
+  // Back-off 100, 200, 400, 800, 1600 ms: about 3 s to the fifth failure.
+  const bool failed = poll_until(
+      [&] {
+        status = try_status(daemon.runtime_dir());
+        return !status.is_null() &&
+               status.at("pools").at(0).at("workers").at(w).at("state") == "failed";
+      },
+      30s, 5ms);
+  REQUIRE_MESSAGE(failed, "worker " << w << " not marked failed: " << status.dump());
+  return status.at("pools").at(0).at("workers").at(w);
+}
+
+TEST_CASE("a worker that keeps dying at start-up is marked failed, and health says so") {
+  // Default settings: back-off from 100 ms, doubling; failed after max_start_failures (5)
+  // deaths in a row before ready. No fault point comes before a worker's ready report, and a
+  // worker killed after it is ready does not count as a start failure (by design: its back-off
+  // grows, but it is never marked failed); so the test makes the replacements fail at start by
+  // hiding the queue segment they open.
+  DaemonProcess daemon(one_pool_config(2));
+  QueueMapping queue;
+  REQUIRE(map_queue_segment(daemon.runtime_dir(), &queue).empty());
+  const std::string ready_command =
+      std::string("'") + gpuqctl_path() + "' --runtime-dir '" + daemon.runtime_dir() + "' ready";
+  Client client = connect_client(daemon);
+  CHECK(run_command(ready_command).exit_code == 0);
+
+  const json first = kill_until_failed(daemon, queue, 0);
+  INFO("worker 0: " << first.dump());
+  CHECK(first.at("pid") == 0);
+  CHECK(first.at("restarts") == 5);  // the kill, then 4 start failures were restarted
+  json status = daemon.status();
+  INFO("status: " << status.dump());
+  CHECK(status.at("pools").at(0).at("workers_ready") == 1);
+  CHECK(status.at("pools").at(0).at("status") == "degraded");
+  CHECK(status.at("ready") == true);  // one live worker still serves the pool
+  CHECK(run_command(ready_command).exit_code == 0);
+  CHECK(daemon.log().find("marked failed") != std::string::npos);
+  // Exponential back-off: restart delays double from restart_backoff_initial_ms (100).
+  std::vector<uint32_t> delays;
+  {
+    const std::string log = daemon.log();
+    const std::regex line("worker 0 \\(pid [0-9]+\\) [^\\n]*; restarting in ([0-9]+) ms");
+    for (std::sregex_iterator it(log.begin(), log.end(), line), end; it != end; ++it) {
+      delays.push_back(static_cast<uint32_t>(std::stoul((*it)[1].str())));
+    }
+  }
+  CHECK(delays == std::vector<uint32_t>{100, 200, 400, 800, 1600});
+  check_echo_works(client);  // on the worker that is left
+  {
+    Client another = connect_client(daemon);  // the segment is back: new clients connect
+    check_echo_works(another);
+  }
+
+  const json second = kill_until_failed(daemon, queue, 1);
+  INFO("worker 1: " << second.dump());
+  status = daemon.status();
+  INFO("status: " << status.dump());
+  CHECK(status.at("pools").at(0).at("workers").at(0).at("state") == "failed");  // stays failed
+  CHECK(status.at("pools").at(0).at("workers_ready") == 0);
+  CHECK(status.at("pools").at(0).at("status") == "down");
+  CHECK(status.at("ready") == false);
+  const CommandResult not_ready = run_command(ready_command);
+  CHECK(not_ready.exit_code == 1);
+  CHECK(not_ready.output.find("not ready") != std::string::npos);
+  const ChildExit exit = daemon.terminate();
+  CHECK_MESSAGE(exit.ok(), "gpuqd " << exit.describe());
+}
+
+}  // namespace
+}  // namespace gpuq::test::fault
