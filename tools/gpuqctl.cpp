@@ -771,7 +771,8 @@ int run(int argc, char** argv) {
     }
     return run_status(runtime_dir, as_json);
   }
-  if (command == "ready") {
+  if (command == "ready" || command == "stop") {
+    // These take no arguments besides --runtime-dir (and --help).
     while (!cursor.done()) {
       std::string_view arg = cursor.peek();
       if (arg == "-h" || arg == "--help") {
@@ -779,25 +780,11 @@ int run(int argc, char** argv) {
         return kExitOk;
       }
       if (!cursor.take_value("--runtime-dir", runtime_dir, error)) {
-        return usage_error("unknown argument '" + std::string(arg) + "' for ready");
+        return usage_error("unknown argument '" + std::string(arg) + "' for " + command);
       }
       if (!error.empty()) return usage_error(error);
     }
-    return run_ready(runtime_dir);
-  }
-  if (command == "stop") {
-    while (!cursor.done()) {
-      std::string_view arg = cursor.peek();
-      if (arg == "-h" || arg == "--help") {
-        std::cout << kUsage;
-        return kExitOk;
-      }
-      if (!cursor.take_value("--runtime-dir", runtime_dir, error)) {
-        return usage_error("unknown argument '" + std::string(arg) + "' for stop");
-      }
-      if (!error.empty()) return usage_error(error);
-    }
-    return run_stop(runtime_dir);
+    return command == "ready" ? run_ready(runtime_dir) : run_stop(runtime_dir);
   }
   if (command == "submit") {
     if (cursor.done()) return usage_error("submit needs an op name, e.g. 'gpuqctl submit echo'");
