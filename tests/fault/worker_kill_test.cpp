@@ -277,6 +277,23 @@ TEST_CASE("workers killed after publishing a job's end: the job stays Done") {
   run_worker_point({"worker.completed", false, true});
 }
 
+// The pid of worker `w` of pool 0 once the supervisor reports it ready (it may be restarting).
+pid_t wait_worker_live(const DaemonProcess& daemon, uint32_t w) {
+  json status;
+  pid_t pid = 0;
+  const bool live = poll_until(
+      [&] {
+        status = try_status(daemon.runtime_dir());
+        if (status.is_null()) return false;
+        const json& worker = status.at("pools").at(0).at("workers").at(w);
+        pid = worker.value("pid", 0);
+        return worker.value("state", std::string()) == "ready" && pid > 0;
+      },
+      10s, 1ms);
+  REQUIRE_MESSAGE(live, "worker " << w << " did not come back within 10 s: " << status.dump());
+  return pid;
+}
+
 TEST_CASE("workers killed from outside mid-job: jobs fail once with WorkerDied, none is lost") {
   const uint64_t seed = suite_seed();
   INFO("suite seed " << seed << " (GPUQ_FAULT_SEED=" << seed << " replays it)");
@@ -304,18 +321,7 @@ TEST_CASE("workers killed from outside mid-job: jobs fail once with WorkerDied, 
     INFO("kill " << k << " of " << kills << ": worker " << w << ", " << delay
                  << " us after it is busy");
     // A live worker, by the supervisor's account.
-    json status;
-    pid_t pid = 0;
-    const bool live = poll_until(
-        [&] {
-          status = try_status(daemon.runtime_dir());
-          if (status.is_null()) return false;
-          const json& worker = status.at("pools").at(0).at("workers").at(w);
-          pid = worker.value("pid", 0);
-          return worker.value("state", std::string()) == "ready" && pid > 0;
-        },
-        10s, 1ms);
-    REQUIRE_MESSAGE(live, "worker " << w << " did not come back within 10 s: " << status.dump());
+    const pid_t pid = wait_worker_live(daemon, w);
     WorkerShm& ws = queue.view.worker(w);
     const uint32_t restarts = ws.restarts.load();
     // Kill it while it runs a job, most of the time (the bystanders queue mostly sleeps).
@@ -368,18 +374,7 @@ TEST_CASE("a respawned worker's state in the queue segment agrees with the super
   for (uint32_t k = 1; k <= kills; ++k) {
     const uint32_t w = static_cast<uint32_t>(rng.between(0, 1));
     INFO("kill " << k << " of " << kills << ": worker " << w);
-    json status;
-    pid_t pid = 0;
-    const bool live = poll_until(
-        [&] {
-          status = try_status(daemon.runtime_dir());
-          if (status.is_null()) return false;
-          const json& worker = status.at("pools").at(0).at("workers").at(w);
-          pid = worker.value("pid", 0);
-          return worker.value("state", std::string()) == "ready" && pid > 0;
-        },
-        10s, 1ms);
-    REQUIRE_MESSAGE(live, "worker " << w << " did not come back within 10 s: " << status.dump());
+    const pid_t pid = wait_worker_live(daemon, w);
     WorkerShm& ws = queue.view.worker(w);
     if (!poll_until(
             [&] {
