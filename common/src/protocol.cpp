@@ -106,8 +106,14 @@ Result<Message> receive_message(int socket) {
     }
   }
   if (*r == 0) return Error(ErrorCode::kDisconnected, "peer closed the control socket");
-  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+  if ((msg.msg_flags & MSG_TRUNC) != 0) {
     return Error(ErrorCode::kInvalidArgument, "message was truncated (too large)");
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+    // Too many descriptors attached, or none left in this process to receive them (EMFILE).
+    return Error(ErrorCode::kSystemError,
+                 "the descriptors sent with a message were dropped (too many, or this process is "
+                 "out of file descriptors)");
   }
   auto m = decode_message(buf.data(), static_cast<size_t>(*r));
   if (!m) return m;

@@ -8,6 +8,7 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -164,6 +165,7 @@ Result<void> Supervisor::start() {
         "socket and segments are mode 0600, so only root and the daemon's own user can "
         "reach them");
   }
+  raise_descriptor_limit();
   if (auto r = create_runtime_dir(); !r) return r;
   if (auto r = create_queue_segment(); !r) return r;
   if (auto r = create_socket(); !r) return r;
@@ -770,11 +772,74 @@ bool Supervisor::authorized(uid_t uid, gid_t gid) const {
   return false;
 }
 
+// Each client costs the supervisor three descriptors (its socket, its pidfd, its segment's
+// memfd, kept to hand to respawned workers); each worker three (control socket, stdout,
+// stderr). The soft RLIMIT_NOFILE is often 1024 while the hard one is far higher (systemd:
+// 524288), so raise the soft limit to the hard one, and say so when even that is too few.
+void Supervisor::raise_descriptor_limit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  descriptor_limit_ = lim.rlim_cur;
+  const Config& c = options_.config;
+  uint64_t workers = 0;
+  for (const auto& p : c.pools) workers += p.workers;
+  const uint64_t needed = uint64_t{c.max_clients} * 3 + workers * 3 + 32;
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < needed) {
+    GPUQ_LOG_WARN(
+        "the descriptor limit (RLIMIT_NOFILE) is %llu, but max_clients = %u needs about %llu: "
+        "clients past about %llu will be refused (raise LimitNOFILE= or ulimit -Hn, or lower "
+        "max_clients)",
+        static_cast<unsigned long long>(lim.rlim_cur), c.max_clients,
+        static_cast<unsigned long long>(needed),
+        static_cast<unsigned long long>(
+            lim.rlim_cur > workers * 3 + 32 ? (lim.rlim_cur - workers * 3 - 32) / 3 : 0));
+  }
+  reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+}
+
+// accept4 failed with EMFILE or ENFILE: the connection would stay in the backlog, and the
+// level-triggered listen socket would wake the loop at once, again and again. Spend the
+// reserve descriptor to take it, tell the client why, and close it.
+bool Supervisor::refuse_for_descriptors() {
+  const int err = errno;
+  if (!reserve_fd_.valid()) {
+    GPUQ_LOG_WARN("accept: %s, and no reserve descriptor to refuse the client with",
+                  std::strerror(err));
+    return false;
+  }
+  reserve_fd_.reset();
+  UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+  if (fd.valid()) {
+    Error e(ErrorCode::kTooManyClients,
+            "the daemon is out of file descriptors (" + std::string(std::strerror(err)) +
+                ", RLIMIT_NOFILE " + std::to_string(descriptor_limit_) + ") with " +
+                std::to_string(registered_clients_) +
+                " clients; raise its LimitNOFILE= or lower max_clients");
+    GPUQ_LOG_WARN("refused a connection: %s", e.message().c_str());
+    (void)send_message(fd.get(), MessageType::kError, error_body(e));
+  }
+  const bool refused = fd.valid();
+  fd.reset();
+  reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  return refused;
+}
+
 void Supervisor::on_accept() {
   for (;;) {
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR) continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        // Until a client leaves, every new one is refused; stop when none is waiting or no
+        // descriptor could be had even so (the next wakeup tries again).
+        if (!refuse_for_descriptors()) return;
+        continue;
+      }
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         GPUQ_LOG_WARN("accept: %s", std::strerror(errno));
       }

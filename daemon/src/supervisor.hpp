@@ -109,6 +109,8 @@ class Supervisor {
   Result<void> create_runtime_dir();
   Result<void> create_queue_segment();
   Result<void> create_socket();
+  void raise_descriptor_limit();
+  bool refuse_for_descriptors();
   void epoll_add(int fd, uint64_t tag, uint32_t events);
   void cleanup();
 
@@ -139,6 +141,10 @@ class Supervisor {
   // Pools (bit p) with a job a dead worker took that did not fit back into the full ring yet.
   uint32_t requeue_pending_ = 0;
   UniqueFd watchdog_fd_, test_hook_fd_;
+  // Held open so that a connection can still be accepted, told why it is refused and closed
+  // when the process is out of descriptors (EMFILE), instead of staying in the backlog.
+  UniqueFd reserve_fd_;
+  uint64_t descriptor_limit_ = 0;  // RLIMIT_NOFILE soft limit after start()
   bool ready_notified_ = false;
   std::string last_service_status_;
 };

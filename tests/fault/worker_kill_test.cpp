@@ -21,8 +21,10 @@
 // state in the queue segment, and every client's segment mapped before it skips a job of a
 // client it does not know (three test cases that each fail on a race in worker start-up).
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <regex>
 
@@ -547,7 +549,15 @@ TEST_CASE("a respawned worker maps the segment of every client, however many the
   // socketpair, before the worker reads any: with a few hundred clients the socket buffer
   // (net.core.wmem_default, 208 KiB here) fills, the rest fail with EAGAIN ("cannot send to
   // worker"), and the new worker never learns of those clients: it skips every job of theirs.
-  constexpr int kCrowd = 400;
+  // The supervisor holds three descriptors per client (socket, pidfd, segment): as many
+  // clients as the descriptor limit allows, up to 400. The daemon raises its soft limit to the
+  // hard one; so does this process, for the crowd's two descriptors per client.
+  rlimit lim{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &lim) == 0);
+  lim.rlim_cur = lim.rlim_max;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &lim) == 0);
+  const int kCrowd = static_cast<int>(std::min<rlim_t>(400, (lim.rlim_cur - 64) / 3));
+  REQUIRE_MESSAGE(kCrowd >= 100, "RLIMIT_NOFILE " << lim.rlim_cur << " is too low for a crowd");
   DaemonProcess daemon(fault_config(2, {{"max_clients", kCrowd + 8}}));
   const std::string dir = daemon.runtime_dir();
   ClientCrowd crowd(dir, kCrowd);

@@ -1,11 +1,14 @@
 // Integration: bad input of every kind gets its own error while the daemon keeps serving: bad
 // jobs, malformed control frames on a raw socket, and peers that are not allowed in.
 #include <grp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <set>
 
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/unique_fd.hpp"
@@ -266,6 +269,51 @@ TEST_CASE("another user cannot reach the socket; this user's client keeps workin
 
   wait_done(in_flight);
   check_echo_works(client);
+}
+
+// The lowest descriptor number free in process `pid`: with its RLIMIT_NOFILE at this number,
+// its next open, accept or pidfd_open fails with EMFILE.
+int lowest_free_descriptor(pid_t pid) {
+  std::set<int> used;
+  for (const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    used.insert(std::stoi(e.path().filename().string()));
+  }
+  int n = 0;
+  while (used.count(n) != 0) ++n;
+  return n;
+}
+
+TEST_CASE("a daemon out of file descriptors refuses new clients with a reason, serves the rest") {
+  DaemonProcess daemon(one_pool_config(1));
+  Client client = connect_client(daemon);
+  rlimit original{};
+  REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, nullptr, &original) == 0);
+  rlimit low = original;
+  low.rlim_cur = static_cast<rlim_t>(lowest_free_descriptor(daemon.pid()));
+  REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &low, nullptr) == 0);
+  constexpr int kAttempts = 3;
+  for (int i = 0; i < kAttempts; ++i) {
+    auto refused = Client::connect(connect_options(daemon.runtime_dir()));
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error().code() == ErrorCode::kTooManyClients);
+    CHECK_MESSAGE(refused.error().message().find("out of file descriptors") != std::string::npos,
+                  refused.error().message());
+  }
+  check_echo_works(client);
+  // One warning per refused client: the listening socket did not spin the event loop.
+  const std::string log = daemon.log();
+  size_t warnings = 0;
+  for (size_t at = log.find("out of file descriptors"); at != std::string::npos;
+       at = log.find("out of file descriptors", at + 1)) {
+    ++warnings;
+  }
+  CHECK(warnings == kAttempts);
+  CHECK(log.find("accept: ") == std::string::npos);
+  // With descriptors to spare again, clients get in.
+  REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &original, nullptr) == 0);
+  Client later = connect_client(daemon);
+  check_echo_works(later);
 }
 
 }  // namespace

@@ -275,6 +275,38 @@ TEST_CASE("receive_message rejects a datagram larger than the largest frame") {
   CHECK(contains(m.error().message(), "truncated"));
 }
 
+TEST_CASE("receive_message says so when descriptors sent with a message were dropped") {
+  SocketPair sp;
+  Pipe pipe;
+  // More descriptors than the receiver takes (kMaxMessageFds): the kernel drops them all and
+  // sets MSG_CTRUNC, as it does when the receiver is out of file descriptors.
+  constexpr int kSent = kMaxMessageFds + 2;
+  auto bytes = frame("{}");
+  iovec iov{bytes.data(), bytes.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kSent)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * kSent);
+  const int wfd = pipe.write_end.get();
+  for (int i = 0; i < kSent; ++i) std::memcpy(CMSG_DATA(c) + i * sizeof(int), &wfd, sizeof wfd);
+  REQUIRE(::sendmsg(sp.a.get(), &msg, 0) == static_cast<ssize_t>(bytes.size()));
+  pipe.write_end.reset();
+
+  auto m = receive_message(sp.b.get());
+
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error().code() == ErrorCode::kSystemError);
+  CHECK(contains(m.error().message(), "descriptors"));
+  char ch;
+  CHECK(::read(pipe.read_end.get(), &ch, 1) == 0);  // none of the copies is left open
+}
+
 TEST_CASE("receive_message reports a closed peer as Disconnected") {
   SocketPair sp;
   sp.a.reset();
