@@ -35,6 +35,7 @@
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/runtime_dir.hpp"
 #include "ops.hpp"
+#include "supervisor_state.hpp"
 
 extern char** environ;
 
@@ -99,53 +100,6 @@ void set_nonblocking(int fd) {
 }
 
 }  // namespace
-
-struct Supervisor::WorkerProc {
-  uint32_t id = 0;
-  uint32_t pool = 0;
-  int cpu = 0;
-  pid_t pid = 0;
-  UniqueFd control, out, err;
-  std::string out_buf, err_buf;
-  WorkerState state = WorkerState::kStarting;
-  uint32_t start_failures = 0;  // deaths before ready, in a row
-  uint32_t backoff_ms = 0;
-  uint64_t ready_since_ns = 0;
-  uint64_t respawn_at_ns = 0;
-  uint64_t kill_at_ns = 0;
-  // Control messages that did not fit in the worker's socket queue (a Unix datagram queue
-  // holds net.unix.max_dgram_qlen, 10 by default): sent in order as it drains (EPOLLOUT).
-  struct Outgoing {
-    int type;
-    std::string body;
-    UniqueFd fd;  // a dup of the descriptor to pass, or none
-  };
-  std::deque<Outgoing> outbox;
-  bool waiting_writable = false;  // EPOLLOUT registered on `control`
-};
-
-struct Supervisor::Connection {
-  uint64_t id = 0;
-  UniqueFd fd;
-  UniqueFd pidfd;  // the peer process (pidfd_open), when the kernel has it
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  bool registered = false;
-  uint32_t index = 0;
-  uint64_t session = 0;
-  std::string name;
-  MemfdSegment segment;
-  ClientSegmentGeometry geometry{};
-  uint32_t slot_count = 0;
-};
-
-// A client index whose last entries may still sit in the rings: reusable once every pool's
-// head has passed the tail it had when the client left.
-struct Supervisor::RetiredClient {
-  uint32_t index;
-  uint64_t tails[kMaxPools];
-};
 
 Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options)) {}
 
@@ -1133,17 +1087,20 @@ int Supervisor::run() {
 }
 
 // The periodic tick runs only while something is timed: a respawn or kill deadline, a drain,
-// or a client index waiting for the rings to pass it. An idle daemon does not wake at all.
+// or a client index waiting for the rings to pass it (every kTickNs); and, slower, the audit
+// while clients are connected (every kAuditNs). A daemon without clients does not wake at all.
 void Supervisor::update_timer() {
-  bool needed = draining_ || !retired_.empty() || requeue_pending_ != 0;
+  bool timed = draining_ || !retired_.empty() || requeue_pending_ != 0;
   for (const auto& w : workers_) {
-    if (w->state == WorkerState::kRestarting || w->kill_at_ns != 0) needed = true;
+    if (w->state == WorkerState::kRestarting || w->kill_at_ns != 0) timed = true;
   }
-  if (needed == timer_armed_) return;
-  const long tick = needed ? static_cast<long>(kTickNs) : 0;
-  itimerspec its{{0, tick}, {0, tick}};
+  const uint64_t period = timed ? kTickNs : (registered_clients_ > 0 ? kAuditNs : 0);
+  if (period == timer_period_ns_) return;
+  const timespec tick{static_cast<time_t>(period / 1'000'000'000),
+                      static_cast<long>(period % 1'000'000'000)};
+  itimerspec its{tick, tick};
   timerfd_settime(timer_fd_.get(), 0, &its, nullptr);
-  timer_armed_ = needed;
+  timer_period_ns_ = period;
 }
 
 void Supervisor::on_signal() {
@@ -1188,6 +1145,7 @@ void Supervisor::on_timer() {
       w->kill_at_ns = 0;
     }
   }
+  audit(now);
   // Client indexes whose last ring entries have all been popped become reusable.
   std::erase_if(retired_, [&](const RetiredClient& r) {
     for (uint32_t p = 0; p < options_.config.pools.size(); ++p) {
@@ -1282,7 +1240,10 @@ std::string Supervisor::status_json() const {
               {"accepting", ps.accepting.load() != 0},
               {"jobs_submitted", jobs_submitted(p)},
               {"jobs_completed", jobs_completed(p)},
-              {"cells_held", cells_held(p)}};
+              {"cells_held", cells_held(p)},
+              {"ring_cells_retired", cells_retired_[p]},
+              {"ring_positions_restored", hints_restored_[p]},
+              {"jobs_requeued", jobs_requeued_[p]}};
     uint32_t ready = 0, total = 0;
     pool["workers"] = json::array();
     for (const auto& w : workers_) {

@@ -83,6 +83,12 @@ class Supervisor {
   void flush_outbox(WorkerProc& w);
   void send_to_worker(WorkerProc& w, int type, const std::string& body, int fd);
 
+  // The audit of rings and SUBMITTED jobs that a client may have overwritten
+  // (supervisor_audit.cpp).
+  void audit(uint64_t now);
+  void audit_ring(uint32_t pool);
+  void audit_submitted(uint32_t pool, uint64_t now);
+
   // Drain and status.
   void update_timer();
   void begin_drain(const char* reason);
@@ -134,13 +140,23 @@ class Supervisor {
   bool workers_stopping_ = false;
   uint64_t drain_deadline_ns_ = 0;
   bool done_ = false;
-  bool timer_armed_ = false;
   uint64_t submitted_by_departed_[kMaxPools] = {};
   // Retryable jobs already run again after a worker death: {client session, slot, generation}.
   std::set<std::tuple<uint64_t, uint32_t, uint32_t>> retried_;
   // Pools (bit p) with a job a dead worker took that did not fit back into the full ring yet.
   uint32_t requeue_pending_ = 0;
   UniqueFd watchdog_fd_, test_hook_fd_;
+  // The audit (supervisor_audit.cpp): every kAuditNs while clients are connected.
+  static constexpr uint64_t kAuditNs = 100'000'000;
+  static constexpr uint64_t kLostAfterNs = 1'000'000'000;
+  uint64_t next_audit_ns_ = 0;
+  RingAudit ring_audits_[kMaxPools];
+  using LostKey = std::tuple<uint32_t, uint64_t, uint32_t, uint32_t>;  // pool, session, slot, gen
+  std::map<LostKey, uint64_t> lost_since_;  // SUBMITTED jobs in no ring: first seen (ns)
+  uint64_t cells_retired_[kMaxPools] = {};
+  uint64_t hints_restored_[kMaxPools] = {};
+  uint64_t jobs_requeued_[kMaxPools] = {};
+  uint64_t timer_period_ns_ = 0;  // 0: disarmed
   // Held open so that a connection can still be accepted, told why it is refused and closed
   // when the process is out of descriptors (EMFILE), instead of staying in the backlog.
   UniqueFd reserve_fd_;

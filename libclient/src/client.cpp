@@ -381,12 +381,20 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                         ? kNoDeadline
                         : d.submit_ns + static_cast<uint64_t>(spec.expire_after.count());
     if (params.size() > 0) std::memcpy(d.params, params.data(), params.size());
+    ClientShm& cs = queue_.client(index_);
+    // `submitting` is up from before the slot turns SUBMITTED until its reference is in the
+    // ring (or the slot is free again): the supervisor's drain handshake waits for it, and its
+    // audit does not take a SUBMITTED job in no ring for one whose entry was lost meanwhile.
+    cs.submitting.fetch_add(1, std::memory_order_seq_cst);
+    struct Lower {
+      ClientShm& cs;
+      ~Lower() { cs.submitting.fetch_sub(1, std::memory_order_seq_cst); }
+    } lower{cs};
     js.state.store(SlotWord{generation, JobState::kSubmitted, 0}.pack(), std::memory_order_release);
     GPUQ_FAULT_POINT("client.submit.before_push");
 
     const uint32_t ref = JobRef{index_, s, generation}.pack();
     PoolShm& ps = queue_.pool(pool->id);
-    ClientShm& cs = queue_.client(index_);
     JobRing ring = queue_.ring(pool->id);
     Result<void> pushed = push(ps, cs, ring, *pool, ref, wait_deadline, blocking);
     if (!pushed) {
@@ -402,14 +410,9 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   }
 
   // Pushes `ref` into the pool's ring within this client's share, waiting for room if
-  // `blocking`. Raises `submitting` for the drain handshake (see Supervisor::check_drain).
+  // `blocking`. The caller has raised `submitting` (see Supervisor::check_drain).
   Result<void> push(PoolShm& ps, ClientShm& cs, JobRing& ring, const Pool& pool, uint32_t ref,
                     uint64_t deadline, bool blocking) {
-    cs.submitting.fetch_add(1, std::memory_order_seq_cst);
-    struct Lower {
-      ClientShm& cs;
-      ~Lower() { cs.submitting.fetch_sub(1, std::memory_order_seq_cst); }
-    } lower{cs};
     std::atomic<uint32_t>& queued = cs.queued[pool.id];
     auto try_once = [&]() -> int {  // 1 pushed, 0 no room, -1 not accepting
       if (ps.accepting.load(std::memory_order_seq_cst) == 0) return -1;

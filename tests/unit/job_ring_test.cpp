@@ -561,5 +561,270 @@ TEST_CASE("JobRing: dead producers and consumers on every cell of a lap never st
   }
 }
 
+// ---- Audit: find_suspects and retire ---------------------------------------------------------
+
+std::vector<JobRing::Suspect> suspects(const JobRing& ring) {
+  std::vector<JobRing::Suspect> out;
+  ring.find_suspects(&out);
+  return out;
+}
+
+TEST_CASE(
+    "JobRing::find_suspects finds nothing in a sound ring, dead producers and consumers too") {
+  for (uint32_t cap : kOddCapacities) {
+    CAPTURE(cap);
+    RingMemory mem(cap);
+    JobRing ring = create_at_position(mem.get(), cap, (uint64_t{1} << 32) - 2 * cap);
+    RawRing raw(mem.get());
+    std::mt19937 rng(cap);
+    std::deque<uint32_t> model;
+    uint32_t next = 0;
+    for (int step = 0; step < 4000; ++step) {
+      CAPTURE(step);
+      const uint32_t pick = rng() % 4;
+      if (pick == 0 && model.size() < cap) {
+        REQUIRE(ring.try_push(next));
+        model.push_back(next++);
+      } else if (pick == 1 && model.size() < cap) {
+        raw.producer_dies_after_cas(next);  // leaves the tail hint behind
+        model.push_back(next++);
+      } else if (pick == 2 && !model.empty()) {
+        uint32_t v = 0;
+        REQUIRE(ring.try_pop(&v));
+        CHECK(v == model.front());
+        model.pop_front();
+      } else if (pick == 3 && !model.empty()) {
+        CHECK(raw.consumer_dies_after_cas() == model.front());  // leaves the head hint behind
+        model.pop_front();
+      }
+      const auto found = suspects(ring);
+      REQUIRE_MESSAGE(found.empty(), "cell " << found.front().index << " position "
+                                             << found.front().position << " word " << std::hex
+                                             << found.front().word);
+    }
+  }
+}
+
+TEST_CASE("JobRing: an overwritten cell at the head stalls consumers until it is retired") {
+  const uint32_t cap = 8;
+  RingMemory mem(cap);
+  JobRing ring = JobRing::create(mem.get(), cap);
+  RawRing raw(mem.get());
+  for (uint32_t v = 0; v < 5; ++v) REQUIRE(ring.try_push(v));
+  // A word with a tag from long ago where value 0 was.
+  const uint64_t head = raw.header->head.load();
+  raw.cell(head).store(RawRing::word(head + 0x80000000ull, 1234));
+  uint32_t v = 0;
+  CHECK_FALSE(ring.try_pop(&v));  // four values behind it, and consumers see none
+  CHECK(ring.size() == 5);
+
+  const auto found = suspects(ring);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].position == head);
+  CHECK(ring.retire(found[0]));
+  CHECK_FALSE(ring.retire(found[0]));  // the word is no longer there
+  for (uint32_t want = 1; want < 5; ++want) {
+    REQUIRE(ring.try_pop(&v));
+    CHECK(v == want);
+  }
+  CHECK_FALSE(ring.try_pop(&v));
+  CHECK(suspects(ring).empty());
+  // And the retired cell takes values again on the next lap.
+  for (uint32_t i = 0; i < cap; ++i) REQUIRE(ring.try_push(100 + i));
+  CHECK_FALSE(ring.try_push(999));
+  for (uint32_t i = 0; i < cap; ++i) {
+    REQUIRE(ring.try_pop(&v));
+    CHECK(v == 100 + i);
+  }
+}
+
+TEST_CASE("JobRing: an overwritten cell at the tail stalls producers until it is retired") {
+  const uint32_t cap = 8;
+  RingMemory mem(cap);
+  JobRing ring = JobRing::create(mem.get(), cap);
+  RawRing raw(mem.get());
+  for (uint32_t v = 0; v < 3; ++v) REQUIRE(ring.try_push(v));
+  const uint64_t tail = raw.header->tail.load();
+  // "Full" as producers read it (the value of a lap ago), though the head is far past that lap.
+  raw.cell(tail).store(RawRing::word(tail - cap, 4321));
+  CHECK_FALSE(ring.try_push(3));
+  const auto found = suspects(ring);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].position == tail);
+  REQUIRE(ring.retire(found[0]));
+  REQUIRE(ring.try_push(3));
+  uint32_t v = 0;
+  for (uint32_t want = 0; want < 4; ++want) {
+    REQUIRE(ring.try_pop(&v));
+    CHECK(v == want);
+  }
+  CHECK_FALSE(ring.try_pop(&v));
+}
+
+TEST_CASE("JobRing: a wiped value at the head is a suspect once the tail has passed it") {
+  const uint32_t cap = 4;
+  RingMemory mem(cap);
+  JobRing ring = JobRing::create(mem.get(), cap);
+  RawRing raw(mem.get());
+  CHECK(suspects(ring).empty());  // an empty ring's head cell awaits its value: sound
+  REQUIRE(ring.try_push(7));
+  REQUIRE(ring.try_push(8));
+  const uint64_t head = raw.header->head.load();
+  raw.cell(head).store(RawRing::word(head, JobRing::kEmptyValue));
+  uint32_t v = 0;
+  CHECK_FALSE(ring.try_pop(&v));  // consumers take the wiped cell for one awaiting its producer
+  const auto found = suspects(ring);
+  REQUIRE(found.size() == 1);
+  REQUIRE(ring.retire(found[0]));
+  REQUIRE(ring.try_pop(&v));
+  CHECK(v == 8);
+}
+
+TEST_CASE("JobRing: a cell far ahead is a suspect; a changed word is not retired") {
+  const uint32_t cap = 5;
+  RingMemory mem(cap);
+  JobRing ring = JobRing::create(mem.get(), cap);
+  RawRing raw(mem.get());
+  raw.cell(3).store(RawRing::word(3 + 10 * cap, JobRing::kEmptyValue));  // ten laps ahead
+  auto found = suspects(ring);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].index == 3);
+  raw.cell(3).store(RawRing::word(3 + 11 * cap, JobRing::kEmptyValue));
+  CHECK_FALSE(ring.retire(found[0]));
+  found = suspects(ring);
+  REQUIRE(found.size() == 1);
+  REQUIRE(ring.retire(found[0]));
+  CHECK(suspects(ring).empty());
+  for (uint32_t i = 0; i < 3 * cap; ++i) {
+    uint32_t v = 0;
+    REQUIRE(ring.try_push(i));
+    REQUIRE(ring.try_pop(&v));
+    CHECK(v == i);
+  }
+}
+
+TEST_CASE("RingAudit on a sound ring retires nothing and loses nothing, dead threads too") {
+  for (uint32_t cap : kOddCapacities) {
+    CAPTURE(cap);
+    RingMemory mem(cap);
+    JobRing ring = JobRing::create(mem.get(), cap);
+    RawRing raw(mem.get());
+    RingAudit audit;
+    std::mt19937 rng(cap * 7 + 1);
+    std::deque<uint32_t> model;
+    uint32_t next = 0;
+    for (int step = 0; step < 4000; ++step) {
+      CAPTURE(step);
+      const uint32_t pick = rng() % 5;
+      if (pick == 0 && model.size() < cap) {
+        REQUIRE(ring.try_push(next));
+        model.push_back(next++);
+      } else if (pick == 1 && model.size() < cap) {
+        raw.producer_dies_after_cas(next);
+        model.push_back(next++);
+      } else if (pick == 2 && !model.empty()) {
+        uint32_t v = 0;
+        REQUIRE(ring.try_pop(&v));
+        CHECK(v == model.front());
+        model.pop_front();
+      } else if (pick == 3 && !model.empty()) {
+        CHECK(raw.consumer_dies_after_cas() == model.front());
+        model.pop_front();
+      }
+      // Twice, as consecutive audits of a ring nobody touched in between.
+      for (int run = 0; run < 2; ++run) {
+        const RingAudit::Report r = audit.run(ring);
+        REQUIRE(r.retired.empty());
+      }
+      CHECK(ring.size() <= cap);
+    }
+    // Whatever hints the audit moved back, every value is still there, in order.
+    for (uint32_t want : model) {
+      uint32_t v = 0;
+      REQUIRE(ring.try_pop(&v));
+      CHECK(v == want);
+    }
+    uint32_t v = 0;
+    CHECK_FALSE(ring.try_pop(&v));
+  }
+}
+
+TEST_CASE("RingAudit moves back a head or tail that jumped, and the ring serves again") {
+  const uint32_t cap = 6;
+  for (int which = 0; which < 4; ++which) {
+    CAPTURE(which);
+    RingMemory mem(cap);
+    JobRing ring = JobRing::create(mem.get(), cap);
+    RawRing raw(mem.get());
+    RingAudit audit;
+    uint32_t next = 0;
+    for (int i = 0; i < 20; ++i) {  // a few laps, then three values queued
+      uint32_t v = 0;
+      REQUIRE(ring.try_push(next++));
+      REQUIRE(ring.try_pop(&v));
+    }
+    for (int i = 0; i < 3; ++i) REQUIRE(ring.try_push(next++));
+    CHECK(audit.run(ring).retired.empty());
+    const uint64_t head = raw.header->head.load(), tail = raw.header->tail.load();
+    switch (which) {
+      case 0:
+        raw.header->head.store(0x9e3779b97f4a7c15ull);  // anywhere
+        break;
+      case 1:
+        raw.header->tail.store(0x9e3779b97f4a7c15ull);
+        break;
+      case 2:
+        raw.header->tail.store(tail + cap + 2);  // past a lap: producers read "full" forever
+        break;
+      default:
+        raw.header->head.store(head - 40);  // far back: harmless, and left alone
+        break;
+    }
+    RingAudit::Report r = audit.run(ring);
+    if (which == 2) {
+      CHECK_FALSE(r.tail_restored);  // once could be a lagging head; twice is not
+      r = audit.run(ring);
+    }
+    CHECK(r.head_restored == (which == 0 || which == 3));
+    CHECK(r.tail_restored == (which == 1 || which == 2));
+    CHECK(raw.header->head.load() <= head);
+    CHECK(raw.header->tail.load() <= tail);
+    // Every queued value comes out in order, and the ring takes a full lap again.
+    for (uint32_t want = next - 3; want < next; ++want) {
+      uint32_t v = 0;
+      REQUIRE(ring.try_pop(&v));
+      CHECK(v == want);
+    }
+    for (uint32_t i = 0; i < cap; ++i) REQUIRE(ring.try_push(100 + i));
+    CHECK_FALSE(ring.try_push(999));
+    for (uint32_t i = 0; i < cap; ++i) {
+      uint32_t v = 0;
+      REQUIRE(ring.try_pop(&v));
+      CHECK(v == 100 + i);
+    }
+    CHECK(audit.run(ring).retired.empty());
+  }
+}
+
+TEST_CASE("RingAudit retires an overwritten cell on its second look, not its first") {
+  const uint32_t cap = 8;
+  RingMemory mem(cap);
+  JobRing ring = JobRing::create(mem.get(), cap);
+  RawRing raw(mem.get());
+  RingAudit audit;
+  for (uint32_t v = 0; v < 4; ++v) REQUIRE(ring.try_push(v));
+  const uint64_t head = raw.header->head.load();
+  raw.cell(head).store(RawRing::word(head - 3 * cap, 55));
+  CHECK(audit.run(ring).retired.empty());
+  const RingAudit::Report r = audit.run(ring);
+  REQUIRE(r.retired.size() == 1);
+  CHECK(r.retired[0].position == head);
+  for (uint32_t want = 1; want < 4; ++want) {
+    uint32_t v = 0;
+    REQUIRE(ring.try_pop(&v));
+    CHECK(v == want);
+  }
+}
+
 }  // namespace
 }  // namespace gpuq

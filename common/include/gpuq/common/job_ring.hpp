@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace gpuq {
 
@@ -92,6 +93,8 @@ class JobRing {
   // The tail after advancing it past any cells already filled whose producer died (or has not
   // yet got round to it) before moving the hint: every value pushed so far lies below it.
   uint64_t settled_tail() noexcept;
+  // The head after advancing it past cells already consumed (or far ahead), as consumers do.
+  uint64_t settled_head() noexcept;
 
   // A thread gives up (push: "full", pop: "empty") after this many attempts without progress.
   // Only a corrupted header (a client scribbling over shared memory) gets near it; the bound
@@ -121,6 +124,45 @@ class JobRing {
     }
   }
 
+  // ---- Audit: the supervisor's repair of cells that a client overwrote ----
+  // Every process that maps the queue segment can write the cells, so a client can store a
+  // word that no producer or consumer would (docs/design/ring.md, "Repair"). Such a word at
+  // the head stops every consumer, at the tail every producer; elsewhere it wastes the cell.
+
+  // A cell that holds such a word: its index, the position it should stand for, the word.
+  struct Suspect {
+    uint32_t index;
+    uint64_t position;
+    uint64_t word;
+    bool operator==(const Suspect&) const = default;
+  };
+
+  // Appends to `out` the cells whose word no live producer or consumer can have written:
+  //   - a tag behind the position the cell stands for (the one in [head, head + capacity)),
+  //     or more than two laps ahead of it;
+  //   - the cell at the head awaiting its value although the tail has passed it (a value was
+  //     wiped).
+  // Racy with pushes and pops, which may make a sound cell look suspect for an instant:
+  // repair only a suspect seen twice, some time apart, with the same word (retire()'s CAS
+  // fails if the word has changed meanwhile).
+  void find_suspects(std::vector<Suspect>* out) const;
+
+  // Marks the suspect's cell consumed at its position ({tag(position + capacity), EMPTY}) if
+  // it still holds the suspect's word: producers and consumers step past it, and it awaits
+  // the next lap. A value it held is dropped (the supervisor's audit of SUBMITTED jobs puts a
+  // real job back). True if the cell was changed.
+  bool retire(const Suspect& suspect) noexcept;
+
+  // Moves the head (tail) hint to `to` if it still reads `seen`. Moving a hint back is always
+  // safe: threads step forward past cells already consumed (filled) exactly as they do after a
+  // thread died before advancing the hint. Only the audit calls these (see RingAudit).
+  bool restore_head(uint64_t seen, uint64_t to) noexcept {
+    return header_->head.compare_exchange_strong(seen, to, std::memory_order_acq_rel);
+  }
+  bool restore_tail(uint64_t seen, uint64_t to) noexcept {
+    return header_->tail.compare_exchange_strong(seen, to, std::memory_order_acq_rel);
+  }
+
  private:
   static constexpr uint64_t make_cell(uint64_t pos, uint32_t value) noexcept {
     return (pos << 32) | value;  // the shift keeps the low 32 bits of pos as the tag
@@ -130,6 +172,33 @@ class JobRing {
   RingHeader* header_ = nullptr;
   std::atomic<uint64_t>* cells_ = nullptr;
   uint32_t capacity_ = 0;
+};
+
+// The supervisor's audit of one ring, run every so often (100 ms in gpuqd) while clients are
+// connected: it undoes what a client that wrote over the ring could do to stall it or waste
+// its cells. State carries from one run to the next; one RingAudit per ring, one thread.
+//   - Head and tail hints that moved back, or jumped by more than kMaxJump since the last
+//     run, or stand more than a lap apart in two runs in a row, are moved back to a position
+//     no later than the true one (from which threads step forward as usual).
+//   - A cell suspect (find_suspects) in two runs in a row with the same word is retired.
+// A job whose ring entry was dropped on the way is not the ring's business: the supervisor
+// finds it SUBMITTED in no ring and pushes it again.
+class RingAudit {
+ public:
+  static constexpr uint64_t kMaxJump = uint64_t{1} << 30;  // far beyond 100 ms of pushes
+
+  struct Report {
+    bool head_restored = false, tail_restored = false;
+    uint64_t head_from = 0, head_to = 0, tail_from = 0, tail_to = 0;
+    std::vector<JobRing::Suspect> retired;
+  };
+  Report run(JobRing& ring);
+
+ private:
+  uint64_t good_head_ = 0, good_tail_ = 0;  // hints from the last run that found them sound
+  uint64_t apart_head_ = 0, apart_tail_ = 0;
+  bool apart_ = false;  // the last run saw the hints at apart_head_/apart_tail_, a lap apart
+  std::vector<JobRing::Suspect> suspects_;
 };
 
 }  // namespace gpuq
