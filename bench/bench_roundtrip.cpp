@@ -19,6 +19,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -31,6 +33,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/date_time/posix_time/posix_time_types.hpp>
 #include <boost/interprocess/ipc/message_queue.hpp>
 #include <cerrno>
@@ -849,6 +852,56 @@ Result<std::vector<int64_t>> measure_latency(Endpoint& ep, uint64_t warmup, uint
 
 // Starts `clients` child processes of `system`, lets them run together for a warm-up and then
 // `duration_s`, and returns the number of responses they received in that measured window.
+// Round trip of one cache line between the first two CPUs this process may use, in ns: two
+// threads pinned one per CPU pass a flag back and forth. gpuq's throughput is bound by such
+// transfers (ring cells, slot state words, share counters move between a client's core and a
+// worker's), and on a VM the hypervisor may move the vCPUs closer or farther apart between two
+// runs (this 2-vCPU guest showed about 100 ns and about 450 ns at different times): the
+// figure is taken before each throughput round and kept with it. 0 if fewer than two CPUs.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+double core_to_core_round_trip_ns() {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 0;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  if (cpus.size() < 2) return 0;
+  auto pin = [](int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+  };
+  constexpr int kPasses = 100'000;
+  alignas(64) std::atomic<int> flag{0};
+  std::thread partner([&] {
+    pin(cpus[1]);
+    for (int i = 0; i < kPasses; ++i) {
+      while (flag.load(std::memory_order_acquire) != 1) cpu_relax();
+      flag.store(0, std::memory_order_release);
+    }
+  });
+  cpu_set_t before;
+  pthread_getaffinity_np(pthread_self(), sizeof before, &before);
+  pin(cpus[0]);
+  const auto start = Clock::now();
+  for (int i = 0; i < kPasses; ++i) {
+    flag.store(1, std::memory_order_release);
+    while (flag.load(std::memory_order_acquire) != 0) cpu_relax();
+  }
+  const double ns =
+      std::chrono::duration<double, std::nano>(Clock::now() - start).count() / kPasses;
+  partner.join();
+  pthread_setaffinity_np(pthread_self(), sizeof before, &before);
+  return ns;
+}
+
 Result<uint64_t> measure_throughput(const Options& o, const std::string& exe,
                                     const std::string& system, const Servers& s, uint32_t clients,
                                     double duration_s) {
@@ -1246,10 +1299,12 @@ int run_orchestrator(const Options& o) {
                 &SystemResults::sleeping_round_p50_us);
   // Throughput: for each client count, rounds of every system in turn.
   const double round_s = o.duration_s / o.rounds;
+  std::map<uint32_t, std::vector<double>> core_to_core_ns;  // per client count, per round
   for (uint32_t n : o.clients) {
     std::map<std::string, uint64_t> counts;
     std::vector<std::string> failed;
     for (uint32_t r = 0; r < o.rounds; ++r) {
+      core_to_core_ns[n].push_back(core_to_core_round_trip_ns());
       for (const auto& sys : active) {
         if (has(failed, sys)) continue;
         auto got = measure_throughput(o, exe, sys, servers, n, round_s);
@@ -1321,7 +1376,16 @@ int run_orchestrator(const Options& o) {
     }
     std::printf("\n");
   }
-  std::printf("\n");
+  // The machine's core-to-core cache-line round trip before each round (see
+  // core_to_core_round_trip_ns): it moves gpuq's throughput, which is bound by such transfers.
+  std::printf("  %-43s", "core-to-core round trip, ns, per round");
+  for (uint32_t n : o.clients) {
+    std::string per_round;
+    for (double ns : core_to_core_ns[n])
+      per_round += (per_round.empty() ? "" : "/") + std::to_string(std::lround(ns));
+    std::printf(" %14s", per_round.c_str());
+  }
+  std::printf("\n\n");
 
   std::vector<Target> targets;
   for (const char* base : {"uds", "mq"}) {
@@ -1371,6 +1435,7 @@ int run_orchestrator(const Options& o) {
   j["cpu_model"] = cpu_model();
   j["load_average_start"] = load_at_start;
   j["load_average_end"] = load_at_end;
+  for (const auto& [n, v] : core_to_core_ns) j["core_to_core_round_trip_ns"][std::to_string(n)] = v;
   j["interference"] = {{"wall_s", wall_s},
                        {"own_cpu_s", own_s},
                        {"other_processes_cpu_s", other_s},
