@@ -564,9 +564,16 @@ TEST_CASE("a respawned worker maps the segment of every client, however many the
   QueueMapping queue;
   REQUIRE(map_queue_segment(dir, &queue).empty());
   const pid_t before = daemon.worker_pids().at(0);
-  // A live worker hears of each client as it connects; a burst of connections can overflow
-  // its socket the same way.
-  const int mapped_before = count_client_memfd_mappings(before);
+  // A live worker hears of each client as it connects (a burst of connections can overflow its
+  // socket the same way) and maps the segment when it reads the message: allow it the time to
+  // catch up with the crowd.
+  int mapped_before = 0;
+  poll_until(
+      [&] {
+        mapped_before = count_client_memfd_mappings(before);
+        return mapped_before == kCrowd;
+      },
+      10s, 1ms);
   CHECK_MESSAGE(mapped_before == kCrowd,
                 "a live worker maps " << mapped_before << " of " << kCrowd << " client segments");
   WorkerShm& ws = queue.view.worker(0);
