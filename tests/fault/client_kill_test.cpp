@@ -169,13 +169,7 @@ void check_daemon_recovered(DaemonProcess& daemon, Bystanders& bystanders) {
       10s, 1ms);
   CHECK_MESSAGE(idle, "not idle with only the bystanders connected: " << why << "\n"
                                                                       << status.dump());
-  REQUIRE(bystanders.release());
-  IdleExpectations alone;
-  alone.no_retiring = true;
-  const bool empty = poll_until(
-      [&] { return daemon_idle(daemon.runtime_dir(), daemon.pid(), alone, &why, &status); }, 10s,
-      1ms);
-  CHECK_MESSAGE(empty, "not idle after every client left: " << why << "\n" << status.dump());
+  status = release_and_expect_empty(bystanders, daemon.runtime_dir(), daemon.pid());
   for (const auto& pool : status.at("pools")) {
     for (const auto& w : pool.at("workers")) {
       INFO("worker " << w.dump());

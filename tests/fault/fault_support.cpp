@@ -58,52 +58,6 @@ uint64_t derive_seed(std::string_view what, uint64_t index) {
   return h;
 }
 
-Rng::Rng(uint64_t seed) {
-  for (auto& word : s_) {
-    seed += 0x9E3779B97F4A7C15ull;  // splitmix64
-    uint64_t z = seed;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    word = z ^ (z >> 31);
-  }
-}
-
-uint64_t Rng::next() noexcept {
-  auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
-  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return result;
-}
-
-void Rng::fill(void* p, size_t n) noexcept {
-  auto* b = static_cast<unsigned char*>(p);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const uint64_t v = next();
-    std::memcpy(b + i, &v, 8);
-  }
-  if (i < n) {
-    const uint64_t v = next();
-    std::memcpy(b + i, &v, n - i);
-  }
-}
-
-uint64_t log_uniform_size(Rng& rng, uint64_t max) {
-  int max_log2 = 0;
-  while ((uint64_t{2} << max_log2) <= max) ++max_log2;
-  const int e = static_cast<int>(rng.between(0, static_cast<uint64_t>(max_log2)));
-  if (e == 0) return 1;
-  const uint64_t lo = (uint64_t{1} << (e - 1)) + 1;
-  const uint64_t hi = std::min<uint64_t>(uint64_t{1} << e, max);
-  return lo > hi ? hi : rng.between(lo, hi);
-}
-
 // ---- Daemon configs and status ---------------------------------------------------------------
 
 std::string fault_config(uint32_t workers, json extra) {
@@ -1018,6 +972,18 @@ bool daemon_idle(const std::string& runtime_dir, pid_t gpuqd, const IdleExpectat
     }
   }
   return true;
+}
+
+json release_and_expect_empty(Bystanders& bystanders, const std::string& runtime_dir, pid_t gpuqd) {
+  REQUIRE(bystanders.release());
+  IdleExpectations alone;
+  alone.no_retiring = true;
+  std::string why;
+  json status;
+  const bool empty =
+      poll_until([&] { return daemon_idle(runtime_dir, gpuqd, alone, &why, &status); }, 10s, 1ms);
+  CHECK_MESSAGE(empty, "not idle after every client left: " << why << "\n" << status.dump());
+  return status;
 }
 
 }  // namespace gpuq::test::fault

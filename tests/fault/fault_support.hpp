@@ -30,6 +30,7 @@
 #include "gpuq/client.hpp"
 #include "gpuq/common/shm.hpp"
 #include "gpuq/common/shm_layout.hpp"
+#include "support/rng.hpp"
 #include "support/test_support.hpp"
 
 namespace gpuq::test::fault {
@@ -42,23 +43,6 @@ uint64_t suite_seed();
 uint32_t iterations(uint32_t n);
 // A seed for one part of a test, derived from the suite seed.
 uint64_t derive_seed(std::string_view what, uint64_t index = 0);
-
-// xoshiro256**: fast, reproducible from its seed.
-class Rng {
- public:
-  explicit Rng(uint64_t seed);
-  uint64_t next() noexcept;
-  // Uniform in [lo, hi].
-  uint64_t between(uint64_t lo, uint64_t hi) noexcept { return lo + next() % (hi - lo + 1); }
-  bool chance(double p) noexcept { return static_cast<double>(next() >> 11) * 0x1.0p-53 < p; }
-  void fill(void* p, size_t n) noexcept;
-
- private:
-  uint64_t s_[4];
-};
-
-// A size from 1 to `max` bytes, uniform over its log2 (most jobs small, a few large).
-uint64_t log_uniform_size(Rng& rng, uint64_t max);
 
 // ---- Daemon configs and status ---------------------------------------------------------------
 
@@ -271,6 +255,12 @@ struct IdleExpectations {
 };
 bool daemon_idle(const std::string& runtime_dir, pid_t gpuqd, const IdleExpectations& e,
                  std::string* why, nlohmann::json* status_out = nullptr);
+
+// Releases the bystanders (REQUIREs that they exit cleanly) and CHECKs that the daemon then
+// returns to its idle values with no client at all and no index retiring, within 10 s.
+// Returns the last status document read.
+nlohmann::json release_and_expect_empty(Bystanders& bystanders, const std::string& runtime_dir,
+                                        pid_t gpuqd);
 
 // Checks the slots of a dead victim: every slot FREE or terminal, and every job the victim held
 // (VictimState::held) in exactly one slot, in a terminal state. Empty if so, else why not.

@@ -132,13 +132,7 @@ void check_after_worker_kills(DaemonProcess& daemon, Bystanders& bystanders, uin
     // Every job the bystanders submitted reached the pool; the daemon counted each once.
     CHECK(status.at("pools").at(0).at("jobs_submitted").get<uint64_t>() == totals.submitted);
   }
-  REQUIRE(bystanders.release());
-  IdleExpectations alone;
-  alone.no_retiring = true;
-  const bool empty = poll_until(
-      [&] { return daemon_idle(daemon.runtime_dir(), daemon.pid(), alone, &why, &status); }, 10s,
-      1ms);
-  CHECK_MESSAGE(empty, "not idle after every client left: " << why << "\n" << status.dump());
+  status = release_and_expect_empty(bystanders, daemon.runtime_dir(), daemon.pid());
   {
     Client fresh = connect_client(daemon);
     check_echo_works(fresh);

@@ -15,6 +15,7 @@
 #include <cstdio>
 
 #include "integration/integration_support.hpp"
+#include "support/rng.hpp"
 
 namespace gpuq::test {
 namespace {
@@ -23,7 +24,6 @@ constexpr int kClients = 4;
 constexpr uint64_t kJobsPerClient = (kThreadSanitizer || kAddressSanitizer) ? 1'000 : 25'000;
 constexpr int kInFlight = 8;
 constexpr uint64_t kMaxSize = 1ull << 20;
-constexpr int kMaxLog2 = 20;
 
 // What a client process reports through its pipe.
 struct ClientReport {
@@ -35,44 +35,6 @@ struct ClientReport {
   uint64_t small_jobs = 0;  // jobs of at most 4 KiB
   char first_error[256] = {};
 };
-
-// xoshiro256**: fast enough to fill gigabytes, and reproducible from the seed.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) {
-    for (auto& word : s_) {
-      seed += 0x9E3779B97F4A7C15ull;  // splitmix64
-      uint64_t z = seed;
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      word = z ^ (z >> 31);
-    }
-  }
-  uint64_t next() noexcept {
-    const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-    const uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = rotl(s_[3], 45);
-    return result;
-  }
-
- private:
-  static uint64_t rotl(uint64_t x, int k) noexcept { return (x << k) | (x >> (64 - k)); }
-  uint64_t s_[4];
-};
-
-// A size uniform over log2 in [0, kMaxLog2]: 1 byte, then (2^(e-1), 2^e] for e = 1..20.
-uint64_t pick_size(Rng& rng) {
-  const int e = static_cast<int>(rng.next() % (kMaxLog2 + 1));
-  if (e == 0) return 1;
-  const uint64_t lo = (uint64_t{1} << (e - 1)) + 1;
-  const uint64_t hi = uint64_t{1} << e;
-  return lo + rng.next() % (hi - lo + 1);
-}
 
 // Random input, and its complement in the output (which a correct echo overwrites entirely).
 void fill(std::byte* in, std::byte* out, uint64_t size, Rng& rng) {
@@ -130,7 +92,7 @@ ClientReport run_client(int index, uint64_t seed, const std::string& dir, uint64
   }
   uint64_t submitted = 0;
   auto submit = [&](Slot& s) {
-    s.size = pick_size(rng);
+    s.size = log_uniform_size(rng, kMaxSize);
     fill(s.in.data(), s.out.data(), s.size, rng);
     ++submitted;
     const JobSpec spec = job_spec("echo", s.in.slice(0, s.size), s.out.slice(0, s.size));

@@ -563,6 +563,52 @@ TEST_CASE("JobRing: dead producers and consumers on every cell of a lap never st
 
 // ---- Audit: find_suspects and retire ---------------------------------------------------------
 
+// A ring driven one step at a time against a FIFO model: push, push by a producer that dies
+// after its CAS (the tail hint left behind), pop, pop by a consumer that dies after its CAS
+// (the head hint left behind); a step that would overfill or underflow the ring does nothing,
+// and so does any other `pick`.
+class RingModel {
+ public:
+  RingModel(JobRing& ring, void* memory) : ring_(ring), raw_(memory) {}
+
+  void step(uint32_t pick) {
+    const bool room = values_.size() < ring_.capacity();
+    if (pick == 0 && room) {
+      REQUIRE(ring_.try_push(next_));
+      values_.push_back(next_++);
+    } else if (pick == 1 && room) {
+      raw_.producer_dies_after_cas(next_);
+      values_.push_back(next_++);
+    } else if (pick == 2 && !values_.empty()) {
+      uint32_t v = 0;
+      REQUIRE(ring_.try_pop(&v));
+      CHECK(v == values_.front());
+      values_.pop_front();
+    } else if (pick == 3 && !values_.empty()) {
+      CHECK(raw_.consumer_dies_after_cas() == values_.front());
+      values_.pop_front();
+    }
+  }
+
+  // Pops every value the model holds, checking their order, and then that the ring is empty.
+  void drain() {
+    for (uint32_t want : values_) {
+      uint32_t v = 0;
+      REQUIRE(ring_.try_pop(&v));
+      CHECK(v == want);
+    }
+    values_.clear();
+    uint32_t v = 0;
+    CHECK_FALSE(ring_.try_pop(&v));
+  }
+
+ private:
+  JobRing& ring_;
+  RawRing raw_;
+  std::deque<uint32_t> values_;
+  uint32_t next_ = 0;
+};
+
 std::vector<JobRing::Suspect> suspects(const JobRing& ring) {
   std::vector<JobRing::Suspect> out;
   ring.find_suspects(&out);
@@ -575,28 +621,11 @@ TEST_CASE(
     CAPTURE(cap);
     RingMemory mem(cap);
     JobRing ring = create_at_position(mem.get(), cap, (uint64_t{1} << 32) - 2 * cap);
-    RawRing raw(mem.get());
+    RingModel model(ring, mem.get());
     std::mt19937 rng(cap);
-    std::deque<uint32_t> model;
-    uint32_t next = 0;
     for (int step = 0; step < 4000; ++step) {
       CAPTURE(step);
-      const uint32_t pick = rng() % 4;
-      if (pick == 0 && model.size() < cap) {
-        REQUIRE(ring.try_push(next));
-        model.push_back(next++);
-      } else if (pick == 1 && model.size() < cap) {
-        raw.producer_dies_after_cas(next);  // leaves the tail hint behind
-        model.push_back(next++);
-      } else if (pick == 2 && !model.empty()) {
-        uint32_t v = 0;
-        REQUIRE(ring.try_pop(&v));
-        CHECK(v == model.front());
-        model.pop_front();
-      } else if (pick == 3 && !model.empty()) {
-        CHECK(raw.consumer_dies_after_cas() == model.front());  // leaves the head hint behind
-        model.pop_front();
-      }
+      model.step(rng() % 4);
       const auto found = suspects(ring);
       REQUIRE_MESSAGE(found.empty(), "cell " << found.front().index << " position "
                                              << found.front().position << " word " << std::hex
@@ -708,29 +737,12 @@ TEST_CASE("RingAudit on a sound ring retires nothing and loses nothing, dead thr
     CAPTURE(cap);
     RingMemory mem(cap);
     JobRing ring = JobRing::create(mem.get(), cap);
-    RawRing raw(mem.get());
+    RingModel model(ring, mem.get());
     RingAudit audit;
     std::mt19937 rng(cap * 7 + 1);
-    std::deque<uint32_t> model;
-    uint32_t next = 0;
     for (int step = 0; step < 4000; ++step) {
       CAPTURE(step);
-      const uint32_t pick = rng() % 5;
-      if (pick == 0 && model.size() < cap) {
-        REQUIRE(ring.try_push(next));
-        model.push_back(next++);
-      } else if (pick == 1 && model.size() < cap) {
-        raw.producer_dies_after_cas(next);
-        model.push_back(next++);
-      } else if (pick == 2 && !model.empty()) {
-        uint32_t v = 0;
-        REQUIRE(ring.try_pop(&v));
-        CHECK(v == model.front());
-        model.pop_front();
-      } else if (pick == 3 && !model.empty()) {
-        CHECK(raw.consumer_dies_after_cas() == model.front());
-        model.pop_front();
-      }
+      model.step(rng() % 5);  // 4: a step that does nothing
       // Twice, as consecutive audits of a ring nobody touched in between.
       for (int run = 0; run < 2; ++run) {
         const RingAudit::Report r = audit.run(ring);
@@ -739,13 +751,7 @@ TEST_CASE("RingAudit on a sound ring retires nothing and loses nothing, dead thr
       CHECK(ring.size() <= cap);
     }
     // Whatever hints the audit moved back, every value is still there, in order.
-    for (uint32_t want : model) {
-      uint32_t v = 0;
-      REQUIRE(ring.try_pop(&v));
-      CHECK(v == want);
-    }
-    uint32_t v = 0;
-    CHECK_FALSE(ring.try_pop(&v));
+    model.drain();
   }
 }
 

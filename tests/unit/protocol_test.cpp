@@ -232,25 +232,29 @@ TEST_CASE("send_message can speak another version, which the receiver reports") 
   CHECK(m.error().code() == ErrorCode::kProtocolMismatch);
 }
 
+// Sends `bytes` as one datagram carrying `copies` copies of descriptor `fd` (SCM_RIGHTS),
+// bypassing send_message's framing and limits.
+bool send_with_descriptor(int socket, std::vector<uint8_t> bytes, int fd, int copies) {
+  iovec iov{bytes.data(), bytes.size()};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * copies));
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * copies);
+  for (int i = 0; i < copies; ++i) std::memcpy(CMSG_DATA(c) + i * sizeof(int), &fd, sizeof fd);
+  return ::sendmsg(socket, &msg, 0) == static_cast<ssize_t>(bytes.size());
+}
+
 TEST_CASE("receive_message closes the descriptors of a rejected datagram") {
   SocketPair sp;
   Pipe pipe;
   // A datagram with a bad magic number, carrying the pipe's write end.
-  auto bytes = frame("{}", 0xBAD);
-  iovec iov{bytes.data(), bytes.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  const int wfd = pipe.write_end.get();
-  std::memcpy(CMSG_DATA(c), &wfd, sizeof wfd);
-  REQUIRE(::sendmsg(sp.a.get(), &msg, 0) == static_cast<ssize_t>(bytes.size()));
+  REQUIRE(send_with_descriptor(sp.a.get(), frame("{}", 0xBAD), pipe.write_end.get(), 1));
   pipe.write_end.reset();  // now only the datagram holds the write end
 
   auto m = receive_message(sp.b.get());
@@ -278,24 +282,9 @@ TEST_CASE("receive_message rejects a datagram larger than the largest frame") {
 TEST_CASE("receive_message says so when descriptors sent with a message were dropped") {
   SocketPair sp;
   Pipe pipe;
-  // More descriptors than the receiver takes (kMaxMessageFds): the kernel drops them all and
-  // sets MSG_CTRUNC, as it does when the receiver is out of file descriptors.
-  constexpr int kSent = kMaxMessageFds + 2;
-  auto bytes = frame("{}");
-  iovec iov{bytes.data(), bytes.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kSent)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * kSent);
-  const int wfd = pipe.write_end.get();
-  for (int i = 0; i < kSent; ++i) std::memcpy(CMSG_DATA(c) + i * sizeof(int), &wfd, sizeof wfd);
-  REQUIRE(::sendmsg(sp.a.get(), &msg, 0) == static_cast<ssize_t>(bytes.size()));
+  // More descriptors than the receiver takes (kMaxMessageFds): the kernel passes those that fit,
+  // drops the rest and sets MSG_CTRUNC, as it does when the receiver is out of descriptors.
+  REQUIRE(send_with_descriptor(sp.a.get(), frame("{}"), pipe.write_end.get(), kMaxMessageFds + 2));
   pipe.write_end.reset();
 
   auto m = receive_message(sp.b.get());
