@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "gpuq/client.hpp"
+#include "gpuq/common/detail/spin.hpp"  // GPUQ_CPU_RELAX, as the library spins
 
 #ifndef GPUQ_SOURCE_DIR
 #define GPUQ_SOURCE_DIR "."
@@ -858,12 +859,6 @@ Result<std::vector<int64_t>> measure_latency(Endpoint& ep, uint64_t warmup, uint
 // worker's), and on a VM the hypervisor may move the vCPUs closer or farther apart between two
 // runs (this 2-vCPU guest showed about 100 ns and about 450 ns at different times): the
 // figure is taken before each throughput round and kept with it. 0 if fewer than two CPUs.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 double core_to_core_round_trip_ns() {
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 0;
@@ -883,7 +878,7 @@ double core_to_core_round_trip_ns() {
   std::thread partner([&] {
     pin(cpus[1]);
     for (int i = 0; i < kPasses; ++i) {
-      while (flag.load(std::memory_order_acquire) != 1) cpu_relax();
+      while (flag.load(std::memory_order_acquire) != 1) GPUQ_CPU_RELAX();
       flag.store(0, std::memory_order_release);
     }
   });
@@ -893,7 +888,7 @@ double core_to_core_round_trip_ns() {
   const auto start = Clock::now();
   for (int i = 0; i < kPasses; ++i) {
     flag.store(1, std::memory_order_release);
-    while (flag.load(std::memory_order_acquire) != 0) cpu_relax();
+    while (flag.load(std::memory_order_acquire) != 0) GPUQ_CPU_RELAX();
   }
   const double ns =
       std::chrono::duration<double, std::nano>(Clock::now() - start).count() / kPasses;
