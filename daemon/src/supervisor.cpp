@@ -619,8 +619,24 @@ bool Supervisor::retry_job(Connection& conn, uint32_t s, JobSlot& slot, uint64_t
 // which is harmless: only one SUBMITTED -> RUNNING CAS can win.
 void Supervisor::requeue_lost_jobs(uint32_t pool) {
   JobRing ring = queue_.ring(pool);
+  for_each_job_in_no_ring(pool, [&](Connection& conn, uint32_t s, uint32_t ref) {
+    // `queued` is left alone: the dead worker may or may not have decremented it, and the
+    // saturating decrement of the next pop keeps it from wrapping either way.
+    if (ring.try_push(ref)) {
+      GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn.index, s);
+      queue_.wake_worker(pool);
+    } else {
+      // Not lost: tried again on every timer tick until there is room.
+      GPUQ_LOG_WARN("cannot requeue job %u/%u yet: ring full; retrying", conn.index, s);
+      requeue_pending_ |= 1u << pool;
+    }
+  });
+}
+
+void Supervisor::for_each_job_in_no_ring(
+    uint32_t pool, const std::function<void(Connection&, uint32_t slot, uint32_t ref)>& fn) {
   std::vector<uint32_t> in_ring;
-  ring.for_each_value([&](uint32_t v) { in_ring.push_back(v); });
+  queue_.ring(pool).for_each_value([&](uint32_t v) { in_ring.push_back(v); });
   std::sort(in_ring.begin(), in_ring.end());
   for (auto& [id, conn] : connections_) {
     if (!conn->registered) continue;
@@ -630,17 +646,7 @@ void Supervisor::requeue_lost_jobs(uint32_t pool) {
       const SlotWord sw = SlotWord::unpack(slot.state.load(std::memory_order_acquire));
       if (sw.state != JobState::kSubmitted || slot.desc.pool_id != pool) continue;
       const uint32_t ref = JobRef{conn->index, s, sw.generation}.pack();
-      if (std::binary_search(in_ring.begin(), in_ring.end(), ref)) continue;
-      // `queued` is left alone: the dead worker may or may not have decremented it, and the
-      // saturating decrement of the next pop keeps it from wrapping either way.
-      if (ring.try_push(ref)) {
-        GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn->index, s);
-        queue_.wake_worker(pool);
-      } else {
-        // Not lost: tried again on every timer tick until there is room.
-        GPUQ_LOG_WARN("cannot requeue job %u/%u yet: ring full; retrying", conn->index, s);
-        requeue_pending_ |= 1u << pool;
-      }
+      if (!std::binary_search(in_ring.begin(), in_ring.end(), ref)) fn(*conn, s, ref);
     }
   }
 }
@@ -742,7 +748,8 @@ void Supervisor::raise_descriptor_limit() {
   const Config& c = options_.config;
   uint64_t workers = 0;
   for (const auto& p : c.pools) workers += p.workers;
-  const uint64_t needed = uint64_t{c.max_clients} * 3 + workers * 3 + 32;
+  const uint64_t fixed = workers * 3 + 32;  // workers, and the supervisor's own descriptors
+  const uint64_t needed = fixed + uint64_t{c.max_clients} * 3;
   if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < needed) {
     GPUQ_LOG_WARN(
         "the descriptor limit (RLIMIT_NOFILE) is %llu, but max_clients = %u needs about %llu: "
@@ -750,8 +757,7 @@ void Supervisor::raise_descriptor_limit() {
         "max_clients)",
         static_cast<unsigned long long>(lim.rlim_cur), c.max_clients,
         static_cast<unsigned long long>(needed),
-        static_cast<unsigned long long>(
-            lim.rlim_cur > workers * 3 + 32 ? (lim.rlim_cur - workers * 3 - 32) / 3 : 0));
+        static_cast<unsigned long long>(lim.rlim_cur > fixed ? (lim.rlim_cur - fixed) / 3 : 0));
   }
   reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
 }

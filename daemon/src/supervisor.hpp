@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -79,6 +80,10 @@ class Supervisor {
   bool retry_job(Connection& conn, uint32_t slot_index, JobSlot& slot, uint64_t running_word,
                  const std::string& why);
   void requeue_lost_jobs(uint32_t pool);
+  // Calls fn(connection, slot, reference) for every live client's job that is SUBMITTED to
+  // `pool` but whose reference is in no cell of its ring.
+  void for_each_job_in_no_ring(
+      uint32_t pool, const std::function<void(Connection&, uint32_t slot, uint32_t ref)>& fn);
   void send_to_workers(int type, const std::string& body, int fd);
   void flush_outbox(WorkerProc& w);
   void send_to_worker(WorkerProc& w, int type, const std::string& body, int fd);

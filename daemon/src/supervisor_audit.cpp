@@ -58,42 +58,30 @@ void Supervisor::audit_ring(uint32_t p) {
 
 void Supervisor::audit_submitted(uint32_t p, uint64_t now) {
   JobRing ring = queue_.ring(p);
-  std::vector<uint32_t> in_ring;
-  ring.for_each_value([&](uint32_t v) { in_ring.push_back(v); });
-  std::sort(in_ring.begin(), in_ring.end());
   const uint32_t share = queue_.pool(p).client_share;
   std::map<LostKey, uint64_t> still_lost;
-  for (auto& [id, conn] : connections_) {
-    if (!conn->registered) continue;
-    ClientSegmentView view(conn->segment.address(), conn->geometry, conn->slot_count);
+  std::map<uint64_t, uint32_t> pushed;  // per client session, this audit
+  for_each_job_in_no_ring(p, [&](Connection& conn, uint32_t s, uint32_t ref) {
+    const LostKey key{p, conn.session, s, JobRef::unpack(ref).generation};
+    auto seen = lost_since_.find(key);
+    const uint64_t since = seen == lost_since_.end() ? now : seen->second;
+    // A client inside submit may be about to push it; a client's own scribbling gets at most
+    // its share pushed per audit.
     const bool submitting =
-        queue_.client(conn->index).submitting.load(std::memory_order_seq_cst) != 0;
-    uint32_t pushed = 0;
-    for (uint32_t s = 0; s < conn->slot_count; ++s) {
-      JobSlot& slot = view.slot(s);
-      const SlotWord sw = SlotWord::unpack(slot.state.load(std::memory_order_acquire));
-      if (sw.state != JobState::kSubmitted || slot.desc.pool_id != p) continue;
-      const uint32_t ref = JobRef{conn->index, s, sw.generation}.pack();
-      if (std::binary_search(in_ring.begin(), in_ring.end(), ref)) continue;
-      const LostKey key{p, conn->session, s, sw.generation};
-      auto seen = lost_since_.find(key);
-      const uint64_t since = seen == lost_since_.end() ? now : seen->second;
-      // A client inside submit may be about to push it; a client's own scribbling gets at
-      // most its share pushed per audit.
-      if (now - since < kLostAfterNs || submitting || pushed >= share || !ring.try_push(ref)) {
-        still_lost.emplace(key, since);
-        continue;
-      }
-      // Its `queued` count still holds the lost entry; the pop of this one takes it back.
-      ++pushed;
-      ++jobs_requeued_[p];
-      queue_.wake_worker(p);
-      GPUQ_LOG_WARN("pool %s: job %u/%u was SUBMITTED but in no ring for %" PRIu64
-                    " ms (its ring cell was overwritten?): pushed it again",
-                    options_.config.pools[p].name.c_str(), conn->index, s,
-                    (now - since) / 1'000'000);
+        queue_.client(conn.index).submitting.load(std::memory_order_seq_cst) != 0;
+    if (now - since < kLostAfterNs || submitting || pushed[conn.session] >= share ||
+        !ring.try_push(ref)) {
+      still_lost.emplace(key, since);
+      return;
     }
-  }
+    // Its `queued` count still holds the lost entry; the pop of this one takes it back.
+    ++pushed[conn.session];
+    ++jobs_requeued_[p];
+    queue_.wake_worker(p);
+    GPUQ_LOG_WARN("pool %s: job %u/%u was SUBMITTED but in no ring for %" PRIu64
+                  " ms (its ring cell was overwritten?): pushed it again",
+                  options_.config.pools[p].name.c_str(), conn.index, s, (now - since) / 1'000'000);
+  });
   // Keys of other pools stay; this pool's are replaced by what is still lost.
   std::erase_if(lost_since_, [p](const auto& e) { return std::get<0>(e.first) == p; });
   lost_since_.merge(still_lost);
