@@ -600,7 +600,7 @@ bool Supervisor::retry_job(Connection& conn, uint32_t s, JobSlot& slot, uint64_t
   std::atomic<uint32_t>& held = queue_.client(conn.index).queued[pool];
   held.fetch_add(1, std::memory_order_relaxed);  // the pop that takes it decrements it
   if (!queue_.ring(pool).try_push(JobRef{conn.index, s, sw.generation}.pack())) {
-    held.fetch_sub(1, std::memory_order_relaxed);
+    release_queued(held);
     // Put it back as it was, for the caller to fail.
     uint64_t expected = queued_again.pack();
     slot.state.compare_exchange_strong(expected, running_word, std::memory_order_acq_rel);
@@ -1249,7 +1249,8 @@ std::string Supervisor::status_json() const {
               {"cells_held", cells_held(p)},
               {"ring_cells_retired", cells_retired_[p]},
               {"ring_positions_restored", hints_restored_[p]},
-              {"jobs_requeued", jobs_requeued_[p]}};
+              {"jobs_requeued", jobs_requeued_[p]},
+              {"share_counts_repaired", share_counts_repaired_[p]}};
     uint32_t ready = 0, total = 0;
     pool["workers"] = json::array();
     for (const auto& w : workers_) {

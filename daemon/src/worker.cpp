@@ -192,12 +192,8 @@ class Worker {
     }
     MappedClient& mc = *clients_[ref.client];
     // A ring cell and a cell of the client's share are free: producers blocked on either may
-    // go on (decrement first, so a woken producer sees the room). Saturating, so that no
-    // accounting slip can wrap the counter and lock the client out.
-    std::atomic<uint32_t>& queued = queue_.client(ref.client).queued[options_.pool_id];
-    uint32_t q = queued.load(std::memory_order_relaxed);
-    while (q > 0 && !queued.compare_exchange_weak(q, q - 1, std::memory_order_relaxed)) {
-    }
+    // go on (decrement first, so a woken producer sees the room).
+    release_queued(queue_.client(ref.client).queued[options_.pool_id]);
     pool_->space.notify_all();
     if (ref.slot >= mc.view.slot_count()) return;
     JobSlot& slot = mc.view.slot(ref.slot);

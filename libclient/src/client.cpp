@@ -416,12 +416,15 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     std::atomic<uint32_t>& queued = cs.queued[pool.id];
     auto try_once = [&]() -> int {  // 1 pushed, 0 no room, -1 not accepting
       if (ps.accepting.load(std::memory_order_seq_cst) == 0) return -1;
+      // Taken back with release_queued(), never a plain decrement: a worker's pop may have
+      // just taken this very count (the counter drifts low after a forged reference), and a
+      // decrement below zero would wrap it and lock this client out.
       if (queued.fetch_add(1, std::memory_order_relaxed) >= pool.info.client_share) {
-        queued.fetch_sub(1, std::memory_order_relaxed);
+        release_queued(queued);
         return 0;
       }
       if (ring.try_push(ref)) return 1;
-      queued.fetch_sub(1, std::memory_order_relaxed);
+      release_queued(queued);
       return 0;
     };
     for (;;) {

@@ -570,7 +570,11 @@ std::string Bystanders::diagnose() const {
       s << ";";
     }
     if (unfinished == 0) s << " nothing queued or running;";
-    s << " ";
+    // The ring cells the client holds by its own count, per pool (its share's accounting).
+    const ClientShm& cs = queue.view.client(index);
+    s << " submitting " << cs.submitting.load() << ", ring cells held:";
+    for (uint32_t p = 0; p < queue.view.header().pool_count; ++p) s << " " << cs.queued[p].load();
+    s << "; ";
   }
   return s.str();
 }

@@ -44,12 +44,13 @@ enum Action : int {
   kRingCellWord,   // ring mode only
   kRingCellValue,  // ring mode only
   kRingHint,       // ring mode only: the head or tail position
+  kShareCount,     // ring mode only: another client's count of the ring cells it holds
   kActions
 };
 constexpr const char* kActionNames[] = {
     "forged jobs",       "state words", "whole slots",        "headers",
     "rewritten submits", "random refs", "ring cells (words)", "ring cells (values)",
-    "ring head/tail"};
+    "ring head/tail",    "share counts"};
 
 struct ScribblerState {
   std::atomic<uint32_t> phase;  // 0 starting, 1 ready, 2 scribbling, 3 stopped, 9 failed
@@ -137,7 +138,7 @@ int scribbler_main(ScribblerState& st, const std::string& dir, uint64_t seed, bo
   if (!wait_until([&] { return st.go.load() != 0; }, 60 * kSecond)) return fail("no go");
   st.phase.store(2);
   std::vector<Job> jobs;
-  // Ring cells are overwritten rarely (one every 100 ms, the three kinds in turn): a few
+  // Ring cells are overwritten rarely (one every 100 ms, the four kinds in turn): a few
   // writes show whether the pool survives them.
   uint64_t next_ring_write = monotonic_ns() + 100 * kMillisecond;
   int ring_kind = 0;
@@ -145,7 +146,7 @@ int scribbler_main(ScribblerState& st, const std::string& dir, uint64_t seed, bo
     int action = static_cast<int>(rng.between(0, kRingCellWord - 1));
     if (ring_cells && monotonic_ns() >= next_ring_write) {
       action = kRingCellWord + ring_kind;
-      ring_kind = (ring_kind + 1) % 3;
+      ring_kind = (ring_kind + 1) % (kActions - kRingCellWord);
       next_ring_write += 100 * kMillisecond;
     }
     JobSlot& slot = slots[rng.between(0, slot_count - 1)];
@@ -223,6 +224,15 @@ int scribbler_main(ScribblerState& st, const std::string& dir, uint64_t seed, bo
         }
         break;
       }
+      case kShareCount: {
+        // A bystander's count, set at or far above the share (which would lock it out of the
+        // pool) or wrapped below zero.
+        const uint32_t victim = (header.client_index + 1 + rng.between(0, 1)) % 3;
+        const uint32_t values[] = {queue.view.pool(0).client_share, UINT32_MAX,
+                                   static_cast<uint32_t>(rng.next())};
+        queue.view.client(victim).queued[0].store(values[rng.between(0, 2)]);
+        break;
+      }
       case kRingCellValue: {
         std::atomic<uint64_t>& cell = raw.cells[rng.between(0, raw.capacity() - 1)];
         const uint64_t old = cell.load();
@@ -293,11 +303,12 @@ void run_scribbler(bool ring_cells) {
       },
       duration, 1ms);
   if (ring_cells && !disturbed) {
-    // At least a dozen cell writes (one every 100 ms), whatever the iteration scale.
+    // At least four writes of each kind (one every 100 ms), whatever the iteration scale.
     poll_until(
         [&] {
-          return st.actions[kRingCellWord] + st.actions[kRingCellValue] + st.actions[kRingHint] >=
-                 12;
+          uint64_t writes = 0;
+          for (int a = kRingCellWord; a < kActions; ++a) writes += st.actions[a];
+          return writes >= 16;
         },
         10s, 1ms);
   }
@@ -338,11 +349,13 @@ void run_scribbler(bool ring_cells) {
   const json& pool = during.at("pools").at(0);
   std::printf(
       "forged jobs refused by the workers (jobs_failed): %llu; the audit moved the ring's "
-      "head/tail back %llu times, retired %llu ring cells and pushed %llu jobs again\n",
+      "head/tail back %llu times, retired %llu ring cells, pushed %llu jobs again and set "
+      "%llu clients' share counts back\n",
       static_cast<unsigned long long>(failed_jobs),
       static_cast<unsigned long long>(pool.at("ring_positions_restored").get<uint64_t>()),
       static_cast<unsigned long long>(pool.at("ring_cells_retired").get<uint64_t>()),
-      static_cast<unsigned long long>(pool.at("jobs_requeued").get<uint64_t>()));
+      static_cast<unsigned long long>(pool.at("jobs_requeued").get<uint64_t>()),
+      static_cast<unsigned long long>(pool.at("share_counts_repaired").get<uint64_t>()));
 
   // The scribbler goes; the daemon returns to its idle values and serves a new client.
   ::kill(scribbler, SIGKILL);

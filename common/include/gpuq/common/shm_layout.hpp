@@ -266,6 +266,16 @@ struct alignas(64) ClientShm {
 };
 static_assert(offsetof(ClientShm, submitting) == 64);
 
+// Gives back one ring cell of a client's share (ClientShm::queued). Saturating: the counter
+// can drift low (a forged reference to the client popped, a job pushed twice by the repair),
+// and a plain decrement racing with such a slip would wrap it and lock the client out of the
+// pool for good. A count that drifted low only lets the client go a little past its share.
+inline void release_queued(std::atomic<uint32_t>& queued) noexcept {
+  uint32_t q = queued.load(std::memory_order_relaxed);
+  while (q > 0 && !queued.compare_exchange_weak(q, q - 1, std::memory_order_relaxed)) {
+  }
+}
+
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
