@@ -6,9 +6,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "gpuq/common/params.hpp"
+#include "gpuq/common/tensor_ops.hpp"
 #include "gpuq/error.hpp"
 
 namespace gpuq::daemon {
@@ -21,6 +23,10 @@ struct OpContext {
   uint64_t output_capacity;
   const ParamBlock& params;
   const std::atomic<uint32_t>& cancel_requested;  // ops that loop poll it
+  // Where the buffers start in the client's arena (both buffers are in the same one): what
+  // an op needs to tell whether they overlap.
+  uint64_t input_offset = 0;
+  uint64_t output_offset = 0;
 };
 
 struct OpOutput {
@@ -34,7 +40,10 @@ struct OpInfo {
   uint32_t id;  // stable, part of the wire format; never reused
   const char* name;
   const char* summary;
-  OpFunction run;
+  OpFunction run;  // the same on every pool; null for a tensor op
+  // A catalog tensor op (gpuq/common/tensor_ops.hpp), which each backend implements its own
+  // way (oneDNN on CPU pools, cuDNN and cuBLAS on GPU pools).
+  std::optional<tensor::OpKind> tensor = std::nullopt;
 };
 
 // All registered ops, in id order. Thread-safe (immutable).

@@ -513,6 +513,12 @@ void Supervisor::on_worker_control(uint32_t worker_id) {
       w.state = WorkerState::kReady;
       w.start_failures = 0;
       w.ready_since_ns = monotonic_ns();
+      const json ready = json::parse(m->body, nullptr, false);
+      w.backend_info.clear();
+      if (ready.is_object() && ready.contains("backend") && ready["backend"].is_object() &&
+          !ready["backend"].empty()) {
+        w.backend_info = ready["backend"].dump();
+      }
       GPUQ_LOG_INFO("worker %u (pid %d) is ready", w.id, w.pid);
       if (workers_stopping_)
         send_to_worker(w, static_cast<int>(MessageType::kWorkerStop), "{}", -1);
@@ -1266,6 +1272,9 @@ std::string Supervisor::status_json() const {
                                  {"jobs_done", ws.jobs_done.load()},
                                  {"jobs_failed", ws.jobs_failed.load()},
                                  {"restarts", ws.restarts.load()}});
+      if (!w->backend_info.empty()) {
+        pool["workers"].back()["backend"] = json::parse(w->backend_info, nullptr, false);
+      }
     }
     pool["workers_ready"] = ready;
     pool["workers_total"] = total;

@@ -26,6 +26,9 @@ struct Supervisor::WorkerProc {
   uint32_t start_failures = 0;  // deaths before ready, in a row
   uint32_t backoff_ms = 0;
   uint64_t ready_since_ns = 0;
+  // What the worker's backend said about itself when it reported ready (a JSON object: a GPU
+  // worker's device, compute capability, memory); shown under the worker in status.
+  std::string backend_info;
   uint64_t respawn_at_ns = 0;
   uint64_t kill_at_ns = 0;
   // Control messages that did not fit in the worker's socket queue (a Unix datagram queue

@@ -23,6 +23,7 @@
 #include "gpuq/common/shm.hpp"
 #include "gpuq/common/shm_layout.hpp"
 #include "job_validation.hpp"
+#include "op_backend.hpp"
 
 namespace gpuq::daemon {
 namespace {
@@ -41,7 +42,7 @@ struct MappedClient {
 
 class Worker {
  public:
-  explicit Worker(const WorkerOptions& o) : options_(o) {}
+  Worker(const WorkerOptions& o, OpBackend& backend) : options_(o), backend_(backend) {}
 
   int run() {
     auto seg = QueueSegment::open(options_.queue_segment);
@@ -72,9 +73,13 @@ class Worker {
     seen_control_ = self_->control_seq.load(std::memory_order_acquire);
     if (!drain_control()) return 1;
 
+    if (auto started = backend_.start(); !started) {
+      GPUQ_LOG_ERROR("cannot start: %s", started.error().to_string().c_str());
+      return 1;
+    }
     self_->pid.store(getpid(), std::memory_order_relaxed);
     self_->state.store(static_cast<uint32_t>(WorkerState::kReady), std::memory_order_release);
-    nlohmann::json ready{{"worker", options_.worker_id}};
+    nlohmann::json ready{{"worker", options_.worker_id}, {"backend", backend_.describe()}};
     if (auto r = send_message(options_.control_fd, MessageType::kWorkerReady, ready.dump()); !r) {
       GPUQ_LOG_ERROR("cannot report ready: %s", r.error().to_string().c_str());
       return 1;
@@ -94,6 +99,10 @@ class Worker {
       if (ring_.try_pop(&value)) {
         GPUQ_FAULT_POINT("worker.popped");
         handle(value);
+        if (backend_.must_exit()) {
+          GPUQ_LOG_ERROR("this worker cannot run another job: exiting to be replaced");
+          return 3;
+        }
         continue;
       }
       if (stopping_) return 0;  // ring drained after WorkerStop
@@ -157,10 +166,12 @@ class Worker {
           GPUQ_LOG_ERROR("cannot map client %u: %s", map->client, seg.error().to_string().c_str());
           continue;
         }
+        unmap_client(map->client);  // an earlier holder of the index, if this worker missed it
         auto& mc = clients_[map->client].emplace();
         mc.session = map->session;
         mc.segment = std::move(*seg);
         mc.view = ClientSegmentView(mc.segment.address(), map->geometry, map->slot_count);
+        backend_.client_mapped(map->client, mc.segment.address(), mc.segment.size());
       } else if (m->type == MessageType::kUnmapClient) {
         auto unmap = parse_unmap_client(m->body);
         if (!unmap) {
@@ -170,7 +181,7 @@ class Worker {
         }
         if (unmap->client < clients_.size() && clients_[unmap->client] &&
             clients_[unmap->client]->session == unmap->session) {
-          clients_[unmap->client].reset();
+          unmap_client(unmap->client);
         }
       }
     }
@@ -237,9 +248,11 @@ class Worker {
                     reinterpret_cast<std::byte*>(arena + v->output_offset),
                     v->output_capacity,
                     v->params,
-                    slot.cancel_requested};
+                    slot.cancel_requested,
+                    v->input_offset,
+                    v->output_offset};
       GPUQ_FAULT_POINT("worker.running");
-      auto r = v->op->run(ctx);
+      auto r = backend_.run(*v->op, ctx);
       if (r) {
         out.output_bytes = r->output_bytes;
         out.value = r->value;
@@ -288,12 +301,20 @@ class Worker {
     }
   }
 
+  void unmap_client(uint32_t client) {
+    auto& mc = clients_[client];
+    if (!mc) return;
+    backend_.client_unmapping(client, mc->segment.address(), mc->segment.size());
+    mc.reset();
+  }
+
   void set_outcome(JobOutcome& out, const Error& e) {
     out.code = static_cast<int32_t>(e.code());
     error_message_ = e.message();
   }
 
   WorkerOptions options_;
+  OpBackend& backend_;
   QueueSegment segment_;
   QueueView queue_;
   PoolShm* pool_ = nullptr;
@@ -307,13 +328,13 @@ class Worker {
 
 }  // namespace
 
-int run_worker(const WorkerOptions& options) {
+int run_worker(const WorkerOptions& options, OpBackend& backend) {
   // Die with the supervisor; if it is already gone, do not start.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != options.supervisor_pid) return 1;
   signal(SIGPIPE, SIG_IGN);
   fcntl(options.control_fd, F_SETFL, fcntl(options.control_fd, F_GETFL) | O_NONBLOCK);
-  Worker w(options);
+  Worker w(options, backend);
   return w.run();
 }
 

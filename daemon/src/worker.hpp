@@ -19,7 +19,10 @@ struct WorkerOptions {
   int control_fd = 3;  // SOCK_SEQPACKET to the supervisor
 };
 
-// Runs the worker until the supervisor tells it to stop (returns 0) or a fatal error (1).
-int run_worker(const WorkerOptions& options);
+class OpBackend;
+
+// Runs the worker until the supervisor tells it to stop (returns 0), a fatal error (1), or
+// the backend cannot run another job (3: must_exit()).
+int run_worker(const WorkerOptions& options, OpBackend& backend);
 
 }  // namespace gpuq::daemon

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "gpuq/common/log.hpp"
+#include "op_backend.hpp"
 #include "test_hooks.hpp"
 #include "worker.hpp"
 
@@ -57,5 +58,5 @@ int main(int argc, char** argv) {
   std::snprintf(name, sizeof name, "gpuq-worker[%u]", o.worker_id);
   gpuq::log_init(name, gpuq::LogLevel::kInfo);
   if (int status = gpuq::daemon::run_worker_test_hooks(o.worker_id); status >= 0) return status;
-  return gpuq::daemon::run_worker(o);
+  return gpuq::daemon::run_worker(o, gpuq::daemon::cpu_backend());
 }

@@ -1,0 +1,46 @@
+// OpBackend: what a worker process runs its jobs with. The worker loop (worker.cpp) is the same
+// for every pool: it pops, claims, validates, runs and completes jobs. The backend supplies the
+// rest: the CPU worker's (gpuq-worker) runs the built-in ops and the tensor ops on oneDNN; the
+// GPU worker's (gpuq-gpu-worker) owns a CUDA context, a stream, cuDNN and cuBLAS handles and a
+// device memory pool for the worker's whole life.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+
+#include "gpuq/error.hpp"
+#include "ops.hpp"
+
+namespace gpuq::daemon {
+
+class OpBackend {
+ public:
+  virtual ~OpBackend() = default;
+
+  // Once, before the worker reports ready. An error is logged and the worker exits 1 (the
+  // supervisor's restart back-off and max_start_failures apply).
+  virtual Result<void> start() { return {}; }
+
+  // Sent with WorkerReady and shown under the worker in status (a GPU worker: device name,
+  // compute capability, memory). An object.
+  virtual nlohmann::json describe() const { return nlohmann::json::object(); }
+
+  // A client's payload segment was mapped at `base` (`bytes` long), before any of its jobs
+  // runs here; and it is about to be unmapped. A GPU worker registers it as pinned memory.
+  virtual void client_mapped(uint32_t /*client*/, void* /*base*/, uint64_t /*bytes*/) {}
+  virtual void client_unmapping(uint32_t /*client*/, void* /*base*/, uint64_t /*bytes*/) {}
+
+  // Runs one validated job (its buffers lie inside the client's arena).
+  virtual Result<OpOutput> run(const OpInfo& op, const OpContext& ctx) = 0;
+
+  // Checked after each job, once its outcome is written: true if this worker cannot run
+  // another (a sticky CUDA error poisons the context); the worker then exits with status 3 and
+  // the supervisor starts a fresh one.
+  virtual bool must_exit() const { return false; }
+};
+
+// The CPU worker's backend: the built-in ops (OpInfo::run) and, where the build has them, the
+// tensor ops. Defined in cpu_backend.cpp.
+OpBackend& cpu_backend();
+
+}  // namespace gpuq::daemon
