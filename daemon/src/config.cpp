@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <fstream>
 #include <functional>
@@ -133,42 +134,136 @@ bool valid_pool_name(const std::string& n) {
   });
 }
 
+// The most workers one GPU may have: each holds a CUDA context (hundreds of MB) on it.
+constexpr uint64_t kMaxWorkersPerGpu = 64;
+// GPU indexes are positions in PCI bus order; no machine has more GPUs than this.
+constexpr uint64_t kMaxGpuIndex = 255;
+
+// "GPU-" and a UUID in its canonical 8-4-4-4-12 hex form, as nvidia-smi -L prints it.
+bool valid_gpu_uuid(const std::string& s) {
+  if (s.size() != 40 || s.rfind("GPU-", 0) != 0) return false;
+  for (size_t i = 4; i < s.size(); ++i) {
+    const size_t at = i - 4;
+    const bool dash = at == 8 || at == 13 || at == 18 || at == 23;
+    const char c = s[i];
+    if (dash != (c == '-')) return false;
+    if (!dash && !std::isxdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+// "all", or a list of GPU indexes (PCI bus order) and UUIDs.
+Result<void> read_gpus(const json& v, const std::string& path, PoolConfig& p) {
+  if (v.is_string() && v.get<std::string>() == "all") {
+    p.all_gpus = true;
+    p.gpus.clear();
+    return {};
+  }
+  if (!v.is_array() || v.empty()) {
+    return bad(path,
+               "must be \"all\" or a non-empty list of GPU indexes and UUIDs, got " + v.dump());
+  }
+  std::vector<GpuSelector> gpus;
+  std::set<uint64_t> indexes;
+  std::set<std::string> uuids;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string ip = path + "[" + std::to_string(i) + "]";
+    GpuSelector g;
+    if (v[i].is_string()) {
+      g.by_uuid = true;
+      g.uuid = v[i].get<std::string>();
+      if (!valid_gpu_uuid(g.uuid)) {
+        return bad(ip, "must be a GPU index or a UUID like \"GPU-" +
+                           std::string("0b7e1c3a-5d2f-4a61-9c8e-2f4b6d8a0c1e") + "\", got " +
+                           v[i].dump());
+      }
+      if (!uuids.insert(g.uuid).second) return bad(ip, "GPU " + g.uuid + " is listed twice");
+    } else {
+      auto x = read_uint(v[i], ip, 0, kMaxGpuIndex);
+      if (!x) return x.error();
+      g.index = static_cast<uint32_t>(*x);
+      if (!indexes.insert(*x).second) {
+        return bad(ip, "GPU " + std::to_string(*x) + " is listed twice");
+      }
+    }
+    gpus.push_back(std::move(g));
+  }
+  p.all_gpus = false;
+  p.gpus = std::move(gpus);
+  return {};
+}
+
 Result<PoolConfig> read_pool(const json& v, const std::string& path,
                              const std::vector<int>& available) {
   if (!v.is_object()) return bad(path, "must be an object");
   PoolConfig p;
+  // The kind first: it decides which other keys the pool may have (and a JSON object's keys
+  // come in no useful order).
+  if (auto k = v.find("kind"); k != v.end()) {
+    if (*k == "cpu") {
+      p.kind = PoolKind::kCpu;
+    } else if (*k == "gpu") {
+      p.kind = PoolKind::kGpu;
+    } else {
+      return bad(path + ".kind", "must be \"cpu\" or \"gpu\", got " + k->dump());
+    }
+  }
+  const bool gpu = p.kind == PoolKind::kGpu;
   bool have_workers = false;
   for (auto it = v.begin(); it != v.end(); ++it) {
     const std::string key = it.key();
     const std::string kp = path + "." + key;
     const json& val = it.value();
+    if (key == "kind") continue;
     if (key == "name") {
       if (!val.is_string() || !valid_pool_name(val.get<std::string>())) {
         return bad(kp, "must be 1-31 characters of [a-z0-9_-]");
       }
       p.name = val.get<std::string>();
-    } else if (key == "kind") {
-      if (val == "cpu") {
-        p.kind = PoolKind::kCpu;
-      } else if (val == "gpu") {
-        return bad(kp, "\"gpu\" pools are not supported by this build yet (only \"cpu\")");
-      } else {
-        return bad(kp, "must be \"cpu\" or \"gpu\", got " + val.dump());
-      }
-    } else if (key == "workers") {
+    } else if (key == "workers" && !gpu) {
       auto w = read_uint(val, kp, 1, kMaxWorkers);
       if (!w) return w.error();
       p.workers = static_cast<uint32_t>(*w);
       have_workers = true;
-    } else if (key == "cpus") {
+    } else if (key == "cpus" && !gpu) {
       auto c = read_cpus(val, kp, available);
       if (!c) return c.error();
       p.cpus = std::move(*c);
+    } else if (key == "gpus" && gpu) {
+      if (auto r = read_gpus(val, kp, p); !r) return r.error();
+    } else if (key == "workers_per_gpu" && gpu) {
+      auto w = read_uint(val, kp, 1, kMaxWorkersPerGpu);
+      if (!w) return w.error();
+      p.workers_per_gpu = static_cast<uint32_t>(*w);
+    } else if (key == "fallback" && gpu) {
+      if (val == "none") {
+        p.fallback = PoolFallback::kNone;
+      } else if (val == "cpu") {
+        p.fallback = PoolFallback::kCpu;
+      } else {
+        return bad(kp, "must be \"none\" or \"cpu\", got " + val.dump());
+      }
+    } else if (gpu && (key == "workers" || key == "cpus")) {
+      return bad(kp, key == "workers"
+                         ? "is not a gpu pool key: a gpu pool has workers_per_gpu workers on "
+                           "each of its GPUs"
+                         : "is not a gpu pool key: a gpu pool's workers run on the CPUs local to "
+                           "their GPU");
+    } else if (!gpu && (key == "gpus" || key == "workers_per_gpu" || key == "fallback")) {
+      return bad(kp, "is a key of \"kind\": \"gpu\" pools only");
     } else {
-      return bad(kp, "unknown key (known: name, kind, workers, cpus)");
+      return bad(kp, gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
+                           "workers_per_gpu, fallback)"
+                         : "unknown key (known: name, kind, workers, cpus; gpus, "
+                           "workers_per_gpu and fallback with \"kind\": \"gpu\")");
     }
   }
   if (p.name.empty()) return bad(path + ".name", "is required");
+  if (gpu) {
+    // Known now only for a list of GPUs; with "all", once the supervisor has found them.
+    p.workers = p.all_gpus ? 0 : static_cast<uint32_t>(p.gpus.size()) * p.workers_per_gpu;
+    return p;
+  }
   if (p.cpus.empty()) p.cpus = available;
   if (!have_workers) p.workers = static_cast<uint32_t>(p.cpus.size());
   return p;
@@ -312,12 +407,35 @@ Result<Config> parse_config(const std::string& json_text, const std::vector<int>
   }
   // Cross-key checks.
   std::set<std::string> names;
-  uint64_t total_workers = 0;
   for (size_t i = 0; i < c.pools.size(); ++i) {
-    const auto& p = c.pools[i];
+    auto& p = c.pools[i];
     if (!names.insert(p.name).second) {
       return bad("pools[" + std::to_string(i) + "].name", "'" + p.name + "' is used twice");
     }
+    if (p.kind == PoolKind::kGpu && p.fallback == PoolFallback::kCpu) {
+      auto cpu = std::find_if(c.pools.begin(), c.pools.end(),
+                              [](const PoolConfig& q) { return q.kind == PoolKind::kCpu; });
+      if (cpu == c.pools.end()) {
+        return bad("pools[" + std::to_string(i) + "].fallback",
+                   "\"cpu\" sends jobs to the first cpu pool, and this config has none");
+      }
+      p.fallback_pool = static_cast<int>(cpu - c.pools.begin());
+    }
+  }
+  if (auto r = check_pool_sizes(c); !r) return r.error();
+  if (c.client_segment_bytes > c.max_client_segment_bytes) {
+    return bad("client_segment_bytes", "exceeds max_client_segment_bytes");
+  }
+  if (c.restart_backoff_initial_ms > c.restart_backoff_max_ms) {
+    return bad("restart_backoff_initial_ms", "exceeds restart_backoff_max_ms");
+  }
+  return c;
+}
+
+Result<void> check_pool_sizes(const Config& c) {
+  uint64_t total_workers = 0;
+  for (size_t i = 0; i < c.pools.size(); ++i) {
+    const auto& p = c.pools[i];
     uint64_t cap = uint64_t{c.queue_factor} * p.workers;
     // A ring entry carries 14 bits of the slot generation; a ring far larger than that could
     // let a stale entry match a reused slot (docs/design/job_states.md).
@@ -330,13 +448,7 @@ Result<Config> parse_config(const std::string& json_text, const std::vector<int>
   if (total_workers > kMaxWorkers) {
     return bad("pools", "more than " + std::to_string(kMaxWorkers) + " workers in all");
   }
-  if (c.client_segment_bytes > c.max_client_segment_bytes) {
-    return bad("client_segment_bytes", "exceeds max_client_segment_bytes");
-  }
-  if (c.restart_backoff_initial_ms > c.restart_backoff_max_ms) {
-    return bad("restart_backoff_initial_ms", "exceeds restart_backoff_max_ms");
-  }
-  return c;
+  return {};
 }
 
 Result<Config> load_config(const std::string& path, const std::vector<int>& available_cpus) {

@@ -15,11 +15,30 @@
 
 namespace gpuq::daemon {
 
+// One entry of a gpu pool's "gpus" list: a GPU by its index in PCI bus order, or by its UUID.
+struct GpuSelector {
+  bool by_uuid = false;
+  uint32_t index = 0;
+  std::string uuid;  // "GPU-...", as written
+};
+
+// What a gpu pool does with jobs while it has no GPU (docs/config.md, "GPU pool keys").
+enum class PoolFallback { kNone, kCpu };
+
 struct PoolConfig {
   std::string name;
   PoolKind kind = PoolKind::kCpu;
-  uint32_t workers = 0;   // 0 in the file means: one per CPU in `cpus`
-  std::vector<int> cpus;  // CPUs the pool's workers are pinned to, one each, round robin
+  // cpu pools: 0 in the file means one per CPU in `cpus`. gpu pools: the number known from the
+  // config (workers_per_gpu x listed GPUs; 0 with "gpus": "all") until the supervisor has
+  // found the GPUs, which sets it (0 for an unavailable pool).
+  uint32_t workers = 0;
+  std::vector<int> cpus;  // cpu pools: CPUs the workers are pinned to, one each, round robin
+  // gpu pools only.
+  bool all_gpus = true;           // "gpus": "all"
+  std::vector<GpuSelector> gpus;  // else these, in this order
+  uint32_t workers_per_gpu = 1;
+  PoolFallback fallback = PoolFallback::kNone;
+  int fallback_pool = -1;  // with fallback "cpu": index of the first cpu pool; else -1
 };
 
 struct Config {
@@ -52,9 +71,16 @@ Result<Config> parse_config(const std::string& json_text, const std::vector<int>
 // Reads `path` and parses it; an empty path gives the built-in defaults.
 Result<Config> load_config(const std::string& path, const std::vector<int>& available_cpus);
 
-// Capacity of pool `p`'s ring under `c`.
+// Capacity of pool `p`'s ring under `c`. A pool without workers (a gpu pool that found no GPU)
+// still gets a ring of one cell, so that the segment's layout is the same for every pool; no
+// job enters it (its `accepting` stays 0).
 inline uint32_t ring_capacity(const Config& c, const PoolConfig& p) {
-  return c.queue_factor * p.workers;
+  return p.workers == 0 ? 1 : c.queue_factor * p.workers;
 }
+
+// The checks on sizes across pools (ring cells per pool, workers in all), on the workers each
+// pool has now. parse_config runs them on what the file says; the supervisor again once the gpu
+// pools know their GPUs. Errors: InvalidArgument naming the key path.
+Result<void> check_pool_sizes(const Config& c);
 
 }  // namespace gpuq::daemon

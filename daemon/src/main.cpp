@@ -1,6 +1,7 @@
 // gpuqd: the gpuq supervisor. Parses arguments, loads and validates the config, runs.
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <string_view>
 
 #include "config.hpp"
+#include "gpu_discovery.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/runtime_dir.hpp"
 #include "service_notifier.hpp"
@@ -55,6 +57,52 @@ std::string find_worker() {
   return dir + "/gpuq-worker";
 }
 
+// --check-config: the effective pools. A gpu pool's GPUs are looked for as the daemon would
+// (test hooks included), so that the output says whether the pool would be available.
+int check_config(const gpuq::daemon::Config& config) {
+  using gpuq::daemon::PoolConfig;
+  const bool want_gpus =
+      std::any_of(config.pools.begin(), config.pools.end(),
+                  [](const PoolConfig& p) { return p.kind == gpuq::PoolKind::kGpu; });
+  gpuq::daemon::GpuDiscovery found;
+  if (want_gpus) {
+    auto hooks = gpuq::daemon::read_test_hooks();
+    found = gpuq::daemon::discover_gpus_isolated(
+        gpuq::daemon::gpu_discovery_options_from_environment(hooks && hooks->enabled), 30'000);
+    if (found.gpus.empty()) std::printf("GPUs: none (%s)\n", found.problem.c_str());
+    for (const auto& g : found.gpus) {
+      std::printf("GPU %u: %s %s %s (%s)\n", g.index, g.uuid.c_str(), g.pci_bus_id.c_str(),
+                  g.name.c_str(), found.source.c_str());
+    }
+  }
+  for (const PoolConfig& p : config.pools) {
+    if (p.kind == gpuq::PoolKind::kCpu) {
+      std::printf("pool %s: %u workers on %zu cpus, ring capacity %u\n", p.name.c_str(), p.workers,
+                  p.cpus.size(), gpuq::daemon::ring_capacity(config, p));
+      continue;
+    }
+    std::string gpus = p.all_gpus ? "all" : "";
+    for (const auto& g : p.gpus) {
+      gpus += (gpus.empty() ? "" : ",") + (g.by_uuid ? g.uuid : std::to_string(g.index));
+    }
+    const std::string fallback =
+        p.fallback_pool >= 0 ? "pool " + config.pools[p.fallback_pool].name : "none";
+    std::printf("pool %s: gpu, gpus %s, %u workers per GPU, fallback %s: ", p.name.c_str(),
+                gpus.c_str(), p.workers_per_gpu, fallback.c_str());
+    auto chosen = gpuq::daemon::select_gpus(p, found);
+    if (chosen) {
+      PoolConfig sized = p;
+      sized.workers = static_cast<uint32_t>(chosen->size()) * p.workers_per_gpu;
+      std::printf("%u workers on %zu GPUs, ring capacity %u\n", sized.workers, chosen->size(),
+                  gpuq::daemon::ring_capacity(config, sized));
+    } else {
+      std::printf("unavailable: %s\n", chosen.error().message().c_str());
+    }
+  }
+  std::printf("config OK\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,14 +130,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpuqd: %s\n", config.error().message().c_str());
     return 2;
   }
-  if (check_only) {
-    for (const auto& p : config->pools) {
-      std::printf("pool %s: %u workers on %zu cpus, ring capacity %u\n", p.name.c_str(), p.workers,
-                  p.cpus.size(), gpuq::daemon::ring_capacity(*config, p));
-    }
-    std::printf("config OK\n");
-    return 0;
-  }
+  if (check_only) return check_config(*config);
   auto hooks = gpuq::daemon::read_test_hooks();
   if (!hooks) {
     std::fprintf(stderr, "gpuqd: %s\n", hooks.error().message().c_str());

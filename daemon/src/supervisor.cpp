@@ -69,6 +69,34 @@ uint64_t tag_id(uint64_t tag) {
 constexpr uint64_t kTickNs = 20'000'000;              // timer period: 20 ms
 constexpr uint64_t kStableRunNs = 10'000'000'000ull;  // ready this long: back-off resets
 constexpr uint64_t kWorkerExitGraceNs = 5'000'000'000ull;
+// NVML's first initialisation without persistence mode takes seconds per GPU; a driver that
+// takes longer than this is wedged, and the gpu pools are unavailable rather than the daemon
+// stuck before READY=1 (systemd's TimeoutStartSec= is 120 s).
+constexpr uint32_t kGpuDiscoveryTimeoutMs = 30'000;
+
+// "0-3,8" for the logs.
+std::string cpu_list_text(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += std::to_string(cpus[i]);
+    if (j > i) out += '-' + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+json gpu_json(const GpuInfo& g) {
+  return {{"index", g.index},
+          {"uuid", g.uuid},
+          {"pci_bus_id", g.pci_bus_id},
+          {"name", g.name},
+          {"memory_bytes", g.memory_bytes},
+          {"local_cpus", g.local_cpus},
+          {"numa_node", g.numa_node}};
+}
 
 const char* worker_state_name(WorkerState s) {
   switch (s) {
@@ -119,6 +147,9 @@ Result<void> Supervisor::start() {
         "socket and segments are mode 0600, so only root and the daemon's own user can "
         "reach them");
   }
+  // Before anything else: discovery may fork a child, which is only safe while this process
+  // has a single thread and nothing to leak, and the worker counts it decides size the segment.
+  if (auto r = plan_pools(); !r) return r;
   raise_descriptor_limit();
   if (auto r = create_runtime_dir(); !r) return r;
   if (auto r = create_queue_segment(); !r) return r;
@@ -147,14 +178,15 @@ Result<void> Supervisor::start() {
     epoll_add(test_hook_fd_.get(), make_tag(Tag::kTestHook, 0), EPOLLIN);
   }
 
-  // Workers: pool by pool, each pinned to one of its pool's CPUs in turn.
+  // Workers: pool by pool, placed as plan_pools() decided.
   const Config& c = options_.config;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     for (uint32_t i = 0; i < c.pools[p].workers; ++i) {
       auto w = std::make_unique<WorkerProc>();
       w->id = static_cast<uint32_t>(workers_.size());
       w->pool = p;
-      w->cpu = c.pools[p].cpus[i % c.pools[p].cpus.size()];
+      const WorkerPlacement& at = placements_[w->id];
+      w->cpu = at.cpus.size() == 1 ? at.cpus.front() : -1;
       w->backoff_ms = c.restart_backoff_initial_ms;
       workers_.push_back(std::move(w));
     }
@@ -166,11 +198,92 @@ Result<void> Supervisor::start() {
                                      std::memory_order_release);
   std::string pools;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
-    pools += (p ? ", " : "") + c.pools[p].name + " (" + std::to_string(c.pools[p].workers) +
-             " workers, ring " + std::to_string(queue_.pool(p).capacity) + ")";
+    pools +=
+        (p ? ", " : "") + c.pools[p].name +
+        (pool_state_[p].available ? " (" + std::to_string(c.pools[p].workers) + " workers, ring " +
+                                        std::to_string(queue_.pool(p).capacity) + ")"
+                                  : std::string(" (unavailable)"));
   }
   GPUQ_LOG_INFO("gpuqd %s serving %s; pools: %s", GPUQ_VERSION, socket_path_.c_str(),
                 pools.c_str());
+  return {};
+}
+
+Result<void> Supervisor::plan_pools() {
+  Config& c = options_.config;
+  pool_state_.assign(c.pools.size(), PoolState{});
+  placements_.clear();
+  const bool want_gpus = std::any_of(c.pools.begin(), c.pools.end(),
+                                     [](const PoolConfig& p) { return p.kind == PoolKind::kGpu; });
+  if (want_gpus) {
+    const GpuDiscoveryOptions how =
+        gpu_discovery_options_from_environment(options_.test_hooks.enabled);
+    if (how.root != "/") {
+      GPUQ_LOG_WARN("test hooks: GPUQ_TEST_GPU_ROOT: GPUs are read from %s, NVML is not tried",
+                    how.root.c_str());
+    }
+    discovery_ = discover_gpus_isolated(how, kGpuDiscoveryTimeoutMs);
+    discovery_ran_ = true;
+    for (const GpuInfo& g : discovery_.gpus) {
+      GPUQ_LOG_INFO("GPU %u (%s): %s, %s, %llu MiB, cpus %s, numa node %d", g.index,
+                    discovery_.source.c_str(), g.uuid.empty() ? "(no UUID)" : g.uuid.c_str(),
+                    g.pci_bus_id.c_str(), static_cast<unsigned long long>(g.memory_bytes >> 20),
+                    g.local_cpus.empty() ? "unknown" : cpu_list_text(g.local_cpus).c_str(),
+                    g.numa_node);
+    }
+  }
+  const std::vector<int> allowed = allowed_cpus();
+  for (uint32_t p = 0; p < c.pools.size(); ++p) {
+    PoolConfig& pool = c.pools[p];
+    if (pool.kind == PoolKind::kCpu) {
+      for (uint32_t i = 0; i < pool.workers; ++i) {
+        placements_.push_back({{pool.cpus[i % pool.cpus.size()]}, "-1", -1});
+      }
+      continue;
+    }
+    auto chosen = select_gpus(pool, discovery_);
+    if (!chosen) {
+      // Unavailable, not fatal: the other pools serve, and jobs for this one fail at once with
+      // NoDevice or go to the fallback pool (docs/design/gpu_discovery.md).
+      PoolState& st = pool_state_[p];
+      st.available = false;
+      st.reason = chosen.error().message();
+      pool.workers = 0;
+      GPUQ_LOG_WARN("pool %s is unavailable: %s; %s", pool.name.c_str(), st.reason.c_str(),
+                    pool.fallback_pool >= 0
+                        ? ("its jobs go to pool " + c.pools[pool.fallback_pool].name).c_str()
+                        : "its jobs fail with NoDevice");
+      continue;
+    }
+    pool_state_[p].gpus = *chosen;
+    for (uint32_t g : *chosen) {
+      const GpuInfo& gpu = discovery_.gpus[g];
+      // The GPU's local CPUs that this daemon may use; all of its CPUs when the two sets do not
+      // meet (a cgroup or taskset that keeps it off the GPU's node) or locality is unknown.
+      std::vector<int> cpus;
+      std::set_intersection(gpu.local_cpus.begin(), gpu.local_cpus.end(), allowed.begin(),
+                            allowed.end(), std::back_inserter(cpus));
+      if (cpus.empty()) {
+        if (!gpu.local_cpus.empty()) {
+          GPUQ_LOG_WARN(
+              "GPU %u: none of its local CPUs (%s) is available to the daemon; its "
+              "workers run on every available CPU",
+              gpu.index, cpu_list_text(gpu.local_cpus).c_str());
+        }
+        cpus = allowed;
+      }
+      // Without a UUID (a driver that hides it from this user) the index in PCI bus order
+      // names the same GPU, given CUDA_DEVICE_ORDER=PCI_BUS_ID.
+      const std::string visible = gpu.uuid.empty() ? std::to_string(gpu.index) : gpu.uuid;
+      for (uint32_t k = 0; k < pool.workers_per_gpu; ++k) {
+        placements_.push_back({cpus, visible, static_cast<int>(g)});
+      }
+    }
+    pool.workers = static_cast<uint32_t>(chosen->size()) * pool.workers_per_gpu;
+  }
+  if (auto r = check_pool_sizes(c); !r) {
+    return Error(r.error().code(), r.error().message() + " (with the GPUs found)");
+  }
   return {};
 }
 
@@ -275,13 +388,18 @@ Result<void> Supervisor::create_queue_segment() {
     ps.client_share =
         std::max<uint32_t>(1, static_cast<uint32_t>(ps.capacity * c.client_queue_share));
     ps.ring_offset = ring_offsets[p];
-    ps.accepting.store(1, std::memory_order_relaxed);
+    // An unavailable pool never accepts a job: nothing would ever run it. Clients learn why
+    // from Welcome and do not even try (a client that pushes anyway gets ShuttingDown).
+    ps.accepting.store(pool_state_[p].available ? 1 : 0, std::memory_order_relaxed);
     JobRing::create(queue_.base() + ring_offsets[p], ps.capacity);
     for (uint32_t i = 0; i < c.pools[p].workers; ++i) {
       WorkerShm& ws = queue_.worker(first + i);
       ws.id = first + i;
       ws.pool_id = p;
-      ws.cpu = c.pools[p].cpus[i % c.pools[p].cpus.size()];
+      // A worker pinned to several CPUs (a GPU's local cores) has no CPU of its own to be woken
+      // on first (QueueView::wake_worker).
+      const std::vector<int>& cpus = placements_[first + i].cpus;
+      ws.cpu = cpus.size() == 1 ? cpus.front() : -1;
     }
     first += c.pools[p].workers;
   }
@@ -367,8 +485,11 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
     }
     env.emplace_back(v);
   }
-  // A CPU worker must never see a GPU.
-  env.emplace_back("CUDA_VISIBLE_DEVICES=-1");
+  const WorkerPlacement& at = placements_[w.id];
+  // A CPU worker must never see a GPU ("-1"); a GPU worker sees its own GPU only, named by
+  // UUID, and PCI bus order makes an index (when there is no UUID) mean what discovery meant.
+  env.emplace_back("CUDA_VISIBLE_DEVICES=" + at.visible_devices);
+  if (at.gpu >= 0) env.emplace_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");
   env.emplace_back("GPUQ_WORKER_ID=" + std::to_string(w.id));
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
@@ -377,7 +498,9 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
   envp.push_back(nullptr);
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
-  CPU_SET(w.cpu, &cpus);
+  for (int cpu : at.cpus) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &cpus);
+  }
   sigset_t empty;
   sigemptyset(&empty);
   const char* path = options_.worker_path.c_str();
@@ -443,8 +566,9 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
            {"segment_bytes", conn->geometry.segment_bytes}};
     send_to_worker(w, static_cast<int>(MessageType::kMapClient), j.dump(), conn->segment.fd());
   }
-  GPUQ_LOG_INFO("worker %u (pool %s, cpu %d) started as pid %d", w.id, c.pools[w.pool].name.c_str(),
-                w.cpu, pid);
+  GPUQ_LOG_INFO("worker %u (pool %s, cpus %s%s%s) started as pid %d", w.id,
+                c.pools[w.pool].name.c_str(), cpu_list_text(at.cpus).c_str(),
+                at.gpu >= 0 ? ", GPU " : "", at.gpu >= 0 ? at.visible_devices.c_str() : "", pid);
   return {};
 }
 
@@ -978,11 +1102,16 @@ Result<void> Supervisor::register_client(Connection& conn, const std::string& bo
   welcome["pools"] = json::array();
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     const PoolShm& ps = queue_.pool(p);
+    // "available", "reason" and "fallback" (the pool id that runs this pool's jobs while it is
+    // unavailable, or -1): a client checks them in submit (docs/design/protocol.md).
     welcome["pools"].push_back({{"name", c.pools[p].name},
                                 {"id", p},
                                 {"kind", c.pools[p].kind == PoolKind::kGpu ? "gpu" : "cpu"},
                                 {"capacity", ps.capacity},
-                                {"client_share", ps.client_share}});
+                                {"client_share", ps.client_share},
+                                {"available", pool_state_[p].available},
+                                {"reason", pool_state_[p].reason},
+                                {"fallback", c.pools[p].fallback_pool}});
   }
   welcome["ops"] = json::array();
   for (const auto& op : op_registry()) welcome["ops"].push_back({{"name", op.name}, {"id", op.id}});
@@ -1199,8 +1328,9 @@ void Supervisor::check_drain() {
         idle = false;
       }
     }
+    // An unavailable pool's ring has no worker to empty it (and no honest client fills it).
     for (uint32_t p = 0; p < options_.config.pools.size() && idle; ++p) {
-      if (queue_.ring(p).has_values()) idle = false;
+      if (pool_state_[p].available && queue_.ring(p).has_values()) idle = false;
     }
     for (auto& w : workers_) {
       if (w->pid > 0 && queue_.worker(w->id).busy.load(std::memory_order_acquire) != 0) {
@@ -1239,8 +1369,14 @@ std::string Supervisor::status_json() const {
   s["clients"] = registered_clients_;
   // Indexes of departed clients whose last ring entries have not all been popped yet.
   s["client_indexes_retiring"] = retired_.size();
+  if (discovery_ran_) {
+    s["gpu_discovery"] = {
+        {"source", discovery_.source}, {"problem", discovery_.problem}, {"gpus", json::array()}};
+    for (const GpuInfo& g : discovery_.gpus) s["gpu_discovery"]["gpus"].push_back(gpu_json(g));
+  }
   s["pools"] = json::array();
   bool all_pools_serving = true;
+  uint32_t available_pools = 0;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     const PoolShm& ps = queue_.pool(p);
     json pool{{"name", c.pools[p].name},
@@ -1257,6 +1393,13 @@ std::string Supervisor::status_json() const {
               {"ring_positions_restored", hints_restored_[p]},
               {"jobs_requeued", jobs_requeued_[p]},
               {"share_counts_repaired", share_counts_repaired_[p]}};
+    const PoolState& st = pool_state_[p];
+    if (c.pools[p].kind == PoolKind::kGpu) {
+      pool["gpus"] = json::array();
+      for (uint32_t g : st.gpus) pool["gpus"].push_back(gpu_json(discovery_.gpus[g]));
+      const int fallback = c.pools[p].fallback_pool;
+      pool["fallback"] = fallback >= 0 ? json(c.pools[fallback].name) : json(nullptr);
+    }
     uint32_t ready = 0, total = 0;
     pool["workers"] = json::array();
     for (const auto& w : workers_) {
@@ -1264,30 +1407,41 @@ std::string Supervisor::status_json() const {
       const WorkerShm& ws = queue_.worker(w->id);
       ++total;
       if (w->state == WorkerState::kReady) ++ready;
+      const WorkerPlacement& at = placements_[w->id];
       pool["workers"].push_back({{"id", w->id},
                                  {"pid", w->pid},
-                                 {"cpus", json::array({w->cpu})},
+                                 {"cpus", at.cpus},
                                  {"state", worker_state_name(w->state)},
                                  {"busy", ws.busy.load() != 0},
                                  {"jobs_done", ws.jobs_done.load()},
                                  {"jobs_failed", ws.jobs_failed.load()},
                                  {"restarts", ws.restarts.load()}});
+      if (at.gpu >= 0) pool["workers"].back()["gpu"] = discovery_.gpus[at.gpu].uuid;
       if (!w->backend_info.empty()) {
         pool["workers"].back()["backend"] = json::parse(w->backend_info, nullptr, false);
       }
     }
     pool["workers_ready"] = ready;
     pool["workers_total"] = total;
-    pool["status"] = ready == total ? "ready" : (ready > 0 ? "degraded" : "down");
-    pool["reason"] = ready == total ? ""
-                                    : std::to_string(total - ready) + " of " +
-                                          std::to_string(total) + " workers not ready";
-    if (ready == 0) all_pools_serving = false;
+    if (!st.available) {
+      pool["status"] = "unavailable";
+      pool["reason"] = st.reason;
+    } else {
+      ++available_pools;
+      pool["status"] = ready == total ? "ready" : (ready > 0 ? "degraded" : "down");
+      pool["reason"] = ready == total ? ""
+                                      : std::to_string(total - ready) + " of " +
+                                            std::to_string(total) + " workers not ready";
+      if (ready == 0) all_pools_serving = false;
+    }
     s["pools"].push_back(pool);
   }
-  // Ready: accepting jobs, and every pool has at least one live, ready worker. A readiness
-  // probe (gpuqctl ready) answers from this.
-  s["ready"] = !draining_ && all_pools_serving;
+  // Ready: accepting jobs, and every available pool has at least one live, ready worker. An
+  // unavailable pool (a gpu pool without a GPU) does not count: it will not get better by
+  // waiting, and the daemon serves its other pools (and this pool's fallback); its status says
+  // "unavailable" with the reason. With no available pool at all, nothing can run: not ready.
+  // A readiness probe (gpuqctl ready) answers from this.
+  s["ready"] = !draining_ && all_pools_serving && available_pools > 0;
   return s.dump();
 }
 
@@ -1308,6 +1462,7 @@ std::vector<Supervisor::PoolHealth> Supervisor::pool_health() const {
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     pools[p].name = c.pools[p].name;
     pools[p].capacity = queue_.pool(p).capacity;
+    pools[p].unavailable = !pool_state_[p].available;
   }
   for (const auto& w : workers_) {
     PoolHealth& h = pools[w->pool];

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "config.hpp"
+#include "gpu_discovery.hpp"
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/shm.hpp"
 #include "gpuq/common/shm_layout.hpp"
@@ -73,6 +74,24 @@ class Supervisor {
   bool client_index_free(uint32_t index) const;
   bool authorized(uid_t uid, gid_t gid) const;
 
+  // Pools and their GPUs: where each worker runs, and which pools have nothing to run on.
+  // Where a worker runs (placements_[worker id]).
+  struct WorkerPlacement {
+    std::vector<int> cpus;        // its CPU affinity
+    std::string visible_devices;  // CUDA_VISIBLE_DEVICES: "-1" (cpu pool), else the GPU's UUID
+    int gpu = -1;                 // index into discovery_.gpus; -1 in a cpu pool
+  };
+  // A pool at run time (pool_state_[pool]).
+  struct PoolState {
+    bool available = true;       // false: a gpu pool that found no GPU; it has no workers
+    std::string reason;          // why it is unavailable
+    std::vector<uint32_t> gpus;  // a gpu pool's GPUs, indexes into discovery_.gpus
+  };
+  // Finds the GPUs (when a gpu pool asks for them), decides each pool's workers and where they
+  // run, and sets each gpu pool's worker count in the config. Errors: InvalidArgument when the
+  // GPUs found make a pool too large (check_pool_sizes).
+  Result<void> plan_pools();
+
   // Workers.
   Result<void> spawn_worker(WorkerProc& w);
   void on_worker_exit(pid_t pid, int status);
@@ -109,6 +128,7 @@ class Supervisor {
     std::string name;
     uint32_t ready = 0, failed = 0, settling = 0, total = 0;  // settling: starting/restarting
     uint32_t capacity = 0;
+    bool unavailable = false;  // a gpu pool without a GPU (PoolState)
   };
   std::vector<PoolHealth> pool_health() const;
   static std::string pools_summary(const std::vector<PoolHealth>& pools);
@@ -135,6 +155,10 @@ class Supervisor {
   UniqueFd lock_fd_, listen_fd_, epoll_fd_, signal_fd_, timer_fd_;
   std::string socket_path_;
   std::vector<std::unique_ptr<WorkerProc>> workers_;
+  std::vector<WorkerPlacement> placements_;  // by worker id
+  std::vector<PoolState> pool_state_;        // by pool
+  GpuDiscovery discovery_;                   // what plan_pools() found
+  bool discovery_ran_ = false;               // only when a gpu pool is configured
   std::map<uint64_t, std::unique_ptr<Connection>> connections_;
   std::vector<RetiredClient> retired_;
   std::vector<bool> index_in_use_;

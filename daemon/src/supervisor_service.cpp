@@ -77,11 +77,15 @@ void Supervisor::on_test_hook_signal() {
   GPUQ_LOG_WARN("test hook: the event loop runs again");
 }
 
-// "cpu 2/2 ready, ring 20; gpu0 1/2 ready, 1 failed, ring 20"
+// "cpu 2/2 ready, ring 20; gpu0 1/2 ready, 1 failed, ring 20; gpu1 unavailable"
 std::string Supervisor::pools_summary(const std::vector<PoolHealth>& pools) {
   std::string s;
   for (const PoolHealth& p : pools) {
     if (!s.empty()) s += "; ";
+    if (p.unavailable) {
+      s += p.name + " unavailable";  // the reason is in the log and in gpuqctl status
+      continue;
+    }
     s += p.name + " " + std::to_string(p.ready) + "/" + std::to_string(p.total) + " ready";
     if (p.failed > 0) s += ", " + std::to_string(p.failed) + " failed";
     if (p.settling > 0) s += ", " + std::to_string(p.settling) + " starting";
@@ -93,22 +97,27 @@ std::string Supervisor::pools_summary(const std::vector<PoolHealth>& pools) {
 // READY=1 once no worker is still starting or restarting: every worker is ready, or its pool
 // has given up on it (`failed`, after max_start_failures deaths before ready). A pool whose
 // workers all failed is up with no capacity: the status says so ("down"), and so does
-// `gpuqctl status`. After READY=1 the STATUS= line follows every change of capacity.
+// `gpuqctl status`. An unavailable pool (a gpu pool that found no GPU) has no worker to wait
+// for: it is settled from the start, and the service it was asked to give is missing, so the
+// state is "degraded" while the other pools serve (and "down" if none does). After READY=1 the
+// STATUS= line follows every change of capacity.
 void Supervisor::update_service_state() {
   ServiceNotifier* n = options_.notifier.get();
   if (n == nullptr || !n->active() || draining_) return;
   const std::vector<PoolHealth> pools = pool_health();
   bool settled = true;
+  bool unavailable = false;
   uint32_t ready = 0, total = 0;
   for (const PoolHealth& p : pools) {
     settled = settled && p.settling == 0;
+    unavailable = unavailable || p.unavailable;
     ready += p.ready;
     total += p.total;
   }
-  const char* state = !ready_notified_ && !settled ? "starting"
-                      : ready == total             ? "ready"
-                      : ready > 0                  ? "degraded"
-                                                   : "down";
+  const char* state = !ready_notified_ && !settled     ? "starting"
+                      : ready == 0                     ? "down"
+                      : ready == total && !unavailable ? "ready"
+                                                       : "degraded";
   std::string line = std::string(state) + ": " + pools_summary(pools);
   if (!ready_notified_ && settled) {
     ready_notified_ = true;

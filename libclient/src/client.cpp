@@ -122,7 +122,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
  public:
   struct Pool {
     PoolInfo info;
-    uint32_t id;
+    uint32_t id = 0;
+    int fallback = -1;  // while unavailable: the id of the pool that runs its jobs, or -1
   };
 
   ~ClientImpl() = default;  // members unmap and close; the daemon sees the socket close
@@ -185,11 +186,31 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
           w.at("slots_offset").get<uint64_t>(), w.at("arena_offset").get<uint64_t>(),
           w.at("arena_bytes").get<uint64_t>(), w.at("segment_bytes").get<uint64_t>()};
       for (const auto& p : w.at("pools")) {
-        Pool pool{{p.at("name").get<std::string>(), p.at("kind").get<std::string>(),
-                   p.at("capacity").get<uint32_t>(), p.at("client_share").get<uint32_t>()},
-                  p.at("id").get<uint32_t>()};
-        pool_infos_.push_back(pool.info);
+        Pool pool;
+        pool.id = p.at("id").get<uint32_t>();
+        pool.info.name = p.at("name").get<std::string>();
+        pool.info.kind = p.at("kind").get<std::string>();
+        pool.info.capacity = p.at("capacity").get<uint32_t>();
+        pool.info.client_share = p.at("client_share").get<uint32_t>();
+        // A daemon from before GPU pools sends no availability: every pool is available.
+        pool.info.available = p.value("available", true);
+        pool.info.unavailable_reason = p.value("reason", std::string());
+        if (!pool.info.available) pool.fallback = p.value("fallback", -1);
         pools_.push_back(std::move(pool));
+      }
+      for (Pool& pool : pools_) {
+        auto to = std::find_if(pools_.begin(), pools_.end(), [&](const Pool& q) {
+          return static_cast<int>(q.id) == pool.fallback;
+        });
+        if (pool.fallback >= 0 && (to == pools_.end() || !to->info.available)) {
+          return Error(
+              ErrorCode::kProtocolMismatch,
+              "the daemon's handshake names a bad fallback for pool '" + pool.info.name + "'");
+        }
+        pool.info.runs_on = pool.info.available  ? pool.info.name
+                            : to != pools_.end() ? to->info.name
+                                                 : std::string();
+        pool_infos_.push_back(pool.info);
       }
       for (const auto& o : w.at("ops")) {
         ops_.emplace(o.at("name").get<std::string>(), o.at("id").get<uint32_t>());
@@ -335,6 +356,17 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
         return Error(ErrorCode::kUnknownPool, "no pool named '" + spec.pool + "'");
       }
       pool = &*it;
+    }
+    if (!pool->info.available) {
+      // An unavailable pool has no worker: its jobs go to its fallback pool, or fail here, at
+      // once, rather than wait in a ring nothing empties.
+      if (pool->fallback < 0) {
+        return Error(ErrorCode::kNoDevice, "pool '" + pool->info.name + "' is unavailable: " +
+                                               pool->info.unavailable_reason);
+      }
+      pool = &*std::find_if(pools_.begin(), pools_.end(), [&](const Pool& p) {
+        return static_cast<int>(p.id) == pool->fallback;
+      });
     }
     ParamWriter params;
     for (const auto& p : spec.params) {

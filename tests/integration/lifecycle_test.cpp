@@ -1,5 +1,6 @@
 // Integration: the daemon's life and its processes: draining on SIGTERM and on `gpuqctl stop`, a
-// worker killed mid-job, no CUDA anywhere near a CPU pool, and a client that forks.
+// worker killed mid-job, no CUDA anywhere near a CPU pool or in a supervisor with a gpu pool, and
+// a client that forks.
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -275,6 +276,35 @@ TEST_CASE("no CUDA library in the supervisor or its CPU workers, which see no GP
     }
     REQUIRE(cuda_vars.size() == 1);
     CHECK(cuda_vars[0] == "CUDA_VISIBLE_DEVICES=-1");
+  }
+}
+
+TEST_CASE("no CUDA or NVIDIA library in the supervisor with a gpu pool configured") {
+  // GPU discovery (NVML through dlopen, where there is one) runs in a child process: whether or
+  // not this machine has a GPU, nothing NVIDIA may stay mapped in gpuqd.
+  DaemonOptions options;
+  options.config_json = R"({"pools":[{"name":"cpu","kind":"cpu","workers":1},
+                                     {"name":"gpu","kind":"gpu","fallback":"cpu"}]})";
+  // A gpu pool without a GPU has no workers, which the fixture's default readiness waits for.
+  options.readiness = DaemonOptions::Readiness::kAnswering;
+  DaemonProcess daemon(options);
+  REQUIRE(wait_until([&] { return daemon.status()["ready"] == true; }, 10s));
+  Client client = connect_client(daemon);
+  std::vector<Job> jobs;
+  for (int i = 0; i < 2; ++i) jobs.push_back(submit_ok(client, sleep_spec(1000, "gpu")));
+  for (auto& job : jobs) wait_done(job);
+
+  std::vector<pid_t> pids = daemon.worker_pids("cpu");
+  REQUIRE(pids.size() == 1);
+  pids.push_back(daemon.pid());
+  for (pid_t pid : pids) {
+    INFO("pid " << pid << (pid == daemon.pid() ? " (gpuqd)" : " (cpu worker)"));
+    const std::string maps = read_proc_file(pid, "maps");
+    REQUIRE(maps.find("gpuq") != std::string::npos);
+    for (const char* lib : {"libcuda", "libcudart", "libcublas", "libcudnn", "libnvidia"}) {
+      INFO("library " << lib);
+      CHECK(maps.find(lib) == std::string::npos);
+    }
   }
 }
 

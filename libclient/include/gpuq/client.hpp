@@ -157,6 +157,13 @@ struct PoolInfo {
   std::string kind;  // "cpu" or "gpu"
   uint32_t capacity = 0;
   uint32_t client_share = 0;
+  // False for a gpu pool that found no usable GPU when the daemon started; `unavailable_reason`
+  // says why. Jobs submitted to it go to `runs_on`, or fail with NoDevice when that is empty.
+  bool available = true;
+  std::string unavailable_reason;
+  // The pool that runs this pool's jobs: its own name when available; while unavailable, the
+  // cpu pool named by its "fallback": "cpu" config, or empty (no fallback: NoDevice).
+  std::string runs_on;
 };
 
 class GPUQ_API Client {
@@ -187,9 +194,12 @@ class GPUQ_API Client {
   void release(const Buffer& buffer);
 
   // Submits a job, waiting up to `timeout` for room in the pool's ring (negative: forever).
-  // Errors: UnknownOp, UnknownPool, InvalidArgument (params), Timeout (ring stayed full),
-  // ShuttingDown, Disconnected, ForkedClient, OutOfMemory (all of this client's job slots are
-  // in use). Thread-safe; lock-free when there is room.
+  // A job for an unavailable pool (PoolInfo::available) runs on its fallback pool
+  // (PoolInfo::runs_on) if it has one. Errors: UnknownOp, UnknownPool, NoDevice (the pool is
+  // unavailable and has no fallback; the message names the pool and the reason),
+  // InvalidArgument (params), Timeout (ring stayed full), ShuttingDown, Disconnected,
+  // ForkedClient, OutOfMemory (all of this client's job slots are in use). Thread-safe;
+  // lock-free when there is room.
   Result<Job> submit(const JobSpec& spec,
                      std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
   // Like submit() but returns QueueFull at once when there is no room. Never blocks.
