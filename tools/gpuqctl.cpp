@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuq/client.hpp"
+#include "gpuq/common/cpu_list.hpp"
 #include "gpuq/common/params.hpp"
 
 namespace {
@@ -200,15 +201,7 @@ std::string format_cpus(const Json& worker) {
     if (c.is_number_integer()) cpus.push_back(c.get<long long>());
   }
   std::sort(cpus.begin(), cpus.end());
-  std::string out;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += std::to_string(cpus[i]);
-    if (j > i) out += '-' + std::to_string(cpus[j]);
-    i = j + 1;
-  }
+  const std::string out = gpuq::cpu_list_text(cpus);
   return out.empty() ? "-" : out;
 }
 

@@ -29,6 +29,7 @@
 
 #include "client_messages.hpp"
 #include "gpuq/common/clock.hpp"
+#include "gpuq/common/cpu_list.hpp"
 #include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/posix_call.hpp"
@@ -73,20 +74,6 @@ constexpr uint64_t kWorkerExitGraceNs = 5'000'000'000ull;
 // takes longer than this is wedged, and the gpu pools are unavailable rather than the daemon
 // stuck before READY=1 (systemd's TimeoutStartSec= is 120 s).
 constexpr uint32_t kGpuDiscoveryTimeoutMs = 30'000;
-
-// "0-3,8" for the logs.
-std::string cpu_list_text(const std::vector<int>& cpus) {
-  std::string out;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += std::to_string(cpus[i]);
-    if (j > i) out += '-' + std::to_string(cpus[j]);
-    i = j + 1;
-  }
-  return out;
-}
 
 json gpu_json(const GpuInfo& g) {
   return {{"index", g.index},
