@@ -172,10 +172,23 @@ class OpParser {
     return d;
   }
 
+  // A shape: a string "AxBxC", or an integer N for the 1-D shape "N" (gpuqctl's --param b=16
+  // gives an integer).
   Result<Shape> shape(std::string_view key, int min_rank, int max_rank) const {
-    auto s = required_string(key);
-    if (!s) return s.error();
-    auto shape = parse_shape(*s, op_ + ": " + std::string(key));
+    const ParamValue* v = params_.find(key);
+    if (v == nullptr) return error(key, "is required");
+    Result<Shape> shape = Shape{};
+    if (const auto* n = std::get_if<int64_t>(v)) {
+      if (*n < 1 || *n > kMaxDim) {
+        return error(key, "is " + str(*n) + ", a dimension must be in [1, " + str(kMaxDim) + "]");
+      }
+      shape->rank = 1;
+      shape->dims[0] = *n;
+    } else if (const auto* t = std::get_if<std::string>(v)) {
+      shape = parse_shape(*t, op_ + ": " + std::string(key));
+    } else {
+      return error(key, "must be a shape string like 2x3x32x32 (or an integer for 1-D)");
+    }
     if (!shape) return shape.error();
     if (shape->rank < min_rank || shape->rank > max_rank) {
       std::string ranks = min_rank == max_rank ? str(min_rank) + "-D"
@@ -304,9 +317,7 @@ Result<TensorOp> parse_conv2d(OpParser& p) {
   GPUQ_TENSOR_TRY(x, p.shape("x", 4, 4));
   GPUQ_TENSOR_TRY(w, p.shape("w", 4, 4));
   std::optional<Shape> b;
-  auto b_text = p.string("b");
-  if (!b_text) return b_text.error();
-  if (b_text->has_value()) {
+  if (p.has("b")) {
     GPUQ_TENSOR_TRY(b, p.shape("b", 1, 1));
   } else if (p.has("b_at")) {
     return p.error("b_at", "given without b");

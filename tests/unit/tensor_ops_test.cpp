@@ -141,6 +141,21 @@ TEST_CASE("conv2d: defaults, no bias, f16 and operands placed with _at") {
   CHECK(result_bytes(*r) == 4);
 }
 
+TEST_CASE("a shape key takes an integer as a 1-D shape (gpuqctl's b=16)") {
+  auto r = parse(OpKind::kConv2d, {s("x", "1x1x3x3"), s("w", "4x1x3x3"), i("b", 4)});
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(std::get<Conv2d>(*r).b->shape.to_string() == "4");
+  auto a = parse(OpKind::kActivation, {i("x", 7), s("mode", "relu")});
+  REQUIRE(a.ok());
+  CHECK(std::get<ActivationOp>(*a).y.to_string() == "7");
+  CHECK(contains(failure(OpKind::kActivation, {i("x", 0), s("mode", "relu")}),
+                 "activation: x: is 0, a dimension must be in [1, 2147483647]"));
+  CHECK(contains(failure(OpKind::kActivation, {f("x", 7.0), s("mode", "relu")}),
+                 "activation: x: must be a shape string like 2x3x32x32 (or an integer for 1-D)"));
+  CHECK(contains(failure(OpKind::kSoftmax, {i("x", 7)}),
+                 "softmax: x: is 7 (1-D), must be 2-D to 4-D"));
+}
+
 TEST_CASE("conv2d: an operand without _at follows the previous one, wherever that was put") {
   auto r =
       parse(OpKind::kConv2d, {s("x", "1x1x2x2"), s("w", "1x1x1x1"), s("b", "1"), i("w_at", 64)});
