@@ -34,6 +34,14 @@ std::string ustr(uint64_t v) {
   return std::to_string(v);
 }
 
+// A string param's value in single quotes for an error message, each byte outside printable
+// ASCII shown as '?' (the value comes from an untrusted client).
+std::string quoted(std::string_view v) {
+  std::string q = "'";
+  for (char c : v) q += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return q + "'";
+}
+
 // a * b, or nullopt if it does not fit in 64 bits.
 std::optional<uint64_t> mul(uint64_t a, uint64_t b) {
   uint64_t r = 0;
@@ -113,7 +121,7 @@ class OpParser {
       } else if (**t == "f16") {
         dtype_ = DType::kF16;
       } else {
-        return error("dtype", "'" + **t + "' is not a dtype (f32 or f16)");
+        return error("dtype", quoted(**t) + " is not a dtype (f32 or f16)");
       }
     }
     return {};
@@ -207,12 +215,12 @@ class OpParser {
     if (!s->has_value()) return fallback;
     auto dims = split_dims(**s);
     if (!dims || dims->size() != 2) {
-      return error(key, "'" + **s + "' is not a pair of integers like 2x2");
+      return error(key, quoted(**s) + " is not a pair of integers like 2x2");
     }
     for (int64_t d : *dims) {
       if (d < min || d > kMaxDim) {
         return error(key,
-                     "'" + **s + "': each must be in [" + str(min) + ", " + str(kMaxDim) + "]");
+                     quoted(**s) + ": each must be in [" + str(min) + ", " + str(kMaxDim) + "]");
       }
     }
     return std::array<int64_t, 2>{(*dims)[0], (*dims)[1]};
@@ -393,7 +401,7 @@ Result<TensorOp> parse_activation(OpParser& p) {
   } else if (mode == "tanh") {
     a.mode = Activation::kTanh;
   } else {
-    return p.error("mode", "'" + mode + "' is not an activation (relu, sigmoid or tanh)");
+    return p.error("mode", quoted(mode) + " is not an activation (relu, sigmoid or tanh)");
   }
   a.y = x;
   GPUQ_TENSOR_TRY(a.x, p.place("x", x));
@@ -427,7 +435,7 @@ Result<TensorOp> parse_pool2d(OpParser& p) {
   } else if (mode == "avg") {
     q.mode = PoolMode::kAvg;
   } else {
-    return p.error("mode", "'" + mode + "' is not a pooling mode (max or avg)");
+    return p.error("mode", quoted(mode) + " is not a pooling mode (max or avg)");
   }
   if (!p.has("window")) return p.error("window", "is required");
   std::array<int64_t, 2> window{}, stride{}, pad{};
@@ -571,8 +579,7 @@ bool Shape::operator==(const Shape& o) const noexcept {
 
 Result<Shape> parse_shape(std::string_view text, std::string_view what) {
   auto fail = [&](const std::string& why) {
-    return Error(ErrorCode::kInvalidArgument,
-                 std::string(what) + ": '" + std::string(text) + "' " + why);
+    return Error(ErrorCode::kInvalidArgument, std::string(what) + ": " + quoted(text) + " " + why);
   };
   auto dims = split_dims(text);
   if (!dims) return fail("is not a shape (1 to 4 positive integers joined by x, like 2x3x32x32)");

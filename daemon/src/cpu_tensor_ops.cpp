@@ -32,7 +32,7 @@ using dnnl::memory;
 using dnnl::prop_kind;
 using Dt = dnnl::memory::data_type;
 
-// TensorOp's alternatives are in OpKind's order.
+// TensorOp's alternatives are in OpKind's order (checked in cpu_tensor_ops.hpp).
 const char* op_name(const tensor::TensorOp& op) {
   return tensor::op_kind_name(static_cast<tensor::OpKind>(op.index()));
 }

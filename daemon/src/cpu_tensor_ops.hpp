@@ -6,12 +6,30 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <variant>
 
 #include "gpuq/common/tensor_ops.hpp"
 #include "gpuq/error.hpp"
 #include "ops.hpp"
 
 namespace gpuq::daemon {
+
+// The backends name an op by its variant index: TensorOp's alternatives are in OpKind's order.
+static_assert(
+    std::is_same_v<std::variant_alternative_t<size_t(tensor::OpKind::kConv2d), tensor::TensorOp>,
+                   tensor::Conv2d> &&
+    std::is_same_v<
+        std::variant_alternative_t<size_t(tensor::OpKind::kActivation), tensor::TensorOp>,
+        tensor::ActivationOp> &&
+    std::is_same_v<std::variant_alternative_t<size_t(tensor::OpKind::kSoftmax), tensor::TensorOp>,
+                   tensor::Softmax> &&
+    std::is_same_v<std::variant_alternative_t<size_t(tensor::OpKind::kPool2d), tensor::TensorOp>,
+                   tensor::Pool2d> &&
+    std::is_same_v<std::variant_alternative_t<size_t(tensor::OpKind::kBatchNorm), tensor::TensorOp>,
+                   tensor::BatchNorm> &&
+    std::is_same_v<std::variant_alternative_t<size_t(tensor::OpKind::kGemm), tensor::TensorOp>,
+                   tensor::Gemm>);
 
 // True when this build runs tensor ops on CPU pools.
 bool cpu_tensor_ops_available() noexcept;

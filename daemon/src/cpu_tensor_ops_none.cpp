@@ -16,7 +16,7 @@ Result<void> cpu_tensor_ops_start() {
 
 Result<OpOutput> run_cpu_tensor_op(const tensor::TensorOp& op, const std::byte* /*input*/,
                                    std::byte* /*output*/, const std::atomic<uint32_t>& /*cancel*/) {
-  // TensorOp's alternatives are in OpKind's order.
+  // TensorOp's alternatives are in OpKind's order (checked in cpu_tensor_ops.hpp).
   const char* name = tensor::op_kind_name(static_cast<tensor::OpKind>(op.index()));
   return Error(ErrorCode::kUnknownOp,
                std::string(name) +

@@ -4,11 +4,16 @@
 
 #include <doctest/doctest.h>
 
+#include "support/rng.hpp"
+#include "support/test_support.hpp"
+
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace gpuq::tensor {
 namespace {
@@ -79,6 +84,12 @@ TEST_CASE("parse_shape refuses malformed text, zero, too many dimensions and too
     CHECK(r.error().code() == ErrorCode::kInvalidArgument);
     CHECK(contains(r.error().message(), "conv2d: x: '" + std::string(bad) + "'"));
   }
+}
+
+TEST_CASE("a value quoted in an error shows bytes outside printable ASCII as '?'") {
+  auto r = parse_shape(std::string_view("2x\x80", 3), "conv2d: x");
+  REQUIRE_FALSE(r.ok());
+  CHECK(contains(r.error().message(), "conv2d: x: '2x?' is not a shape"));
 }
 
 TEST_CASE("op kind names round-trip and dtype names") {
@@ -467,6 +478,120 @@ TEST_CASE("every op refuses an unknown dtype and a wrongly typed one") {
                  "softmax: dtype: 'bf16' is not a dtype"));
   CHECK(contains(failure(OpKind::kGemm, {s("a", "2x2"), s("b", "2x2"), i("dtype", 1)}),
                  "gemm: dtype: must be a string"));
+}
+
+// Random parameters from every op's keys, random buffers: whatever the parser accepts must be
+// safe for a backend (operands inside the input, aligned, clear of the output; the result fits).
+TEST_CASE("random parameters: what parses is always within the buffers") {
+  const uint64_t seed = test::test_seed(0x7e45);
+  INFO("seed " << seed);
+  test::Rng rng(seed);
+  // Each op's keys, its required ones first; and keys of other ops.
+  const std::vector<std::vector<const char*>> op_keys = {
+      {"x", "w", "b", "stride", "pad", "dilation", "groups", "relu", "x_at", "w_at", "b_at"},
+      {"x", "mode", "x_at"},
+      {"x", "log", "x_at"},
+      {"x", "mode", "window", "stride", "pad", "count_pad", "x_at"},
+      {"x", "eps", "relu", "x_at", "scale_at", "bias_at", "mean_at", "var_at"},
+      {"a", "b", "c", "trans_a", "trans_b", "alpha", "beta", "a_at", "b_at", "c_at"}};
+  const size_t required[] = {2, 2, 1, 3, 1, 2};
+  const char* words[] = {"relu", "sigmoid", "tanh", "max", "avg", "f32", "f16", "", "x"};
+  auto dim = [&]() -> std::string {
+    switch (rng.between(0, 19)) {
+      case 0:
+        return "0";
+      case 1:
+        return "2147483647";
+      default:
+        return std::to_string(rng.between(1, 5));
+    }
+  };
+  auto shape = [&](uint64_t rank) {
+    std::string t = dim();
+    for (uint64_t d = 1; d < rank; ++d) t += "x" + dim();
+    return t;
+  };
+  auto value_for = [&](std::string_view key) -> ParamValue {
+    const uint64_t pick = rng.between(0, 29);
+    if (pick == 0) return static_cast<int64_t>(rng.between(0, 6)) - 1;
+    if (pick == 1) return static_cast<double>(rng.between(0, 4)) - 1.5;
+    if (pick == 2) return std::string(words[rng.between(0, std::size(words) - 1)]);
+    if (key == "mode") return std::string(words[rng.between(0, 4)]);
+    if (key == "stride" || key == "pad" || key == "dilation" || key == "window") {
+      return std::to_string(rng.between(0, 3)) + "x" + std::to_string(rng.between(0, 3));
+    }
+    if (key.size() > 3 && key.substr(key.size() - 3) == "_at") {
+      return static_cast<int64_t>(rng.between(0, 1024) & ~uint64_t{1});
+    }
+    if (key == "x" || key == "w" || key == "a" || key == "b" || key == "c") {
+      return shape(key == "x" || key == "w" ? 4 : 2);
+    }
+    if (key == "eps" || key == "alpha" || key == "beta") return static_cast<double>(pick % 8) / 4;
+    return static_cast<int64_t>(rng.between(0, 2));
+  };
+  uint64_t parsed = 0;
+  for (uint64_t iter = 0; iter < test::scaled(20000); ++iter) {
+    const auto kind = static_cast<OpKind>(rng.between(0, 5));
+    const auto& keys = op_keys[static_cast<size_t>(kind)];
+    ParamWriter w;
+    std::set<std::string> added;
+    auto add = [&](const char* key) {
+      // A key given twice now and then; each add may exceed the block (the entry is left out).
+      if (added.insert(key).second || rng.chance(0.05)) (void)w.add(key, value_for(key));
+    };
+    for (size_t k = 0; k < required[static_cast<size_t>(kind)]; ++k) {
+      if (rng.chance(0.95)) add(keys[k]);
+    }
+    const uint64_t extra = rng.between(0, 4);
+    for (uint64_t k = 0; k < extra; ++k) {
+      const auto& from = rng.chance(0.95) ? keys : op_keys[rng.between(0, 5)];
+      add(from[rng.between(0, from.size() - 1)]);
+    }
+    if (rng.chance(0.1)) (void)w.add("dtype", std::string(rng.chance(0.5) ? "f16" : "f32"));
+    auto block = ParamBlock::parse(w.data(), w.size());
+    REQUIRE(block.ok());
+    JobBuffers b{rng.between(0, 8), rng.between(0, 8192), 0, rng.between(0, 4096)};
+    // Mostly an output after the input; else anywhere (often overlapping it).
+    b.output_offset = rng.chance(0.8) ? b.input_offset + b.input_bytes + rng.between(0, 8)
+                                      : rng.between(0, 12288);
+    auto op = parse_tensor_op(kind, *block, b);
+    if (!op) {
+      CHECK(op.error().code() == ErrorCode::kInvalidArgument);
+      CHECK(op.error().message().rfind(std::string(op_kind_name(kind)) + ": ", 0) == 0);
+      continue;
+    }
+    ++parsed;
+    const uint64_t esize = dtype_bytes(result_dtype(*op));
+    auto operand = [&](const Operand& o) {
+      CHECK(o.bytes == o.shape.elements() * esize);
+      CHECK(o.offset + o.bytes <= b.input_bytes);
+      CHECK((b.input_offset + o.offset) % esize == 0);
+      const uint64_t begin = b.input_offset + o.offset, end = begin + o.bytes;
+      CHECK((end <= b.output_offset || begin >= b.output_offset + b.output_capacity));
+    };
+    std::visit(
+        [&](const auto& o) {
+          using T = std::decay_t<decltype(o)>;
+          if constexpr (std::is_same_v<T, Conv2d>) {
+            operand(o.x);
+            operand(o.w);
+            if (o.b) operand(*o.b);
+          } else if constexpr (std::is_same_v<T, BatchNorm>) {
+            for (const auto* x : {&o.x, &o.scale, &o.bias, &o.mean, &o.var}) operand(*x);
+          } else if constexpr (std::is_same_v<T, Gemm>) {
+            operand(o.a);
+            operand(o.b);
+            if (o.c) operand(*o.c);
+          } else {
+            operand(o.x);
+          }
+        },
+        *op);
+    CHECK(result_bytes(*op) <= b.output_capacity);
+    CHECK(b.output_offset % esize == 0);
+  }
+  MESSAGE(parsed << " of " << test::scaled(20000) << " random parameter sets parsed");
+  CHECK(parsed > 0);
 }
 
 }  // namespace
