@@ -2,6 +2,8 @@
 // done here, once, before a backend sees the op: a backend may trust every field of the spec.
 #include "gpuq/common/tensor_ops.hpp"
 
+#include "gpuq/common/assert.hpp"
+
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -19,7 +21,7 @@ constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
   do {                                    \
     auto gpuq_r_ = (expr);                \
     if (!gpuq_r_) return gpuq_r_.error(); \
-    lhs = std::move(gpuq_r_.value());     \
+    (lhs) = std::move(gpuq_r_.value());   \
   } while (0)
 #define GPUQ_TENSOR_CHECK(expr)           \
   do {                                    \
@@ -383,7 +385,7 @@ Result<TensorOp> parse_conv2d(OpParser& p) {
     c.b = bo;
   }
   GPUQ_TENSOR_CHECK(p.finish("y", c.y));
-  return TensorOp(std::move(c));
+  return TensorOp(c);
 }
 
 Result<TensorOp> parse_activation(OpParser& p) {
@@ -406,7 +408,7 @@ Result<TensorOp> parse_activation(OpParser& p) {
   a.y = x;
   GPUQ_TENSOR_TRY(a.x, p.place("x", x));
   GPUQ_TENSOR_CHECK(p.finish("y", a.y));
-  return TensorOp(std::move(a));
+  return TensorOp(a);
 }
 
 Result<TensorOp> parse_softmax(OpParser& p) {
@@ -419,7 +421,7 @@ Result<TensorOp> parse_softmax(OpParser& p) {
   s.y = x;
   GPUQ_TENSOR_TRY(s.x, p.place("x", x));
   GPUQ_TENSOR_CHECK(p.finish("y", s.y));
-  return TensorOp(std::move(s));
+  return TensorOp(s);
 }
 
 Result<TensorOp> parse_pool2d(OpParser& p) {
@@ -465,7 +467,7 @@ Result<TensorOp> parse_pool2d(OpParser& p) {
   q.y = make_shape({x.dims[0], x.dims[1], out[0], out[1]});
   GPUQ_TENSOR_TRY(q.x, p.place("x", x));
   GPUQ_TENSOR_CHECK(p.finish("y", q.y));
-  return TensorOp(std::move(q));
+  return TensorOp(q);
 }
 
 Result<TensorOp> parse_batchnorm(OpParser& p) {
@@ -488,7 +490,7 @@ Result<TensorOp> parse_batchnorm(OpParser& p) {
   GPUQ_TENSOR_TRY(bn.mean, p.place("mean", c));
   GPUQ_TENSOR_TRY(bn.var, p.place("var", c));
   GPUQ_TENSOR_CHECK(p.finish("y", bn.y));
-  return TensorOp(std::move(bn));
+  return TensorOp(bn);
 }
 
 Result<TensorOp> parse_gemm(OpParser& p) {
@@ -536,7 +538,7 @@ Result<TensorOp> parse_gemm(OpParser& p) {
     g.c = co;
   }
   GPUQ_TENSOR_CHECK(p.finish("y", g.y));
-  return TensorOp(std::move(g));
+  return TensorOp(g);
 }
 
 #undef GPUQ_TENSOR_TRY
@@ -641,12 +643,30 @@ Result<TensorOp> parse_tensor_op(OpKind kind, const ParamBlock& params, const Jo
                "op kind " + std::to_string(static_cast<int>(kind)) + " is not a tensor op");
 }
 
+namespace {
+
+// The alternative `op` holds, without std::visit (which may throw bad_variant_access for a
+// valueless variant, impossible here: every alternative is trivially copyable).
+template <typename Fn>
+auto with_op(const TensorOp& op, Fn fn) noexcept {
+  if (const auto* o = std::get_if<Conv2d>(&op)) return fn(*o);
+  if (const auto* o = std::get_if<ActivationOp>(&op)) return fn(*o);
+  if (const auto* o = std::get_if<Softmax>(&op)) return fn(*o);
+  if (const auto* o = std::get_if<Pool2d>(&op)) return fn(*o);
+  if (const auto* o = std::get_if<BatchNorm>(&op)) return fn(*o);
+  const auto* o = std::get_if<Gemm>(&op);
+  GPUQ_ASSERT(o != nullptr);
+  return fn(*o);
+}
+
+}  // namespace
+
 const Shape& result_shape(const TensorOp& op) noexcept {
-  return std::visit([](const auto& o) -> const Shape& { return o.y; }, op);
+  return *with_op(op, [](const auto& o) { return &o.y; });
 }
 
 DType result_dtype(const TensorOp& op) noexcept {
-  return std::visit([](const auto& o) { return o.dtype; }, op);
+  return with_op(op, [](const auto& o) { return o.dtype; });
 }
 
 uint64_t result_bytes(const TensorOp& op) noexcept {
