@@ -54,9 +54,9 @@ void check_tensor_job(Client& client, tensor::OpKind kind, std::vector<JobParam>
   auto spec = tensor::parse_tensor_op(kind, block, {in.offset, in.size, out.offset, out.size});
   REQUIRE_MESSAGE(spec.ok(), error_text(spec));
 
-  JobSpec job_spec_ = job_spec(op, in, out, "cpu");
-  job_spec_.params = std::move(params);
-  Job job = submit_ok(client, job_spec_);
+  JobSpec spec_of_job = job_spec(op, in, out, "cpu");
+  spec_of_job.params = std::move(params);
+  Job job = submit_ok(client, spec_of_job);
   JobResult r = wait_result(job);
   if (!GPUQ_TEST_HAVE_ONEDNN) {
     CHECK(r.status == JobStatus::kFailed);

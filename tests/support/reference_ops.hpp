@@ -98,33 +98,33 @@ inline std::vector<double> reference_conv2d(const tensor::Conv2d& c, const std::
   const auto w = read_operand(input, c.w, c.dtype);
   std::vector<double> b;
   if (c.b) b = read_operand(input, *c.b, c.dtype);
-  const int64_t n_ = c.x.shape.dims[0], ch = c.x.shape.dims[1], h = c.x.shape.dims[2],
+  const int64_t batch = c.x.shape.dims[0], ch = c.x.shape.dims[1], h = c.x.shape.dims[2],
                 wd = c.x.shape.dims[3];
-  const int64_t k_ = c.w.shape.dims[0], cg = c.w.shape.dims[1], r_ = c.w.shape.dims[2],
-                s_ = c.w.shape.dims[3];
-  const int64_t oh_ = c.y.dims[2], ow_ = c.y.dims[3];
-  const int64_t kg = k_ / c.groups;
+  const int64_t out_ch = c.w.shape.dims[0], cg = c.w.shape.dims[1], kh = c.w.shape.dims[2],
+                kw = c.w.shape.dims[3];
+  const int64_t out_h = c.y.dims[2], out_w = c.y.dims[3];
+  const int64_t kg = out_ch / c.groups;
   std::vector<double> y(c.y.elements());
-  for (int64_t n = 0; n < n_; ++n) {
-    for (int64_t k = 0; k < k_; ++k) {
+  for (int64_t n = 0; n < batch; ++n) {
+    for (int64_t k = 0; k < out_ch; ++k) {
       const int64_t g = k / kg;
-      for (int64_t oh = 0; oh < oh_; ++oh) {
-        for (int64_t ow = 0; ow < ow_; ++ow) {
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        for (int64_t ow = 0; ow < out_w; ++ow) {
           double sum = c.b ? b[k] : 0.0;
           for (int64_t ci = 0; ci < cg; ++ci) {
-            for (int64_t r = 0; r < r_; ++r) {
+            for (int64_t r = 0; r < kh; ++r) {
               const int64_t ih = oh * c.stride[0] - c.pad[0] + r * c.dilation[0];
               if (ih < 0 || ih >= h) continue;
-              for (int64_t s = 0; s < s_; ++s) {
+              for (int64_t s = 0; s < kw; ++s) {
                 const int64_t iw = ow * c.stride[1] - c.pad[1] + s * c.dilation[1];
                 if (iw < 0 || iw >= wd) continue;
                 sum += x[((n * ch + g * cg + ci) * h + ih) * wd + iw] *
-                       w[((k * cg + ci) * r_ + r) * s_ + s];
+                       w[((k * cg + ci) * kh + r) * kw + s];
               }
             }
           }
           if (c.relu) sum = std::max(sum, 0.0);
-          y[((n * k_ + k) * oh_ + oh) * ow_ + ow] = sum;
+          y[((n * out_ch + k) * out_h + oh) * out_w + ow] = sum;
         }
       }
     }
@@ -176,11 +176,11 @@ inline std::vector<double> reference_pool2d(const tensor::Pool2d& p, const std::
   const auto x = read_operand(input, p.x, p.dtype);
   const int64_t nc = p.x.shape.dims[0] * p.x.shape.dims[1], h = p.x.shape.dims[2],
                 wd = p.x.shape.dims[3];
-  const int64_t oh_ = p.y.dims[2], ow_ = p.y.dims[3];
+  const int64_t out_h = p.y.dims[2], out_w = p.y.dims[3];
   std::vector<double> y(p.y.elements());
   for (int64_t plane = 0; plane < nc; ++plane) {
-    for (int64_t oh = 0; oh < oh_; ++oh) {
-      for (int64_t ow = 0; ow < ow_; ++ow) {
+    for (int64_t oh = 0; oh < out_h; ++oh) {
+      for (int64_t ow = 0; ow < out_w; ++ow) {
         double mx = -std::numeric_limits<double>::infinity(), sum = 0;
         int64_t inside = 0;
         for (int64_t r = 0; r < p.window[0]; ++r) {
@@ -200,7 +200,7 @@ inline std::vector<double> reference_pool2d(const tensor::Pool2d& p, const std::
           const int64_t count = p.count_pad ? p.window[0] * p.window[1] : inside;
           out = sum / static_cast<double>(count);
         }
-        y[(plane * oh_ + oh) * ow_ + ow] = out;
+        y[(plane * out_h + oh) * out_w + ow] = out;
       }
     }
   }
@@ -213,10 +213,10 @@ inline std::vector<double> reference_batchnorm(const tensor::BatchNorm& b, const
   const auto bias = read_operand(input, b.bias, b.dtype);
   const auto mean = read_operand(input, b.mean, b.dtype);
   const auto var = read_operand(input, b.var, b.dtype);
-  const int64_t n_ = b.x.shape.dims[0], ch = b.x.shape.dims[1];
+  const int64_t batch = b.x.shape.dims[0], ch = b.x.shape.dims[1];
   const int64_t inner = b.x.shape.rank == 4 ? b.x.shape.dims[2] * b.x.shape.dims[3] : 1;
   std::vector<double> y(x.size());
-  for (int64_t n = 0; n < n_; ++n) {
+  for (int64_t n = 0; n < batch; ++n) {
     for (int64_t c = 0; c < ch; ++c) {
       const double inv = 1.0 / std::sqrt(var[c] + b.eps);
       for (int64_t i = 0; i < inner; ++i) {
@@ -234,19 +234,19 @@ inline std::vector<double> reference_gemm(const tensor::Gemm& g, const std::byte
   const auto b = read_operand(input, g.b, g.dtype);
   std::vector<double> c;
   if (g.c) c = read_operand(input, *g.c, g.dtype);
-  const int64_t m_ = g.m, n_ = g.n, k_ = g.k;
-  std::vector<double> y(static_cast<size_t>(m_ * n_));
-  for (int64_t i = 0; i < m_; ++i) {
-    for (int64_t j = 0; j < n_; ++j) {
+  const int64_t rows = g.m, cols = g.n, inner = g.k;
+  std::vector<double> y(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
       double sum = 0;
-      for (int64_t p = 0; p < k_; ++p) {
-        const double av = g.trans_a ? a[p * m_ + i] : a[i * k_ + p];
-        const double bv = g.trans_b ? b[j * k_ + p] : b[p * n_ + j];
+      for (int64_t p = 0; p < inner; ++p) {
+        const double av = g.trans_a ? a[p * rows + i] : a[i * inner + p];
+        const double bv = g.trans_b ? b[j * inner + p] : b[p * cols + j];
         sum += av * bv;
       }
       double v = g.alpha * sum;
-      if (g.c) v += g.beta * c[i * n_ + j];
-      y[i * n_ + j] = v;
+      if (g.c) v += g.beta * c[i * cols + j];
+      y[i * cols + j] = v;
     }
   }
   return y;
