@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -332,6 +333,24 @@ TEST_CASE("cpu backend without oneDNN: tensor ops fail 'not in this build'" *
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().code() == ErrorCode::kUnknownOp);
   CHECK(r.error().message().find("conv2d: tensor ops on cpu pools are not in this build") == 0);
+}
+
+TEST_CASE("reference_ops: binary16 conversions round-trip and round to nearest even") {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) continue;  // NaN
+    CAPTURE(h);
+    REQUIRE(test::double_to_half(test::half_to_double(static_cast<uint16_t>(h))) == h);
+  }
+  CHECK(test::double_to_half(1.0) == 0x3c00);
+  CHECK(test::double_to_half(-2.0) == 0xc000);
+  CHECK(test::double_to_half(65504.0) == 0x7bff);
+  CHECK(test::double_to_half(65520.0) == 0x7c00);  // rounds up to infinity
+  CHECK(test::double_to_half(std::ldexp(1.0, -24)) == 0x0001);
+  CHECK(test::double_to_half(std::ldexp(1.0, -25)) == 0x0000);        // a tie: to even, 0
+  CHECK(test::double_to_half(std::ldexp(3.0, -25)) == 0x0002);        // a tie: to even, 2
+  CHECK(test::double_to_half(1.0 + std::ldexp(1.0, -11)) == 0x3c00);  // a tie: to even
+  CHECK(test::double_to_half(1.0 + std::ldexp(3.0, -11)) == 0x3c02);
+  CHECK(test::half_to_double(0x3555) == doctest::Approx(1.0 / 3).epsilon(1e-3));
 }
 
 TEST_CASE("the registry lists the six tensor ops with stable ids") {
