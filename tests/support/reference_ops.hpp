@@ -22,7 +22,8 @@
 
 namespace gpuq::test {
 
-// IEEE binary16 <-> double (round to nearest even on the way in).
+// IEEE binary16 <-> double. The way in rounds to nearest even, through float: a double within
+// float precision of a half-way point may round as its float does (immaterial for test data).
 inline double half_to_double(uint16_t h) {
   const int sign = (h >> 15) & 1;
   const int exp = (h >> 10) & 0x1f;
