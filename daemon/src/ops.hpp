@@ -1,6 +1,7 @@
 // The op registry: every op a worker can run, looked up by id (from the job descriptor) or by
 // name (for the op table the supervisor sends to clients). Built-in CPU ops: noop, echo, sleep,
-// checksum. docs/ops.md documents each.
+// checksum; the catalog's tensor ops: conv2d, activation, softmax, pool2d, batchnorm, gemm
+// (gpuq/common/tensor_ops.hpp), which each backend runs its own way. docs/ops.md documents each.
 #pragma once
 
 #include <atomic>

@@ -87,6 +87,19 @@ std::vector<Seed> seeds() {
   s.push_back({"fuzz_descriptor", "echo", descriptor_input(2, 0, 43, 1024, 64, none, text)});
   s.push_back({"fuzz_descriptor", "sleep", descriptor_input(3, 0, 0, 0, 0, sleep_us, "")});
   s.push_back({"fuzz_descriptor", "checksum", descriptor_input(4, 0, 43, 2048, 4, mixed, text)});
+  // Tensor ops (parsed, not run): a 1x1x4x4 by 1x1x3x3 convolution, 100 input bytes; a 2x3 by
+  // 3x2 gemm with beta and c, 64 input bytes; each result 16 bytes at arena offset 1024.
+  const Bytes conv = params_of({{"x", std::string("1x1x4x4")},
+                                {"w", std::string("1x1x3x3")},
+                                {"pad", std::string("0x0")},
+                                {"relu", int64_t{1}}});
+  s.push_back({"fuzz_descriptor", "conv2d", descriptor_input(5, 0, 100, 1024, 16, conv, "")});
+  const Bytes gemm = params_of({{"a", std::string("2x3")},
+                                {"b", std::string("3x2")},
+                                {"beta", 0.5},
+                                {"c", std::string("2x2")},
+                                {"trans_b", int64_t{0}}});
+  s.push_back({"fuzz_descriptor", "gemm", descriptor_input(10, 0, 64, 1024, 16, gemm, "")});
 
   s.push_back({"fuzz_params", "int", sleep_us});
   s.push_back({"fuzz_params", "mixed", mixed});

@@ -80,6 +80,10 @@ depends=$(dpkg-deb -f "${DEB}" Depends)
 for dep in libc6 libstdc++6 libsystemd0 adduser; do
   grep -q "${dep}" <<<"${depends}" || fail "Depends lacks ${dep}: ${depends}"
 done
+# A gpuq-worker built with oneDNN (GPUQ_WITH_ONEDNN) needs its library package.
+if readelf -d "${BUILD}/daemon/gpuq-worker" 2>/dev/null | grep -q 'NEEDED.*libdnnl'; then
+  grep -q libdnnl <<<"${depends}" || fail "Depends lacks libdnnl (oneDNN build): ${depends}"
+fi
 dpkg-deb -e "${DEB}" "${TMP}/control"
 for f in postinst prerm postrm; do
   [[ -x "${TMP}/control/${f}" ]] || fail "the package has no executable ${f}"
