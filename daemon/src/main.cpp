@@ -41,20 +41,20 @@ constexpr const char* kUsage =
     "Under systemd (Type=notify) it sends READY=1 once every pool is up, STATUS=,\n"
     "STOPPING=1 and, with WatchdogSec=, WATCHDOG=1 (docs/service.md).\n";
 
-// gpuq-worker next to this executable (the build tree), else where `cmake --install` puts it
-// (../libexec/gpuq/ with the default GNUInstallDirs layout).
-std::string find_worker() {
+// A worker executable (gpuq-worker, gpuq-gpu-worker) next to this executable (the build tree),
+// else where `cmake --install` puts it (../libexec/gpuq/ with the default GNUInstallDirs
+// layout); empty if it is in neither place.
+std::string find_worker(const std::string& name) {
   char self[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return "gpuq-worker";
+  if (n <= 0) return {};
   self[n] = '\0';
   std::string dir(self);
   dir = dir.substr(0, dir.rfind('/'));
-  for (const std::string& c :
-       {dir + "/gpuq-worker", dir + "/" GPUQ_WORKER_RELATIVE_DIR "/gpuq-worker"}) {
+  for (const std::string& c : {dir + "/" + name, dir + "/" GPUQ_WORKER_RELATIVE_DIR "/" + name}) {
     if (access(c.c_str(), X_OK) == 0) return c;
   }
-  return dir + "/gpuq-worker";
+  return {};
 }
 
 // --check-config: the effective pools. A gpu pool's GPUs are looked for as the daemon would
@@ -138,9 +138,19 @@ int main(int argc, char** argv) {
   }
   gpuq::log_init("gpuqd", config->log_level);
   std::shared_ptr<gpuq::daemon::ServiceNotifier> notifier = gpuq::daemon::make_systemd_notifier();
-  gpuq::daemon::SupervisorOptions options{std::move(*config),
-                                          gpuq::resolve_daemon_runtime_dir(runtime_dir),
-                                          find_worker(), notifier, std::move(*hooks)};
+  std::string worker = find_worker("gpuq-worker");
+  if (worker.empty()) {
+    // Its workers will fail to start, with the reason in the log and the status.
+    GPUQ_LOG_ERROR("cannot find gpuq-worker next to gpuqd or in %s", GPUQ_WORKER_RELATIVE_DIR);
+    worker = "gpuq-worker";
+  }
+  gpuq::daemon::SupervisorOptions options;
+  options.config = std::move(*config);
+  options.runtime_dir = gpuq::resolve_daemon_runtime_dir(runtime_dir);
+  options.worker_path = std::move(worker);
+  options.gpu_worker_path = find_worker("gpuq-gpu-worker");  // none in a build without CUDA
+  options.notifier = notifier;
+  options.test_hooks = std::move(*hooks);
   gpuq::daemon::Supervisor supervisor(std::move(options));
   if (auto r = supervisor.start(); !r) {
     GPUQ_LOG_ERROR("cannot start: %s", r.error().to_string().c_str());

@@ -86,6 +86,10 @@ constexpr OpInfo kOps[] = {
     {2, "echo", "copies the input buffer to the output buffer", op_echo},
     {3, "sleep", "sleeps for param us microseconds", op_sleep},
     {4, "checksum", "CRC32C of the input into the result value", op_checksum},
+    // Test only: on a GPU worker started with GPUQ_TEST_HOOKS=1, a kernel that writes far out
+    // of bounds (a real sticky CUDA error); UnknownOp everywhere else. No CPU implementation.
+    {1000, "gpu_fault_test", "test only (GPUQ_TEST_HOOKS=1, gpu pools): a sticky CUDA error",
+     nullptr},
 };
 
 }  // namespace
