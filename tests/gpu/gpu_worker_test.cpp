@@ -185,6 +185,27 @@ void check_close(const Vec& got, const Vec& want, bool f16) {
                               << ": got " << got[first] << ", want " << want[first]);
 }
 
+// Runs `t` on the gpu pool and checks it against `want`; in f32 also against the cpu pool's
+// result for the same job when the cpu pool can run it (a build with oneDNN). Returns the gpu
+// job's result.
+JobResult expect_op(Client& client, const TensorJob& t, const Vec& want, bool f16,
+                    const std::string& what) {
+  TensorResult gpu = run_tensor(client, "gpu", t, f16);
+  INFO(what << ": " << gpu.job.message);
+  REQUIRE(gpu.job.status == JobStatus::kDone);
+  check_close(gpu.y, want, f16);
+  if (!f16) {
+    TensorResult cpu = run_tensor(client, "cpu", t, false);
+    if (cpu.job.status == JobStatus::kDone) {
+      INFO("against the cpu pool");
+      check_close(gpu.y, cpu.y, false);
+    } else {
+      MESSAGE("cpu pool cannot run " << t.op << " (" << cpu.job.message << "): not compared");
+    }
+  }
+  return gpu.job;
+}
+
 Vec random_vec(std::mt19937& rng, size_t n, double lo = -1.0, double hi = 1.0) {
   std::uniform_real_distribution<double> d(lo, hi);
   Vec v(n);
@@ -228,11 +249,8 @@ void check_every_op(Client& client, bool f16) {
     int oh = 0, ow = 0;
     const Vec want = conv2d_ref(t.operands[0], t.operands[1], &t.operands[2], 2, 3, 9, 9, 4, 3, 3,
                                 1, 1, 1, true, &oh, &ow);
-    TensorResult r = run_tensor(client, "gpu", t, f16);
-    INFO("conv2d: " << r.job.message);
-    REQUIRE(r.job.status == JobStatus::kDone);
-    CHECK(r.job.value == 1);  // both copies from the pinned (registered) segment
-    check_close(r.y, want, f16);
+    const JobResult r = expect_op(client, t, want, f16, "conv2d");
+    CHECK(r.value == 1);  // both copies from the pinned (registered) segment
   }
   {  // conv2d, grouped and strided, no bias
     TensorJob t{"conv2d",
@@ -245,10 +263,7 @@ void check_every_op(Client& client, bool f16) {
     const Vec want = conv2d_ref(t.operands[0], t.operands[1], nullptr, 1, 4, 8, 8, 6, 3, 3, 0, 2, 2,
                                 false, &oh, &ow);
     REQUIRE(oh * ow == 9);
-    TensorResult r = run_tensor(client, "gpu", t, f16);
-    INFO("grouped conv2d: " << r.job.message);
-    REQUIRE(r.job.status == JobStatus::kDone);
-    check_close(r.y, want, f16);
+    expect_op(client, t, want, f16, "grouped conv2d");
   }
   for (const char* mode : {"relu", "sigmoid", "tanh"}) {
     TensorJob t{"activation",
@@ -262,10 +277,7 @@ void check_every_op(Client& client, bool f16) {
           : std::string(mode) == "sigmoid" ? 1.0 / (1.0 + std::exp(-e))
                                            : std::tanh(e);
     }
-    TensorResult r = run_tensor(client, "gpu", t, f16);
-    INFO("activation " << mode << ": " << r.job.message);
-    REQUIRE(r.job.status == JobStatus::kDone);
-    check_close(r.y, want, f16);
+    expect_op(client, t, want, f16, std::string("activation ") + mode);
   }
   for (int log : {0, 1}) {  // softmax over dim 1 of 2x5x3x2
     TensorJob t{"softmax",
@@ -285,10 +297,7 @@ void check_every_op(Client& client, bool f16) {
           want[(n * 5 + c) * 6 + i] = log ? v - std::log(sum) : std::exp(v) / sum;
         }
       }
-    TensorResult r = run_tensor(client, "gpu", t, f16);
-    INFO("softmax log=" << log << ": " << r.job.message);
-    REQUIRE(r.job.status == JobStatus::kDone);
-    check_close(r.y, want, f16);
+    expect_op(client, t, want, f16, "softmax log=" + std::to_string(log));
   }
   for (const char* mode : {"max", "avg"}) {  // 3x3 window, stride 2, pad 1, without count_pad
     TensorJob t{"pool2d",
@@ -316,10 +325,7 @@ void check_every_op(Client& client, bool f16) {
             }
           want.push_back(std::string(mode) == "max" ? mx : sum / cells);
         }
-    TensorResult r = run_tensor(client, "gpu", t, f16);
-    INFO("pool2d " << mode << ": " << r.job.message);
-    REQUIRE(r.job.status == JobStatus::kDone);
-    check_close(r.y, want, f16);
+    expect_op(client, t, want, f16, std::string("pool2d ") + mode);
   }
   {  // batchnorm, inference, with relu
     TensorJob t{
@@ -339,10 +345,7 @@ void check_every_op(Client& client, bool f16) {
                            t.operands[2][c];
           want[at] = std::max(v, 0.0);
         }
-    TensorResult r = run_tensor(client, "gpu", t, f16);
-    INFO("batchnorm: " << r.job.message);
-    REQUIRE(r.job.status == JobStatus::kDone);
-    check_close(r.y, want, f16);
+    expect_op(client, t, want, f16, "batchnorm");
   }
   for (int variant = 0; variant < 3; ++variant) {  // plain; trans_a with beta and c; trans_b
     const int m = 17, n = 23, k = 31;
@@ -366,10 +369,7 @@ void check_every_op(Client& client, bool f16) {
     round_operands(t.operands, f16);
     const Vec want = gemm_ref(t.operands[0], t.operands[1], ta ? &t.operands[2] : nullptr, m, n, k,
                               ta, tb, alpha, beta);
-    TensorResult r = run_tensor(client, "gpu", t, f16);
-    INFO("gemm variant " << variant << ": " << r.job.message);
-    REQUIRE(r.job.status == JobStatus::kDone);
-    check_close(r.y, want, f16);
+    expect_op(client, t, want, f16, "gemm variant " + std::to_string(variant));
   }
 }
 
