@@ -1387,6 +1387,9 @@ std::string Supervisor::status_json() const {
   if (discovery_ran_) {
     s["gpu_discovery"] = {
         {"source", discovery_.source}, {"problem", discovery_.problem}, {"gpus", json::array()}};
+    // The executable gpu pools run on real GPUs; null in a build without CUDA.
+    s["gpu_discovery"]["gpu_worker"] =
+        options_.gpu_worker_path.empty() ? json(nullptr) : json(options_.gpu_worker_path);
     for (const GpuInfo& g : discovery_.gpus) s["gpu_discovery"]["gpus"].push_back(gpu_json(g));
   }
   s["pools"] = json::array();
