@@ -16,8 +16,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -490,6 +492,54 @@ TEST_CASE("a sticky CUDA error fails only its job; the worker is replaced; other
   Job later = submit_ok(client, noop_spec("gpu"));
   wait_done(later);
   CHECK(daemon.terminate().ok());
+}
+
+TEST_CASE(
+    "gpuqd without gpuq-gpu-worker beside it: the gpu pool is unavailable, built without CUDA") {
+  // gpuqd and gpuq-worker copied to a directory of their own, as a build without CUDA installs
+  // them: the GPU is found, but there is nothing to run on it.
+  char dir[] = "/tmp/gpuq-nocuda-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string base = dir;
+  const std::string gpuqd = std::string(gpuqd_path());
+  const std::string worker = gpuqd.substr(0, gpuqd.rfind('/')) + "/gpuq-worker";
+  REQUIRE(run_command("cp '" + gpuqd + "' '" + worker + "' '" + base + "/'").exit_code == 0);
+  {
+    std::ofstream config(base + "/config.json");
+    config << gpu_config();
+  }
+  const std::string run_dir = base + "/run";
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::execl((base + "/gpuqd").c_str(), "gpuqd", "--config", (base + "/config.json").c_str(),
+            "--runtime-dir", run_dir.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+
+  nlohmann::json status;
+  const bool answered = wait_until(
+      [&] {
+        const CommandResult r =
+            run_command(std::string("'") + gpuqctl_path() + "' --runtime-dir '" + run_dir +
+                        "' status --json 2>/dev/null");
+        if (r.exit_code != 0) return false;
+        status = nlohmann::json::parse(r.output, nullptr, false);
+        return !status.is_discarded() && status["pools"][0]["status"] == "ready";
+      },
+      30s);
+  ::kill(pid, SIGTERM);
+  int exit_status = 0;
+  ::waitpid(pid, &exit_status, 0);
+  run_command("rm -rf '" + base + "'");
+
+  REQUIRE(answered);
+  INFO("status: " << status.dump());
+  CHECK(status["gpu_discovery"]["gpu_worker"].is_null());
+  const nlohmann::json& pool = gpu_pool(status);
+  CHECK(pool["status"] == "unavailable");
+  CHECK(pool["reason"] == "this gpuq was built without CUDA (no gpuq-gpu-worker)");
+  CHECK(status["pools"][0]["status"] == "ready");
 }
 
 }  // namespace
