@@ -65,10 +65,13 @@ int check_config(const gpuq::daemon::Config& config) {
       std::any_of(config.pools.begin(), config.pools.end(),
                   [](const PoolConfig& p) { return p.kind == gpuq::PoolKind::kGpu; });
   gpuq::daemon::GpuDiscovery found;
+  bool fake_gpus = false;
   if (want_gpus) {
     auto hooks = gpuq::daemon::read_test_hooks();
-    found = gpuq::daemon::discover_gpus_isolated(
-        gpuq::daemon::gpu_discovery_options_from_environment(hooks && hooks->enabled), 30'000);
+    const gpuq::daemon::GpuDiscoveryOptions how =
+        gpuq::daemon::gpu_discovery_options_from_environment(hooks && hooks->enabled);
+    fake_gpus = how.root != "/";  // as the supervisor: fake GPUs run gpuq-worker
+    found = gpuq::daemon::discover_gpus_isolated(how, 30'000);
     if (found.gpus.empty()) std::printf("GPUs: none (%s)\n", found.problem.c_str());
     for (const auto& g : found.gpus) {
       std::printf("GPU %u: %s %s %s (%s)\n", g.index, g.uuid.c_str(), g.pci_bus_id.c_str(),
@@ -87,9 +90,20 @@ int check_config(const gpuq::daemon::Config& config) {
     }
     const std::string fallback =
         p.fallback_pool >= 0 ? "pool " + config.pools[p.fallback_pool].name : "none";
-    std::printf("pool %s: gpu, gpus %s, %u workers per GPU, fallback %s: ", p.name.c_str(),
-                gpus.c_str(), p.workers_per_gpu, fallback.c_str());
+    char limit[64];
+    if (p.memory_limit_bytes > 0) {
+      std::snprintf(limit, sizeof limit, "%llu MiB",
+                    static_cast<unsigned long long>(p.memory_limit_bytes >> 20));
+    } else {
+      std::snprintf(limit, sizeof limit, "%g of the device", p.memory_limit_fraction);
+    }
+    std::printf("pool %s: gpu, gpus %s, %u workers per GPU, memory_limit %s, fallback %s: ",
+                p.name.c_str(), gpus.c_str(), p.workers_per_gpu, limit, fallback.c_str());
     auto chosen = gpuq::daemon::select_gpus(p, found);
+    if (chosen && !fake_gpus && find_worker("gpuq-gpu-worker").empty()) {
+      chosen = gpuq::Error(gpuq::ErrorCode::kNoDevice,
+                           "this gpuq was built without CUDA (no gpuq-gpu-worker)");
+    }
     if (chosen) {
       PoolConfig sized = p;
       sized.workers = static_cast<uint32_t>(chosen->size()) * p.workers_per_gpu;
