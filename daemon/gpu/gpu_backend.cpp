@@ -387,8 +387,11 @@ class GpuBackend final : public OpBackend {
   Result<OpOutput> run_fault_test() {
     auto buf = allocate(256, kFaultTestOp);
     if (!buf) return std::move(buf).error();
+    // 2^47 bytes on: past the top of the x86-64 user address space, where unified addressing
+    // puts every device and host mapping, so nothing can be mapped there (not even host memory
+    // the GPU could reach through HMM).
     GPUQ_CUDA(gpu::launch_out_of_bounds_write(reinterpret_cast<float*>(buf->get()),
-                                              uint64_t{1} << 40, stream_));
+                                              uint64_t{1} << 47, stream_));
     GPUQ_CUDA(cudaStreamSynchronize(stream_));
     return Error(ErrorCode::kInternal, std::string(kFaultTestOp) + ": the kernel did not fault");
   }
