@@ -13,6 +13,33 @@
 
 namespace gpuq::gpu {
 
+// True for the errors that the CUDA runtime documents as leaving the process in an
+// inconsistent state ("any further CUDA work will return the same error; the process must be
+// terminated and relaunched"), and for cudaErrorUnknown, which gives no reason to trust the
+// context either. A GPU worker that meets one exits to be replaced.
+inline bool is_sticky_cuda_error(cudaError_t e) noexcept {
+  switch (e) {
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorContained:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
 inline Error cuda_error(const char* call, cudaError_t e, const char* file, int line) {
   ErrorCode code = e == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory
                    : (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)

@@ -243,19 +243,36 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       } else {
         return bad(kp, "must be \"none\" or \"cpu\", got " + val.dump());
       }
+    } else if (key == "memory_limit" && gpu) {
+      // An integer is bytes; any other number (1.0 included) a fraction of the device.
+      if (val.is_number_integer() || val.is_number_unsigned()) {
+        auto b = read_uint(val, kp, uint64_t{1} << 20, uint64_t{1} << 50);
+        if (!b) return b.error();
+        p.memory_limit_bytes = *b;
+        p.memory_limit_fraction = 0;
+      } else if (val.is_number_float() && val.get<double>() > 0 && val.get<double>() <= 1) {
+        p.memory_limit_fraction = val.get<double>();
+        p.memory_limit_bytes = 0;
+      } else {
+        return bad(kp,
+                   "must be bytes (an integer of at least 1048576) or a fraction of the "
+                   "device's memory (a number in (0, 1]), got " +
+                       val.dump());
+      }
     } else if (gpu && (key == "workers" || key == "cpus")) {
       return bad(kp, key == "workers"
                          ? "is not a gpu pool key: a gpu pool has workers_per_gpu workers on "
                            "each of its GPUs"
                          : "is not a gpu pool key: a gpu pool's workers run on the CPUs local to "
                            "their GPU");
-    } else if (!gpu && (key == "gpus" || key == "workers_per_gpu" || key == "fallback")) {
+    } else if (!gpu && (key == "gpus" || key == "workers_per_gpu" || key == "fallback" ||
+                        key == "memory_limit")) {
       return bad(kp, "is a key of \"kind\": \"gpu\" pools only");
     } else {
       return bad(kp, gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
-                           "workers_per_gpu, fallback)"
+                           "workers_per_gpu, fallback, memory_limit)"
                          : "unknown key (known: name, kind, workers, cpus; gpus, "
-                           "workers_per_gpu and fallback with \"kind\": \"gpu\")");
+                           "workers_per_gpu, fallback and memory_limit with \"kind\": \"gpu\")");
     }
   }
   if (p.name.empty()) return bad(path + ".name", "is required");

@@ -39,6 +39,10 @@ struct PoolConfig {
   uint32_t workers_per_gpu = 1;
   PoolFallback fallback = PoolFallback::kNone;
   int fallback_pool = -1;  // with fallback "cpu": index of the first cpu pool; else -1
+  // Each worker's device memory budget ("memory_limit"): bytes (an integer, at least 1 MiB),
+  // else a fraction of the device's memory (a non-integer number in (0, 1]; default 0.9).
+  uint64_t memory_limit_bytes = 0;
+  double memory_limit_fraction = 0.9;
 };
 
 struct Config {

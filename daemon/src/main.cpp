@@ -41,20 +41,20 @@ constexpr const char* kUsage =
     "Under systemd (Type=notify) it sends READY=1 once every pool is up, STATUS=,\n"
     "STOPPING=1 and, with WatchdogSec=, WATCHDOG=1 (docs/service.md).\n";
 
-// gpuq-worker next to this executable (the build tree), else where `cmake --install` puts it
-// (../libexec/gpuq/ with the default GNUInstallDirs layout).
-std::string find_worker() {
+// A worker executable (gpuq-worker, gpuq-gpu-worker) next to this executable (the build tree),
+// else where `cmake --install` puts it (../libexec/gpuq/ with the default GNUInstallDirs
+// layout); empty if it is in neither place.
+std::string find_worker(const std::string& name) {
   char self[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return "gpuq-worker";
+  if (n <= 0) return {};
   self[n] = '\0';
   std::string dir(self);
   dir = dir.substr(0, dir.rfind('/'));
-  for (const std::string& c :
-       {dir + "/gpuq-worker", dir + "/" GPUQ_WORKER_RELATIVE_DIR "/gpuq-worker"}) {
+  for (const std::string& c : {dir + "/" + name, dir + "/" GPUQ_WORKER_RELATIVE_DIR "/" + name}) {
     if (access(c.c_str(), X_OK) == 0) return c;
   }
-  return dir + "/gpuq-worker";
+  return {};
 }
 
 // --check-config: the effective pools. A gpu pool's GPUs are looked for as the daemon would
@@ -65,10 +65,13 @@ int check_config(const gpuq::daemon::Config& config) {
       std::any_of(config.pools.begin(), config.pools.end(),
                   [](const PoolConfig& p) { return p.kind == gpuq::PoolKind::kGpu; });
   gpuq::daemon::GpuDiscovery found;
+  bool fake_gpus = false;
   if (want_gpus) {
     auto hooks = gpuq::daemon::read_test_hooks();
-    found = gpuq::daemon::discover_gpus_isolated(
-        gpuq::daemon::gpu_discovery_options_from_environment(hooks && hooks->enabled), 30'000);
+    const gpuq::daemon::GpuDiscoveryOptions how =
+        gpuq::daemon::gpu_discovery_options_from_environment(hooks && hooks->enabled);
+    fake_gpus = how.root != "/";  // as the supervisor: fake GPUs run gpuq-worker
+    found = gpuq::daemon::discover_gpus_isolated(how, 30'000);
     if (found.gpus.empty()) std::printf("GPUs: none (%s)\n", found.problem.c_str());
     for (const auto& g : found.gpus) {
       std::printf("GPU %u: %s %s %s (%s)\n", g.index, g.uuid.c_str(), g.pci_bus_id.c_str(),
@@ -87,9 +90,20 @@ int check_config(const gpuq::daemon::Config& config) {
     }
     const std::string fallback =
         p.fallback_pool >= 0 ? "pool " + config.pools[p.fallback_pool].name : "none";
-    std::printf("pool %s: gpu, gpus %s, %u workers per GPU, fallback %s: ", p.name.c_str(),
-                gpus.c_str(), p.workers_per_gpu, fallback.c_str());
+    char limit[64];
+    if (p.memory_limit_bytes > 0) {
+      std::snprintf(limit, sizeof limit, "%llu MiB",
+                    static_cast<unsigned long long>(p.memory_limit_bytes >> 20));
+    } else {
+      std::snprintf(limit, sizeof limit, "%g of the device", p.memory_limit_fraction);
+    }
+    std::printf("pool %s: gpu, gpus %s, %u workers per GPU, memory_limit %s, fallback %s: ",
+                p.name.c_str(), gpus.c_str(), p.workers_per_gpu, limit, fallback.c_str());
     auto chosen = gpuq::daemon::select_gpus(p, found);
+    if (chosen && !fake_gpus && find_worker("gpuq-gpu-worker").empty()) {
+      chosen = gpuq::Error(gpuq::ErrorCode::kNoDevice,
+                           "this gpuq was built without CUDA (no gpuq-gpu-worker)");
+    }
     if (chosen) {
       PoolConfig sized = p;
       sized.workers = static_cast<uint32_t>(chosen->size()) * p.workers_per_gpu;
@@ -138,9 +152,19 @@ int main(int argc, char** argv) {
   }
   gpuq::log_init("gpuqd", config->log_level);
   std::shared_ptr<gpuq::daemon::ServiceNotifier> notifier = gpuq::daemon::make_systemd_notifier();
-  gpuq::daemon::SupervisorOptions options{std::move(*config),
-                                          gpuq::resolve_daemon_runtime_dir(runtime_dir),
-                                          find_worker(), notifier, std::move(*hooks)};
+  std::string worker = find_worker("gpuq-worker");
+  if (worker.empty()) {
+    // Its workers will fail to start, with the reason in the log and the status.
+    GPUQ_LOG_ERROR("cannot find gpuq-worker next to gpuqd or in %s", GPUQ_WORKER_RELATIVE_DIR);
+    worker = "gpuq-worker";
+  }
+  gpuq::daemon::SupervisorOptions options;
+  options.config = std::move(*config);
+  options.runtime_dir = gpuq::resolve_daemon_runtime_dir(runtime_dir);
+  options.worker_path = std::move(worker);
+  options.gpu_worker_path = find_worker("gpuq-gpu-worker");  // none in a build without CUDA
+  options.notifier = notifier;
+  options.test_hooks = std::move(*hooks);
   gpuq::daemon::Supervisor supervisor(std::move(options));
   if (auto r = supervisor.start(); !r) {
     GPUQ_LOG_ERROR("cannot start: %s", r.error().to_string().c_str());

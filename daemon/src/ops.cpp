@@ -95,6 +95,10 @@ constexpr OpInfo kOps[] = {
     {9, "batchnorm", "inference batch normalization per channel (fused ReLU)", nullptr,
      tensor::OpKind::kBatchNorm},
     {10, "gemm", "y = alpha op(a) op(b) + beta c, row-major", nullptr, tensor::OpKind::kGemm},
+    // Test only: on a GPU worker started with GPUQ_TEST_HOOKS=1, a kernel that writes far out
+    // of bounds (a real sticky CUDA error); UnknownOp everywhere else. No CPU implementation.
+    {1000, "gpu_fault_test", "test only (GPUQ_TEST_HOOKS=1, gpu pools): a sticky CUDA error",
+     nullptr},
 };
 
 }  // namespace

@@ -206,8 +206,11 @@ Result<void> Supervisor::plan_pools() {
     const GpuDiscoveryOptions how =
         gpu_discovery_options_from_environment(options_.test_hooks.enabled);
     if (how.root != "/") {
-      GPUQ_LOG_WARN("test hooks: GPUQ_TEST_GPU_ROOT: GPUs are read from %s, NVML is not tried",
-                    how.root.c_str());
+      fake_gpus_ = true;
+      GPUQ_LOG_WARN(
+          "test hooks: GPUQ_TEST_GPU_ROOT: GPUs are read from %s, NVML is not tried, and gpu "
+          "pools run gpuq-worker",
+          how.root.c_str());
     }
     discovery_ = discover_gpus_isolated(how, kGpuDiscoveryTimeoutMs);
     discovery_ran_ = true;
@@ -228,7 +231,10 @@ Result<void> Supervisor::plan_pools() {
       }
       continue;
     }
-    auto chosen = select_gpus(pool, discovery_);
+    Result<std::vector<uint32_t>> chosen = select_gpus(pool, discovery_);
+    if (chosen && options_.gpu_worker_path.empty() && !fake_gpus_) {
+      chosen = Error(ErrorCode::kNoDevice, "this gpuq was built without CUDA (no gpuq-gpu-worker)");
+    }
     if (!chosen) {
       // Unavailable, not fatal: the other pools serve, and jobs for this one fail at once with
       // NoDevice or go to the fallback pool (docs/design/gpu_discovery.md).
@@ -452,7 +458,9 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
     return GPUQ_SYSTEM_ERROR("pipe2");
   }
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
-  std::vector<std::string> args = {options_.worker_path,
+  const PoolConfig& pool = c.pools[w.pool];
+  const bool gpu_worker = pool.kind == PoolKind::kGpu && !fake_gpus_;
+  std::vector<std::string> args = {gpu_worker ? options_.gpu_worker_path : options_.worker_path,
                                    "--queue-segment",
                                    segment_name_,
                                    "--worker-id",
@@ -463,6 +471,13 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
                                    std::to_string(getpid()),
                                    "--spin-us",
                                    std::to_string(c.worker_spin_us)};
+  if (gpu_worker && pool.memory_limit_bytes > 0) {
+    args.insert(args.end(), {"--memory-limit-bytes", std::to_string(pool.memory_limit_bytes)});
+  } else if (gpu_worker) {
+    char fraction[32];
+    std::snprintf(fraction, sizeof fraction, "%.17g", pool.memory_limit_fraction);
+    args.insert(args.end(), {"--memory-limit-fraction", fraction});
+  }
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view v(*e);
@@ -490,7 +505,7 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
   }
   sigset_t empty;
   sigemptyset(&empty);
-  const char* path = options_.worker_path.c_str();
+  const char* path = args.front().c_str();
 
   // Reset the worker's shared state before fork(), not after: once forked, the worker stores
   // kReady and busy = 1 itself, and a later store here would overwrite them (the segment would
@@ -1359,6 +1374,9 @@ std::string Supervisor::status_json() const {
   if (discovery_ran_) {
     s["gpu_discovery"] = {
         {"source", discovery_.source}, {"problem", discovery_.problem}, {"gpus", json::array()}};
+    // The executable gpu pools run on real GPUs; null in a build without CUDA.
+    s["gpu_discovery"]["gpu_worker"] =
+        options_.gpu_worker_path.empty() ? json(nullptr) : json(options_.gpu_worker_path);
     for (const GpuInfo& g : discovery_.gpus) s["gpu_discovery"]["gpus"].push_back(gpu_json(g));
   }
   s["pools"] = json::array();

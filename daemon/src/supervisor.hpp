@@ -32,6 +32,9 @@ struct SupervisorOptions {
   Config config;
   std::string runtime_dir;  // already resolved
   std::string worker_path;  // the gpuq-worker executable
+  // The gpuq-gpu-worker executable, which gpu pools run; empty when this build has none (built
+  // without CUDA): gpu pools are then unavailable. The supervisor only execs it.
+  std::string gpu_worker_path;
   // The service manager link (READY=1, STATUS=, STOPPING=1, WATCHDOG=1); null: none.
   std::shared_ptr<ServiceNotifier> notifier;
   TestHooks test_hooks;  // off unless GPUQ_TEST_HOOKS=1 (test_hooks.hpp)
@@ -159,6 +162,9 @@ class Supervisor {
   std::vector<PoolState> pool_state_;        // by pool
   GpuDiscovery discovery_;                   // what plan_pools() found
   bool discovery_ran_ = false;               // only when a gpu pool is configured
+  // GPUs read from a fake tree (test hook GPUQ_TEST_GPU_ROOT): no device stands behind them, so
+  // their pools run gpuq-worker (the CPU backend) instead of gpuq-gpu-worker.
+  bool fake_gpus_ = false;
   std::map<uint64_t, std::unique_ptr<Connection>> connections_;
   std::vector<RetiredClient> retired_;
   std::vector<bool> index_in_use_;

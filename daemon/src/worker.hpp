@@ -17,6 +17,10 @@ struct WorkerOptions {
   pid_t supervisor_pid = 0;  // the worker exits at once if its parent is not this process
   uint32_t spin_us = 50;
   int control_fd = 3;  // SOCK_SEQPACKET to the supervisor
+  // A GPU worker's device memory budget (a gpu pool's memory_limit): bytes, or else a fraction
+  // of the device's memory in (0, 1]. The CPU worker ignores both.
+  uint64_t memory_limit_bytes = 0;
+  double memory_limit_fraction = 0.9;
 };
 
 class OpBackend;
@@ -24,5 +28,11 @@ class OpBackend;
 // Runs the worker until the supervisor tells it to stop (returns 0), a fatal error (1), or
 // the backend cannot run another job (3: must_exit()).
 int run_worker(const WorkerOptions& options, OpBackend& backend);
+
+// A worker executable's main (gpuq-worker, gpuq-gpu-worker): parses the arguments gpuqd passes
+// (usage text under `program`), sets up logging, runs the test hooks, then run_worker() with
+// the backend `backend_for` returns for the parsed options. Returns the exit status.
+int worker_main(int argc, char** argv, const char* program,
+                OpBackend& (*backend_for)(const WorkerOptions&));
 
 }  // namespace gpuq::daemon

@@ -229,6 +229,17 @@ TEST_CASE("a discovered GPU: its workers see only it, in PCI bus order, on its l
   INFO("status: " << s.dump());
   CHECK(s["ready"] == true);
   CHECK(s["gpu_discovery"]["source"] == "procfs");
+  // gpuqd found gpuq-gpu-worker beside itself exactly when this build has CUDA (fake GPUs run
+  // gpuq-worker all the same).
+#if GPUQ_TEST_HAVE_CUDA
+  REQUIRE(s["gpu_discovery"]["gpu_worker"].is_string());
+  const std::string gpu_worker = s["gpu_discovery"]["gpu_worker"].get<std::string>();
+  CHECK(gpu_worker.size() > 16);
+  CHECK(gpu_worker.substr(gpu_worker.size() - 16) == "/gpuq-gpu-worker");
+  CHECK(::access(gpu_worker.c_str(), X_OK) == 0);
+#else
+  CHECK(s["gpu_discovery"]["gpu_worker"].is_null());
+#endif
   const nlohmann::json& gpu = s["pools"][1];
   CHECK(gpu["status"] == "ready");
   REQUIRE(gpu["gpus"].size() == 2);

@@ -307,6 +307,22 @@ TEST_CASE("config: a gpu pool's keys and their defaults") {
   CHECK(g2.fallback == PoolFallback::kCpu);
   CHECK(g2.fallback_pool == 0);
   CHECK(ring_capacity(*c, gpu) == 1);  // no workers yet: a ring of one cell
+  CHECK(gpu.memory_limit_bytes == 0);  // default: 0.9 of the device
+  CHECK(gpu.memory_limit_fraction == doctest::Approx(0.9));
+}
+
+TEST_CASE("config: a gpu pool's memory_limit is bytes (an integer) or a fraction (a number)") {
+  auto c = parse_config(R"({"pools":[{"name":"a","kind":"gpu","memory_limit":268435456},
+                                      {"name":"b","kind":"gpu","memory_limit":0.25},
+                                      {"name":"c","kind":"gpu","memory_limit":1.0}]})",
+                        kCpus);
+
+  REQUIRE_MESSAGE(c.ok(), c.error().to_string());
+  CHECK(c->pools[0].memory_limit_bytes == 268435456);
+  CHECK(c->pools[0].memory_limit_fraction == 0);
+  CHECK(c->pools[1].memory_limit_bytes == 0);
+  CHECK(c->pools[1].memory_limit_fraction == doctest::Approx(0.25));
+  CHECK(c->pools[2].memory_limit_fraction == doctest::Approx(1.0));
 }
 
 TEST_CASE("config: bad gpu pool values are refused with an error naming the key") {
@@ -337,6 +353,13 @@ TEST_CASE("config: bad gpu pool values are refused with an error naming the key"
       {R"([{"name":"c","kind":"cpu","fallback":"cpu"}])", "pools[0].fallback: is a key of"},
       {R"([{"name":"c","workers_per_gpu":1}])", "pools[0].workers_per_gpu: is a key of"},
       {R"([{"name":"g","kind":"gpu","gpu":[0]}])", "pools[0].gpu: unknown key"},
+      {R"([{"name":"g","kind":"gpu","memory_limit":0}])", "pools[0].memory_limit"},
+      {R"([{"name":"g","kind":"gpu","memory_limit":1}])", "pools[0].memory_limit"},
+      {R"([{"name":"g","kind":"gpu","memory_limit":0.0}])", "pools[0].memory_limit: must be"},
+      {R"([{"name":"g","kind":"gpu","memory_limit":1.5}])", "pools[0].memory_limit: must be"},
+      {R"([{"name":"g","kind":"gpu","memory_limit":-0.5}])", "pools[0].memory_limit: must be"},
+      {R"([{"name":"g","kind":"gpu","memory_limit":"1G"}])", "pools[0].memory_limit: must be"},
+      {R"([{"name":"c","memory_limit":0.5}])", "pools[0].memory_limit: is a key of"},
       {R"([{"name":"g","kind":"gpu","gpus":[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16],
            "workers_per_gpu":64}])",
        "pools: more than 1024 workers in all"},

@@ -1,0 +1,75 @@
+// worker_main(): the command line shared by gpuq-worker and gpuq-gpu-worker.
+#include <fcntl.h>
+
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "gpuq/common/log.hpp"
+#include "op_backend.hpp"
+#include "test_hooks.hpp"
+#include "worker.hpp"
+
+namespace gpuq::daemon {
+namespace {
+
+template <typename T>
+bool parse_number(const char* s, T* out) {
+  std::string_view v(s);
+  auto r = std::from_chars(v.data(), v.data() + v.size(), *out);
+  return r.ec == std::errc() && r.ptr == v.data() + v.size();
+}
+
+int usage(const char* program) {
+  std::fprintf(stderr,
+               "usage: %s --queue-segment NAME --worker-id N --pool-id N "
+               "--supervisor-pid PID [--spin-us N] [--memory-limit-bytes N | "
+               "--memory-limit-fraction F]\n"
+               "%s is started by gpuqd; it is not meant to be run by hand.\n",
+               program, program);
+  return 2;
+}
+
+}  // namespace
+
+int worker_main(int argc, char** argv, const char* program,
+                OpBackend& (*backend_for)(const WorkerOptions&)) {
+  WorkerOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (i + 1 >= argc) return usage(program);
+    const char* v = argv[++i];
+    uint32_t n = 0;
+    if (a == "--queue-segment") {
+      o.queue_segment = v;
+    } else if (a == "--worker-id" && parse_number(v, &n)) {
+      o.worker_id = n;
+    } else if (a == "--pool-id" && parse_number(v, &n)) {
+      o.pool_id = n;
+    } else if (a == "--supervisor-pid" && parse_number(v, &n)) {
+      o.supervisor_pid = static_cast<pid_t>(n);
+    } else if (a == "--spin-us" && parse_number(v, &n)) {
+      o.spin_us = n;
+    } else if (a == "--memory-limit-bytes" && parse_number(v, &o.memory_limit_bytes) &&
+               o.memory_limit_bytes > 0) {
+      o.memory_limit_fraction = 0;
+    } else if (a == "--memory-limit-fraction" && parse_number(v, &o.memory_limit_fraction) &&
+               o.memory_limit_fraction > 0 && o.memory_limit_fraction <= 1) {
+      o.memory_limit_bytes = 0;
+    } else {
+      return usage(program);
+    }
+  }
+  if (o.queue_segment.empty() || o.supervisor_pid == 0 || fcntl(o.control_fd, F_GETFD) == -1) {
+    return usage(program);
+  }
+  static char name[48];
+  std::snprintf(name, sizeof name, "%s[%u]", program, o.worker_id);
+  log_init(name, LogLevel::kInfo);
+  if (int status = run_worker_test_hooks(o.worker_id); status >= 0) return status;
+  return run_worker(o, backend_for(o));
+}
+
+}  // namespace gpuq::daemon
