@@ -1,13 +1,16 @@
 // The tensor helpers of the client library: shapes, Tensor, result shapes and the JobSpec
 // builders of the tensor ops (gpuq/tensor.hpp, gpuq/client.hpp). The keys and their meaning are
-// the contract of gpuq/common/tensor_ops.hpp, which the workers parse.
+// the contract of gpuq/common/tensor_ops.hpp; every JobSpec built here also passes the workers'
+// parser (parse_tensor_op) before it is returned.
 #include "gpuq/tensor.hpp"
 
 #include <algorithm>
 #include <cstdio>
 
 #include "gpuq/client.hpp"
+#include "gpuq/common/assert.hpp"
 #include "gpuq/common/params.hpp"
+#include "gpuq/common/tensor_ops.hpp"
 
 namespace gpuq {
 namespace {
@@ -141,6 +144,16 @@ class JobBuilder {
         return Error(ErrorCode::kInvalidArgument, op_ + ": " + r.error().message());
       }
     }
+    // And the workers' own parser accepts them: what it would refuse is refused here.
+    Result<ParamBlock> block = ParamBlock::parse(writer.data(), writer.size());
+    if (!block) return std::move(block).error();
+    const std::optional<tensor::OpKind> kind = tensor::op_kind_from_name(op_);
+    GPUQ_ASSERT(kind.has_value());
+    const tensor::JobBuffers buffers{spec_.input.offset, spec_.input.size, spec_.output.offset,
+                                     spec_.output.size};
+    Result<tensor::TensorOp> parsed = tensor::parse_tensor_op(*kind, block.value(), buffers);
+    if (!parsed) return std::move(parsed).error();
+    GPUQ_ASSERT(tensor::result_bytes(parsed.value()) == spec_.output.size);
     return std::move(spec_);
   }
 
