@@ -22,6 +22,7 @@ gpuq_setup_packages=(
   nlohmann-json3-dev   # config and control-protocol JSON
   doctest-dev          # unit and integration tests
   libsystemd-dev       # sd_notify for the Type=notify unit
+  libdnnl-dev          # oneDNN 2.x: the tensor ops on CPU pools (GPUQ_WITH_ONEDNN)
   systemd              # systemd-analyze (unit tests), systemd-sysusers (package postinst)
   dpkg-dev             # dpkg-shlibdeps: the .deb's dependencies (cpack, stage package)
   file                 # CPack's DEB generator finds the ELF files with it

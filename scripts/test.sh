@@ -3,8 +3,8 @@
 # order and stops at the first failure with a non-zero exit status.
 #
 #   format  clang-format --dry-run -Werror over every tracked (or new, not ignored) C++/CUDA file
-#   build   RelWithDebInfo build with -Werror in build/, ctest for every label (tests labelled
-#           `gpu` report Skipped on a machine without a GPU)
+#   build   RelWithDebInfo build with -Werror and oneDNN (GPUQ_WITH_ONEDNN=ON) in build/, ctest
+#           for every label (tests labelled `gpu` report Skipped on a machine without a GPU)
 #   package install build/ into a temporary prefix and build and run examples/consumer against it
 #           (CMake and pkg-config); build the .deb (cpack), dpkg -i it, run the installed
 #           daemon, dpkg -r and -P it (as root; skipped otherwise). tests/package/, docs/service.md
@@ -229,7 +229,7 @@ stage_format() {
 
 stage_build() {
   configure build RelWithDebInfo -DGPUQ_WERROR=ON -DGPUQ_SANITIZE= -DGPUQ_BUILD_TESTS=ON \
-    -DGPUQ_BUILD_BENCH=ON -DGPUQ_BUILD_EXAMPLES=ON
+    -DGPUQ_BUILD_BENCH=ON -DGPUQ_BUILD_EXAMPLES=ON -DGPUQ_WITH_ONEDNN=ON
   build build
   run_ctest build ""
 }
@@ -241,7 +241,7 @@ stage_build() {
 stage_package() {
   if [[ ! -f build/CMakeCache.txt ]]; then
     configure build RelWithDebInfo -DGPUQ_WERROR=ON -DGPUQ_SANITIZE= -DGPUQ_BUILD_TESTS=ON \
-      -DGPUQ_BUILD_BENCH=ON -DGPUQ_BUILD_EXAMPLES=ON
+      -DGPUQ_BUILD_BENCH=ON -DGPUQ_BUILD_EXAMPLES=ON -DGPUQ_WITH_ONEDNN=ON
   fi
   build build
   local t rc passed=0 skipped=0

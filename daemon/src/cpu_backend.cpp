@@ -1,6 +1,8 @@
-// The CPU worker's backend (gpuq-worker): the built-in ops, run as they are.
+// The CPU worker's backend (gpuq-worker): the built-in ops, run as they are, and the catalog's
+// tensor ops, parsed against the job's buffers and run on oneDNN (cpu_tensor_ops.hpp).
 #include <string>
 
+#include "cpu_tensor_ops.hpp"
 #include "op_backend.hpp"
 
 namespace gpuq::daemon {
@@ -8,8 +10,21 @@ namespace {
 
 class CpuBackend final : public OpBackend {
  public:
+  Result<void> start() override { return cpu_tensor_ops_start(); }
+
+  nlohmann::json describe() const override {
+    return {{"tensor_ops", cpu_tensor_ops_available() ? "onednn" : "none"}};
+  }
+
   Result<OpOutput> run(const OpInfo& op, const OpContext& ctx) override {
     if (op.run != nullptr) return op.run(ctx);
+    if (op.tensor) {
+      const tensor::JobBuffers buffers{ctx.input_offset, ctx.input_bytes, ctx.output_offset,
+                                       ctx.output_capacity};
+      auto parsed = tensor::parse_tensor_op(*op.tensor, ctx.params, buffers);
+      if (!parsed) return parsed.error();
+      return run_cpu_tensor_op(*parsed, ctx.input, ctx.output, ctx.cancel_requested);
+    }
     return Error(ErrorCode::kUnknownOp,
                  std::string(op.name) + ": this op has no CPU implementation in this build");
   }

@@ -86,6 +86,15 @@ constexpr OpInfo kOps[] = {
     {2, "echo", "copies the input buffer to the output buffer", op_echo},
     {3, "sleep", "sleeps for param us microseconds", op_sleep},
     {4, "checksum", "CRC32C of the input into the result value", op_checksum},
+    // The catalog's tensor ops (gpuq/common/tensor_ops.hpp): each backend runs them its own way.
+    {5, "conv2d", "2-D convolution, NCHW (groups, stride, pad, dilation, bias, fused ReLU)",
+     nullptr, tensor::OpKind::kConv2d},
+    {6, "activation", "elementwise relu, sigmoid or tanh", nullptr, tensor::OpKind::kActivation},
+    {7, "softmax", "softmax or log-softmax over dimension 1", nullptr, tensor::OpKind::kSoftmax},
+    {8, "pool2d", "2-D max or average pooling, NCHW", nullptr, tensor::OpKind::kPool2d},
+    {9, "batchnorm", "inference batch normalization per channel (fused ReLU)", nullptr,
+     tensor::OpKind::kBatchNorm},
+    {10, "gemm", "y = alpha op(a) op(b) + beta c, row-major", nullptr, tensor::OpKind::kGemm},
 };
 
 }  // namespace

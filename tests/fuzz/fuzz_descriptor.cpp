@@ -6,6 +6,9 @@
 //
 // Input format: tests/fuzz/fuzz_inputs.hpp. Ops run with their cancel flag already set, so
 // `sleep` returns at once whatever its "us" parameter (every op that waits polls the flag).
+// A tensor op (conv2d, gemm, ...) is not run (each backend runs those its own way): its
+// parameters go through the tensor-op parser, and every operand it accepts must lie inside the
+// input buffer and its result inside the output buffer.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +19,7 @@
 #include "gpuq/common/assert.hpp"
 #include "gpuq/common/params.hpp"
 #include "gpuq/common/shm_layout.hpp"
+#include "gpuq/common/tensor_ops.hpp"
 #include "job_validation.hpp"
 #include "ops.hpp"
 
@@ -44,6 +48,42 @@ void check_validated(const JobDescriptor& d, uint64_t arena,
   GPUQ_ASSERT(d.params_bytes <= kMaxParamBytes);
 }
 
+// A tensor op's parameters against the validated buffers: what the parser accepts must be safe
+// for a backend to read and write.
+void check_tensor_op(const daemon::ValidatedJob& v) {
+  const tensor::JobBuffers buffers{v.input_offset, v.input_bytes, v.output_offset,
+                                   v.output_capacity};
+  auto op = tensor::parse_tensor_op(*v.op->tensor, v.params, buffers);
+  if (!op) {
+    GPUQ_ASSERT(op.error().code() == ErrorCode::kInvalidArgument);
+    GPUQ_ASSERT(!op.error().message().empty());
+    return;
+  }
+  auto operand = [&](const tensor::Operand& o) {
+    GPUQ_ASSERT(inside(o.offset, o.bytes, v.input_bytes));
+    GPUQ_ASSERT(o.bytes == o.shape.elements() * tensor::dtype_bytes(tensor::result_dtype(*op)));
+  };
+  std::visit(
+      [&](const auto& o) {
+        using T = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<T, tensor::Conv2d>) {
+          operand(o.x);
+          operand(o.w);
+          if (o.b) operand(*o.b);
+        } else if constexpr (std::is_same_v<T, tensor::BatchNorm>) {
+          for (const auto* x : {&o.x, &o.scale, &o.bias, &o.mean, &o.var}) operand(*x);
+        } else if constexpr (std::is_same_v<T, tensor::Gemm>) {
+          operand(o.a);
+          operand(o.b);
+          if (o.c) operand(*o.c);
+        } else {
+          operand(o.x);
+        }
+      },
+      *op);
+  GPUQ_ASSERT(tensor::result_bytes(*op) <= v.output_capacity);
+}
+
 void run(const uint8_t* data, size_t size) {
   // The descriptor, as the worker copies it out of the slot.
   JobDescriptor d;
@@ -63,6 +103,11 @@ void run(const uint8_t* data, size_t size) {
   auto v = daemon::validate_descriptor(d, arena_bytes, pool);
   check_validated(d, arena_bytes, v);
   if (!v) return;
+  if (v->op->run == nullptr) {
+    GPUQ_ASSERT(v->op->tensor.has_value());
+    check_tensor_op(*v);
+    return;
+  }
   auto arena = std::make_unique<std::byte[]>(arena_bytes);  // zeroed
   if (size > kArenaContentAt) {
     const size_t n = size - kArenaContentAt;
