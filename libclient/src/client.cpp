@@ -822,9 +822,10 @@ Result<Job> submit_tensor_job(ClientImpl& impl, Result<JobSpec> spec, NamedTenso
       target = find(target->runs_on);
     }
     if (target != pools.end() && target->kind == "cpu") {
-      return Error(ErrorCode::kInvalidArgument, op + ": dtype: " + std::string(dtype_name(dtype)) +
-                                                    " is not supported by pool '" + target->name +
-                                                    "' (kind cpu runs f32 only)");
+      return Error(ErrorCode::kInvalidArgument,
+                   op + ": dtype: " + std::string(dtype_name(dtype)) +
+                       " is not supported on cpu pools (f32 only), and pool '" + target->name +
+                       "' is one; submit it to a gpu pool");
     }
   }
   spec->pool = pool;

@@ -283,8 +283,10 @@ TEST_CASE("Client tensor calls refuse a buffer of another client and f16 on a cp
   const Tensor y16 = make_tensor(client, {2, 4}, DType::kF16);
   Result<Job> half = client.gemm(x16, b16, std::nullopt, y16);
   REQUIRE_FALSE(half.ok());
-  CHECK(half.error().message() ==
-        "gemm: dtype: f16 is not supported by pool 'cpu' (kind cpu runs f32 only)");
+  CHECK(
+      half.error().message() ==
+      "gemm: dtype: f16 is not supported on cpu pools (f32 only), and pool 'cpu' is one; submit it "
+      "to a gpu pool");
 
   // Refusals leave the client usable.
   check_echo_works(client);
