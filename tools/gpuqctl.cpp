@@ -26,8 +26,10 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuq/client.hpp"
+#include "gpuq/common/assert.hpp"
 #include "gpuq/common/cpu_list.hpp"
 #include "gpuq/common/params.hpp"
+#include "gpuq/common/tensor_ops.hpp"
 
 namespace {
 
@@ -44,18 +46,34 @@ Commands:
   status [--json]         show the daemon's pools and workers (--json: the status document)
   ready                   readiness probe: exit 0 if the daemon accepts jobs and every pool has
                           a live, ready worker; else print why and exit 1
-  submit OP [OPTIONS]     run one job (or --count N jobs) and report the result
+  submit OP [OPTIONS]     run one job (or --count N jobs) and report the result; OP is a
+                          built-in op (echo, checksum...) or a tensor op (conv2d, activation,
+                          softmax, pool2d, batchnorm, gemm: see "Tensor ops" below)
   stop                    ask the daemon to drain (finish its jobs, accept no new ones) and exit
 
 submit options:
-  --input FILE            the job's input bytes (default: no input)
+  --input FILE            the job's input bytes (default: no input); repeatable: the files
+                          are concatenated in order into the one input buffer
   --output FILE           write the job's output bytes to FILE
-  --output-size BYTES     size of the output buffer (default: the larger of the input size and 64)
+  --output-size BYTES     size of the output buffer (default: a tensor op's result size; for
+                          other ops the larger of the input size and 64)
   --param KEY=VALUE       a job parameter: integer, float or string by its syntax; repeatable
   --pool NAME             the pool to run in (default: the daemon's first pool)
   --count N               run N jobs, then print jobs/s and submit-to-complete latency
   --concurrency C         with --count: jobs kept in flight (default 1)
   --timeout-ms MS         limit for each job from submission to completion (default: none)
+
+Tensor ops (docs/ops.md): give each operand as one --input file of raw little-endian
+elements (f32, or f16 with --param dtype=f16), in the op's operand order, and its shape as a
+--param; the files are packed back to back, as the ops expect by default. The output size
+is computed from the shapes, and the shapes are checked against the files before submitting.
+  gpuqctl submit conv2d --input x.bin --input w.bin --input b.bin \
+      --param x=1x3x8x8 --param w=4x3x3x3 --param b=4 --param pad=1x1 --output y.bin
+  gpuqctl submit gemm --input a.bin --input b.bin --param a=64x32 --param b=32x16 \
+      --param alpha=0.5 --output y.bin
+Operand order: conv2d x, w[, b]; activation, softmax, pool2d x; batchnorm x, scale, bias,
+mean, var; gemm a, b[, c]. Shape and pair keys (x, w, b, a, c, stride, pad, dilation,
+window) are sent as text even when they look like a number ("b=4").
 
 Global options:
   --runtime-dir DIR       the daemon's runtime directory (default: $GPUQ_RUNTIME_DIR, else
@@ -162,7 +180,7 @@ std::optional<uint64_t> parse_count(std::string_view name, const std::string& te
 
 struct SubmitArgs {
   std::string op;
-  std::string input_path;
+  std::vector<std::string> input_paths;
   std::string output_path;
   std::optional<uint64_t> output_size;
   std::vector<gpuq::JobParam> params;
@@ -641,19 +659,133 @@ class LoadRun {
   Clock::time_point last_progress_;
 };
 
+// ---- submit: tensor ops ---------------------------------------------------------------------
+
+// The operands of a parsed tensor op, in their documented order, with their names.
+std::vector<std::pair<const char*, gpuq::tensor::Operand>> operands_of(
+    const gpuq::tensor::TensorOp& op) {
+  using namespace gpuq::tensor;
+  std::vector<std::pair<const char*, Operand>> out;
+  if (const auto* c = std::get_if<Conv2d>(&op)) {
+    out = {{"x", c->x}, {"w", c->w}};
+    if (c->b) out.emplace_back("b", *c->b);
+  } else if (const auto* a = std::get_if<ActivationOp>(&op)) {
+    out = {{"x", a->x}};
+  } else if (const auto* s = std::get_if<Softmax>(&op)) {
+    out = {{"x", s->x}};
+  } else if (const auto* p = std::get_if<Pool2d>(&op)) {
+    out = {{"x", p->x}};
+  } else if (const auto* b = std::get_if<BatchNorm>(&op)) {
+    out = {{"x", b->x}, {"scale", b->scale}, {"bias", b->bias}, {"mean", b->mean}, {"var", b->var}};
+  } else if (const auto* g = std::get_if<Gemm>(&op)) {
+    out = {{"a", g->a}, {"b", g->b}};
+    if (g->c) out.emplace_back("c", *g->c);
+  }
+  return out;
+}
+
+// Parses a tensor op's parameters as its worker will, against an input buffer of the --input
+// files and the output buffer (--output-size, or room for any result), and checks each file
+// against the operand it holds. Returns the result's size in bytes, or nullopt with `error`.
+std::optional<uint64_t> check_tensor_job(const SubmitArgs& args,
+                                         const std::vector<uint64_t>& input_sizes,
+                                         std::string& error) {
+  const gpuq::tensor::OpKind kind = *gpuq::tensor::op_kind_from_name(args.op);
+  gpuq::ParamWriter writer;
+  bool placed = false;  // an operand placed with "<operand>_at"
+  for (const gpuq::JobParam& p : args.params) {
+    gpuq::ParamValue v;
+    if (p.type == gpuq::JobParam::Type::kInt) v = p.int_value;
+    if (p.type == gpuq::JobParam::Type::kFloat) v = p.float_value;
+    if (p.type == gpuq::JobParam::Type::kString) v = p.string_value;
+    if (auto r = writer.add(p.key, v); !r) {
+      error = r.error().message();
+      return std::nullopt;
+    }
+    placed = placed || (p.key.size() > 3 && p.key.compare(p.key.size() - 3, 3, "_at") == 0);
+  }
+  gpuq::Result<gpuq::ParamBlock> block = gpuq::ParamBlock::parse(writer.data(), writer.size());
+  if (!block) {
+    error = block.error().message();
+    return std::nullopt;
+  }
+  uint64_t input_bytes = 0;
+  for (uint64_t n : input_sizes) input_bytes += n;
+  const uint64_t capacity = args.output_size.value_or(gpuq::tensor::kMaxElements);
+  // First with room for any operands, to name a file that does not match its operand; then
+  // with the files' real size. The output as the client library allocates it: after the
+  // input, 64-byte aligned.
+  for (const uint64_t input_room : {gpuq::tensor::kMaxElements, input_bytes}) {
+    const uint64_t output_offset = (input_room + 63) & ~uint64_t{63};
+    gpuq::Result<gpuq::tensor::TensorOp> op = gpuq::tensor::parse_tensor_op(
+        kind, block.value(), {0, input_room, output_offset, capacity});
+    if (!op) {
+      error = op.error().message();
+      return std::nullopt;
+    }
+    if (input_room == input_bytes) return gpuq::tensor::result_bytes(op.value());
+    if (placed) continue;
+    const auto operands = operands_of(op.value());
+    const char* dtype = gpuq::tensor::dtype_name(gpuq::tensor::result_dtype(op.value()));
+    if (input_sizes.size() == operands.size()) {
+      // One file per operand, in order: each must hold exactly its operand.
+      for (size_t i = 0; i < operands.size(); ++i) {
+        const auto& [name, operand] = operands[i];
+        if (input_sizes[i] != operand.bytes) {
+          error = args.op + ": --input '" + args.input_paths[i] + "' holds " +
+                  std::to_string(input_sizes[i]) + " bytes, operand " + name + " (" +
+                  operand.shape.to_string() + " " + dtype + ") needs " +
+                  std::to_string(operand.bytes);
+          return std::nullopt;
+        }
+      }
+    } else {
+      uint64_t needed = 0;
+      std::string names;
+      for (const auto& [name, operand] : operands) {
+        needed += operand.bytes;
+        names += std::string(names.empty() ? "" : ", ") + name + " " + operand.shape.to_string();
+      }
+      if (needed != input_bytes) {
+        error = args.op + ": the " + std::to_string(input_sizes.size()) + " --input files hold " +
+                std::to_string(input_bytes) + " bytes, the " + std::to_string(operands.size()) +
+                " operands (" + names + ", " + dtype + ") need " + std::to_string(needed);
+        return std::nullopt;
+      }
+    }
+  }
+  GPUQ_ASSERT(false);  // the loop returns on its second pass
+  return std::nullopt;
+}
+
+// Shape and pair keys of the tensor ops take text; "--param b=4" parses as an integer, so
+// such a value is sent as the text it was written as.
+bool is_shape_key(std::string_view key) {
+  static constexpr std::string_view kKeys[] = {"x",      "w",   "b",        "a",     "c",
+                                               "stride", "pad", "dilation", "window"};
+  return std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys);
+}
+
 int run_submit(const std::string& runtime_dir, const SubmitArgs& args) {
   std::string input;
-  if (!args.input_path.empty()) {
+  std::vector<uint64_t> input_sizes;
+  for (const std::string& path : args.input_paths) {
     std::string error;
-    std::optional<std::string> bytes = read_file(args.input_path, error);
+    std::optional<std::string> bytes = read_file(path, error);
     if (!bytes) {
       std::cerr << "gpuqctl: " << error << '\n';
       return kExitFailure;
     }
-    input = std::move(*bytes);
+    input_sizes.push_back(bytes->size());
+    input += *bytes;
   }
-  const uint64_t output_size =
-      args.output_size.value_or(std::max<uint64_t>(input.size(), uint64_t{64}));
+  uint64_t output_size = args.output_size.value_or(std::max<uint64_t>(input.size(), uint64_t{64}));
+  if (gpuq::tensor::op_kind_from_name(args.op)) {
+    std::string error;
+    std::optional<uint64_t> result = check_tensor_job(args, input_sizes, error);
+    if (!result) return usage_error(error);
+    if (!args.output_size) output_size = *result;
+  }
   const uint64_t pairs = args.count ? std::min(args.concurrency, *args.count) : 1;
 
   gpuq::Result<Session> session = open_session(runtime_dir, input, output_size, pairs);
@@ -672,10 +804,12 @@ int parse_submit(ArgCursor& cursor, std::string& runtime_dir, SubmitArgs& args) 
       std::cout << kUsage;
       return -1;
     }
-    if (cursor.take_value("--input", args.input_path, error) ||
-        cursor.take_value("--output", args.output_path, error) ||
-        cursor.take_value("--pool", args.pool, error) ||
-        cursor.take_value("--runtime-dir", runtime_dir, error)) {
+    if (cursor.take_value("--input", value, error)) {
+      if (!error.empty()) return usage_error(error);
+      args.input_paths.push_back(value);
+    } else if (cursor.take_value("--output", args.output_path, error) ||
+               cursor.take_value("--pool", args.pool, error) ||
+               cursor.take_value("--runtime-dir", runtime_dir, error)) {
       if (!error.empty()) return usage_error(error);
     } else if (cursor.take_value("--output-size", value, error)) {
       if (!error.empty()) return usage_error(error);
@@ -699,7 +833,11 @@ int parse_submit(ArgCursor& cursor, std::string& runtime_dir, SubmitArgs& args) 
       gpuq::Result<gpuq::Param> p = gpuq::parse_param_assignment(value);
       if (!p) return usage_error(p.error().message());
       const gpuq::ParamValue& v = p.value().value;
-      if (const auto* i = std::get_if<int64_t>(&v)) {
+      if (std::holds_alternative<int64_t>(v) && gpuq::tensor::op_kind_from_name(args.op) &&
+          is_shape_key(p.value().key)) {
+        args.params.push_back(
+            gpuq::JobParam::text(p.value().key, value.substr(value.find('=') + 1)));
+      } else if (const auto* i = std::get_if<int64_t>(&v)) {
         args.params.push_back(gpuq::JobParam::integer(p.value().key, *i));
       } else if (const auto* d = std::get_if<double>(&v)) {
         args.params.push_back(gpuq::JobParam::real(p.value().key, *d));

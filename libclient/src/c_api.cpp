@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <new>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -83,6 +85,16 @@ static_assert(std::is_standard_layout_v<gpuq_job_spec_t> &&
               std::is_trivially_copyable_v<gpuq_job_spec_t>);
 static_assert(std::is_standard_layout_v<gpuq_job_result_t> &&
               std::is_trivially_copyable_v<gpuq_job_result_t>);
+static_assert(std::is_standard_layout_v<gpuq_tensor_t> &&
+              std::is_trivially_copyable_v<gpuq_tensor_t>);
+static_assert(std::is_standard_layout_v<gpuq_conv2d_options_t> &&
+              std::is_trivially_copyable_v<gpuq_conv2d_options_t> &&
+              offsetof(gpuq_conv2d_options_t, version) == 0);
+static_assert(std::is_standard_layout_v<gpuq_gemm_options_t> &&
+              std::is_trivially_copyable_v<gpuq_gemm_options_t> &&
+              offsetof(gpuq_gemm_options_t, version) == 0);
+static_assert(static_cast<int>(GPUQ_DTYPE_F32) == static_cast<int>(gpuq::DType::kF32) &&
+              static_cast<int>(GPUQ_DTYPE_F16) == static_cast<int>(gpuq::DType::kF16));
 static_assert(offsetof(gpuq_connect_options_t, version) == 0 &&
               offsetof(gpuq_job_spec_t, version) == 0 && offsetof(gpuq_job_result_t, version) == 0);
 
@@ -232,6 +244,36 @@ gpuq_status_t submit_with(gpuq_client_t* client, const gpuq_job_spec_t* spec, gp
   return GPUQ_OK;
 }
 
+// A gpuq_tensor_t as a Tensor; `name` names it in errors.
+gpuq_status_t to_cpp(const gpuq_tensor_t& t, const char* op, const char* name, gpuq::Tensor& out) {
+  if (t.rank < 1 || t.rank > 4) {
+    return invalid(std::string(op) + ": " + name + ": rank is " + std::to_string(t.rank) +
+                   ", must be 1 to 4");
+  }
+  if (t.dtype != 0 && t.dtype != GPUQ_DTYPE_F32 && t.dtype != GPUQ_DTYPE_F16) {
+    return invalid(std::string(op) + ": " + name + ": dtype is " + std::to_string(t.dtype) +
+                   ", must be GPUQ_DTYPE_F32 or GPUQ_DTYPE_F16");
+  }
+  const gpuq::DType dtype = t.dtype == GPUQ_DTYPE_F16 ? gpuq::DType::kF16 : gpuq::DType::kF32;
+  gpuq::Result<gpuq::Tensor> tensor = gpuq::Tensor::make(
+      gpuq::Buffer{t.buffer.offset, t.buffer.size, static_cast<std::byte*>(t.buffer.data)},
+      gpuq::Shape(t.dims, t.dims + t.rank), dtype);
+  if (!tensor) return invalid(std::string(op) + ": " + name + ": " + tensor.error().message());
+  out = std::move(tensor).value();
+  return GPUQ_OK;
+}
+
+// Converts the required tensors of a tensor op (each non-NULL) and the optional one.
+gpuq_status_t tensors_to_cpp(const char* op,
+                             std::initializer_list<std::pair<const char*, const gpuq_tensor_t*>> in,
+                             gpuq::Tensor* out) {
+  for (const auto& [name, t] : in) {
+    if (t == nullptr) return invalid(std::string(op) + ": " + name + " is NULL");
+    if (gpuq_status_t s = to_cpp(*t, op, name, *out++); s != GPUQ_OK) return s;
+  }
+  return GPUQ_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -311,6 +353,86 @@ gpuq_status_t gpuq_try_submit(gpuq_client_t* client, const gpuq_job_spec_t* spec
   return guarded(__func__, [&]() -> gpuq_status_t {
     return submit_with(client, spec, out,
                        [](gpuq::Client& c, const gpuq::JobSpec& s) { return c.try_submit(s); });
+  });
+}
+
+gpuq_status_t gpuq_submit_conv2d(gpuq_client_t* client, const gpuq_tensor_t* x,
+                                 const gpuq_tensor_t* w, const gpuq_tensor_t* b,
+                                 const gpuq_tensor_t* y, const gpuq_conv2d_options_t* options,
+                                 int64_t timeout_ns, gpuq_job_t** out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (client == nullptr) return invalid("client is NULL");
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq::Tensor t[3];  // x, w, y
+    if (gpuq_status_t s = tensors_to_cpp("conv2d", {{"x", x}, {"w", w}, {"y", y}}, t);
+        s != GPUQ_OK) {
+      return s;
+    }
+    std::optional<gpuq::Tensor> bias;
+    if (b != nullptr) {
+      bias.emplace();
+      if (gpuq_status_t s = to_cpp(*b, "conv2d", "b", *bias); s != GPUQ_OK) return s;
+    }
+    gpuq::Conv2dOptions cpp;
+    std::string pool;
+    if (options != nullptr) {
+      gpuq_status_t status = GPUQ_OK;
+      if (!check_version(options->version, GPUQ_CONV2D_OPTIONS_VERSION, "gpuq_conv2d_options_t",
+                         "GPUQ_CONV2D_OPTIONS_VERSION", status)) {
+        return status;
+      }
+      for (int i = 0; i < 2; ++i) {
+        cpp.stride[i] = options->stride[i] == 0 ? 1 : options->stride[i];
+        cpp.pad[i] = options->pad[i];
+        cpp.dilation[i] = options->dilation[i] == 0 ? 1 : options->dilation[i];
+      }
+      cpp.groups = options->groups == 0 ? 1 : options->groups;
+      cpp.relu = options->relu != 0;
+      pool = text_or_empty(options->pool);
+    }
+    gpuq::Result<gpuq::Job> job = client->client.conv2d(t[0], t[1], bias, t[2], cpp, pool,
+                                                        std::chrono::nanoseconds(timeout_ns));
+    if (!job) return fail(job.error());
+    *out = new gpuq_job{std::move(job).value()};
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_submit_gemm(gpuq_client_t* client, const gpuq_tensor_t* a,
+                               const gpuq_tensor_t* b, const gpuq_tensor_t* c,
+                               const gpuq_tensor_t* y, const gpuq_gemm_options_t* options,
+                               int64_t timeout_ns, gpuq_job_t** out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (client == nullptr) return invalid("client is NULL");
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq::Tensor t[3];  // a, b, y
+    if (gpuq_status_t s = tensors_to_cpp("gemm", {{"a", a}, {"b", b}, {"y", y}}, t); s != GPUQ_OK) {
+      return s;
+    }
+    std::optional<gpuq::Tensor> addend;
+    if (c != nullptr) {
+      addend.emplace();
+      if (gpuq_status_t s = to_cpp(*c, "gemm", "c", *addend); s != GPUQ_OK) return s;
+    }
+    gpuq::GemmOptions cpp;
+    std::string pool;
+    if (options != nullptr) {
+      gpuq_status_t status = GPUQ_OK;
+      if (!check_version(options->version, GPUQ_GEMM_OPTIONS_VERSION, "gpuq_gemm_options_t",
+                         "GPUQ_GEMM_OPTIONS_VERSION", status)) {
+        return status;
+      }
+      cpp.trans_a = options->trans_a != 0;
+      cpp.trans_b = options->trans_b != 0;
+      cpp.alpha = options->alpha == 0 ? 1.0 : options->alpha;
+      cpp.beta = options->beta;
+      pool = text_or_empty(options->pool);
+    }
+    gpuq::Result<gpuq::Job> job = client->client.gemm(t[0], t[1], addend, t[2], cpp, pool,
+                                                      std::chrono::nanoseconds(timeout_ns));
+    if (!job) return fail(job.error());
+    *out = new gpuq_job{std::move(job).value()};
+    return GPUQ_OK;
   });
 }
 

@@ -22,31 +22,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "gpuq/buffer.hpp"
 #include "gpuq/error.hpp"
 #include "gpuq/export.hpp"
+#include "gpuq/tensor.hpp"
 
 namespace gpuq {
 
 class ClientImpl;
-
-// A buffer in the client's payload segment: the memory workers read inputs from and write
-// outputs to, in place. Valid while the Client lives and until release().
-struct Buffer {
-  uint64_t offset = 0;  // from the start of the payload arena
-  uint64_t size = 0;
-  std::byte* ptr = nullptr;  // this process's address of the first byte (null for a raw view)
-
-  std::byte* data() const noexcept { return ptr; }
-  // A part of this buffer: [offset + from, offset + from + length).
-  Buffer slice(uint64_t from, uint64_t length) const noexcept {
-    return Buffer{offset + from, length, ptr == nullptr ? nullptr : ptr + from};
-  }
-  bool empty() const noexcept { return size == 0; }
-};
 
 // A small job parameter: integer, float or short string (see gpuq/common/params.hpp limits:
 // keys 1-32 chars of [a-z0-9_.], strings up to 64 bytes, 192 bytes in all).
@@ -166,6 +154,31 @@ struct PoolInfo {
   std::string runs_on;
 };
 
+// ---- Tensor ops (gpuq/tensor.hpp, docs/ops.md) -----------------------------------------------
+// Each builder makes the JobSpec of one tensor op without submitting it (set spec.pool,
+// expire_after or retryable, then Client::submit it), so that it can be checked without a
+// daemon. The job's input span is the smallest range of the segment that covers every
+// operand; each operand not where back-to-back packing from the span's start would put it is
+// placed with its "<operand>_at" parameter. The output span is y's bytes. Parameters at their
+// defaults (and dtype f32) are left out, to stay within the 192 parameter bytes.
+// Errors, all before anything is submitted: InvalidArgument, "<op>: <operand or key>: <what is
+// wrong>": an invalid or inconsistent shape, y's shape not the result's, operands of different
+// dtypes, an operand not aligned to its element size, y overlapping an operand, an option out
+// of range, or parameters over 192 bytes. Pure functions; thread-safe.
+
+GPUQ_API Result<JobSpec> conv2d_job(const Tensor& x, const Tensor& w,
+                                    const std::optional<Tensor>& b, const Tensor& y,
+                                    const Conv2dOptions& options = {});
+GPUQ_API Result<JobSpec> activation_job(const Tensor& x, const Tensor& y, ActivationMode mode);
+GPUQ_API Result<JobSpec> softmax_job(const Tensor& x, const Tensor& y,
+                                     const SoftmaxOptions& options = {});
+GPUQ_API Result<JobSpec> pool2d_job(const Tensor& x, const Tensor& y, const Pool2dOptions& options);
+GPUQ_API Result<JobSpec> batchnorm_job(const Tensor& x, const Tensor& scale, const Tensor& bias,
+                                       const Tensor& mean, const Tensor& var, const Tensor& y,
+                                       const BatchNormOptions& options = {});
+GPUQ_API Result<JobSpec> gemm_job(const Tensor& a, const Tensor& b, const std::optional<Tensor>& c,
+                                  const Tensor& y, const GemmOptions& options = {});
+
 class GPUQ_API Client {
  public:
   // Connects to the daemon: checks the protocol version, is authenticated by the daemon
@@ -204,6 +217,33 @@ class GPUQ_API Client {
                      std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
   // Like submit() but returns QueueFull at once when there is no room. Never blocks.
   Result<Job> try_submit(const JobSpec& spec);
+
+  // Tensor ops: build the job with the matching *_job() builder above, check that every
+  // operand and y lie in this client's payload segment, and submit() it to `pool` (empty: the
+  // first pool), waiting up to `timeout` for room. Errors: those of the builder; InvalidArgument
+  // when a tensor's buffer is not in this client's segment (a Buffer of another Client, or
+  // released by reconnect()) or when the dtype is f16 and the pool that would run the job is a
+  // cpu pool; then those of submit(). Thread-safe.
+  Result<Job> conv2d(const Tensor& x, const Tensor& w, const std::optional<Tensor>& b,
+                     const Tensor& y, const Conv2dOptions& options = {},
+                     const std::string& pool = {},
+                     std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
+  Result<Job> activation(const Tensor& x, const Tensor& y, ActivationMode mode,
+                         const std::string& pool = {},
+                         std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
+  Result<Job> softmax(const Tensor& x, const Tensor& y, const SoftmaxOptions& options = {},
+                      const std::string& pool = {},
+                      std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
+  Result<Job> pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& options,
+                     const std::string& pool = {},
+                     std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
+  Result<Job> batchnorm(const Tensor& x, const Tensor& scale, const Tensor& bias,
+                        const Tensor& mean, const Tensor& var, const Tensor& y,
+                        const BatchNormOptions& options = {}, const std::string& pool = {},
+                        std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
+  Result<Job> gemm(const Tensor& a, const Tensor& b, const std::optional<Tensor>& c,
+                   const Tensor& y, const GemmOptions& options = {}, const std::string& pool = {},
+                   std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
 
   // Static facts from the connection handshake.
   const std::vector<PoolInfo>& pools() const noexcept;

@@ -271,6 +271,74 @@ GPUQ_API gpuq_status_t gpuq_job_cancel(gpuq_job_t* job);
  * Non-blocking. One thread at a time per job. */
 GPUQ_API gpuq_status_t gpuq_job_release(gpuq_job_t* job);
 
+/* ---- Tensor ops (docs/ops.md) -------------------------------------------------------------- */
+
+/* Element type of a tensor. CPU pools run GPUQ_DTYPE_F32 only. */
+typedef enum gpuq_dtype {
+  GPUQ_DTYPE_F32 = 1, /* IEEE binary32 */
+  GPUQ_DTYPE_F16 = 2  /* IEEE binary16 */
+} gpuq_dtype_t;
+
+/* A dense, row-major tensor (NCHW when 4-D) at the start of a buffer. Plain data, as
+ * gpuq_buffer_t. Zero-initialise it, then set its fields. */
+typedef struct gpuq_tensor {
+  gpuq_buffer_t buffer; /* IN: from gpuq_alloc() (or a part of one); holds the tensor's bytes */
+  uint32_t rank;        /* IN: 1 to 4 */
+  int32_t dtype;        /* IN: a gpuq_dtype_t; 0: GPUQ_DTYPE_F32 */
+  int64_t dims[4];      /* IN: dims[0 .. rank), outermost first, each in [1, 2^31 - 1] */
+} gpuq_tensor_t;
+
+/* Options of gpuq_submit_conv2d(). NULL, or a zero-initialised struct with `version` set: the
+ * defaults. */
+typedef struct gpuq_conv2d_options {
+  uint32_t version;    /* IN: GPUQ_CONV2D_OPTIONS_VERSION */
+  uint32_t relu;       /* IN: nonzero: ReLU after the bias */
+  int64_t stride[2];   /* IN: {SH, SW}; 0: 1 */
+  int64_t pad[2];      /* IN: {PH, PW}; default 0 */
+  int64_t dilation[2]; /* IN: {DH, DW}; 0: 1 */
+  int64_t groups;      /* IN: 0: 1 */
+  const char* pool;    /* IN: pool name. NULL or "": the first pool */
+} gpuq_conv2d_options_t;
+#define GPUQ_CONV2D_OPTIONS_VERSION1 GPUQ_STRUCT_VERSION(gpuq_conv2d_options_t, 1)
+#define GPUQ_CONV2D_OPTIONS_VERSION GPUQ_CONV2D_OPTIONS_VERSION1
+
+/* Options of gpuq_submit_gemm(). NULL, or a zero-initialised struct with `version` set: the
+ * defaults. */
+typedef struct gpuq_gemm_options {
+  uint32_t version; /* IN: GPUQ_GEMM_OPTIONS_VERSION */
+  uint32_t trans_a; /* IN: nonzero: op(a) is a transposed */
+  uint32_t trans_b; /* IN: nonzero: op(b) is b transposed */
+  double alpha;     /* IN: 0: 1 (an alpha of 0 would ignore a and b) */
+  double beta;      /* IN: default 0; nonzero needs c */
+  const char* pool; /* IN: pool name. NULL or "": the first pool */
+} gpuq_gemm_options_t;
+#define GPUQ_GEMM_OPTIONS_VERSION1 GPUQ_STRUCT_VERSION(gpuq_gemm_options_t, 1)
+#define GPUQ_GEMM_OPTIONS_VERSION GPUQ_GEMM_OPTIONS_VERSION1
+
+/* Submits y = conv(x, w) (+ b) (then ReLU), as Client::conv2d(): x N x C x H x W, w
+ * K x C/groups x R x S, b (NULL: none) K elements, y N x K x OH x OW (docs/ops.md). The
+ * tensors may lie in separate buffers of this client. Waits up to `timeout_ns` for room
+ * (negative: forever). On success *out is a new job handle (gpuq_job_release()).
+ * Errors: GPUQ_INVALID_ARGUMENT (a NULL argument, unknown options->version, an invalid or
+ * inconsistent shape, y's shape not the result's, mixed dtypes, y overlapping an operand, a
+ * tensor outside this client's segment, f16 for a cpu pool: the message names the operand or
+ * key), then those of gpuq_submit().
+ * Blocking while the ring is full. Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_submit_conv2d(gpuq_client_t* client, const gpuq_tensor_t* x,
+                                          const gpuq_tensor_t* w, const gpuq_tensor_t* b,
+                                          const gpuq_tensor_t* y,
+                                          const gpuq_conv2d_options_t* options, int64_t timeout_ns,
+                                          gpuq_job_t** out);
+
+/* Submits y = alpha op(a) op(b) + beta c, as Client::gemm(): a and b 2-D as stored, op(a)
+ * M x K, op(b) K x N, y M x N, c (NULL: none) M x N, given exactly when beta != 0.
+ * Errors: as gpuq_submit_conv2d().
+ * Blocking while the ring is full. Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_submit_gemm(gpuq_client_t* client, const gpuq_tensor_t* a,
+                                        const gpuq_tensor_t* b, const gpuq_tensor_t* c,
+                                        const gpuq_tensor_t* y, const gpuq_gemm_options_t* options,
+                                        int64_t timeout_ns, gpuq_job_t** out);
+
 /* ---- Daemon control ------------------------------------------------------------------------- */
 
 /* The daemon's status document (the JSON of `gpuqctl status --json`), over a short control
