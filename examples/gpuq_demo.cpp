@@ -2,13 +2,17 @@
 //
 // For each built-in op (noop, echo, checksum, sleep) it submits --jobs jobs with --inflight of
 // them in flight, checks every result (echo output byte-exact, checksum equal to a CRC32C
-// computed here), and prints jobs/s and latency percentiles.
+// computed here), and prints jobs/s and latency percentiles. Then it runs tensor ops through
+// the client's tensor calls (a 3x3 conv2d with bias and ReLU, a 64x64x64 gemm), each result
+// checked against a plain loop computed here; a daemon whose CPU workers were built without
+// oneDNN says so, and the demo skips them.
 //
 //   gpuq_demo [--runtime-dir DIR] [--jobs N] [--inflight K]
 #include <gpuq/client.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -140,6 +144,103 @@ int run_op(gpuq::Client& client, const std::string& op, int total, int inflight,
   return failures;
 }
 
+// y = relu(conv(x, w) + b), stride 1, pad 1, 3x3 window, one image, in plain loops.
+std::vector<float> conv2d_reference(const float* x, const float* w, const float* b, int c, int k,
+                                    int h, int wd) {
+  std::vector<float> y(static_cast<size_t>(k) * h * wd);
+  for (int o = 0; o < k; ++o)
+    for (int i = 0; i < h; ++i)
+      for (int j = 0; j < wd; ++j) {
+        double acc = b[o];
+        for (int ci = 0; ci < c; ++ci)
+          for (int r = 0; r < 3; ++r)
+            for (int t = 0; t < 3; ++t) {
+              const int yi = i + r - 1, xj = j + t - 1;
+              if (yi < 0 || yi >= h || xj < 0 || xj >= wd) continue;
+              acc += double{x[(ci * h + yi) * wd + xj]} * w[((o * c + ci) * 3 + r) * 3 + t];
+            }
+        y[(static_cast<size_t>(o) * h + i) * wd + j] = static_cast<float>(std::max(acc, 0.0));
+      }
+  return y;
+}
+
+bool close_enough(const float* got, const std::vector<float>& want) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= 1e-4f * (1.0f + std::fabs(want[i])))) return false;
+  }
+  return true;
+}
+
+// Runs `total` conv2d and `total` gemm jobs one after another, checking each result. Returns
+// the number of failures; -1 if the daemon's CPU workers have no tensor ops.
+int run_tensor_ops(gpuq::Client& client, int total, std::mt19937& rng) {
+  constexpr int C = 8, K = 16, H = 16, W = 16, M = 64;
+  auto tensor = [&](gpuq::Shape shape) -> gpuq::Result<gpuq::Tensor> {
+    auto buffer = client.allocate(gpuq::shape_bytes(shape, gpuq::DType::kF32));
+    if (!buffer) return buffer.error();
+    return gpuq::Tensor::make(*buffer, std::move(shape));
+  };
+  auto x = tensor({1, C, H, W}), w = tensor({K, C, 3, 3}), b = tensor({K});
+  auto y = tensor({1, K, H, W}), a = tensor({M, M}), bm = tensor({M, M}), ym = tensor({M, M});
+  for (auto* t : {&x, &w, &b, &y, &a, &bm, &ym}) {
+    if (!*t) {
+      std::fprintf(stderr, "tensor: %s\n", t->error().to_string().c_str());
+      return 2 * total;
+    }
+  }
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (auto* t : {&x, &w, &b, &a, &bm}) {
+    for (uint64_t i = 0; i < (*t)->elements(); ++i) (*t)->data_as<float>()[i] = value(rng);
+  }
+  const std::vector<float> conv_want =
+      conv2d_reference(x->data_as<float>(), w->data_as<float>(), b->data_as<float>(), C, K, H, W);
+  std::vector<float> gemm_want(static_cast<size_t>(M) * M);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < M; ++j) {
+      double acc = 0;
+      for (int l = 0; l < M; ++l)
+        acc += double{a->data_as<float>()[i * M + l]} * bm->data_as<float>()[l * M + j];
+      gemm_want[static_cast<size_t>(i) * M + j] = static_cast<float>(acc);
+    }
+  gpuq::Conv2dOptions conv;
+  conv.pad = {1, 1};
+  conv.relu = true;
+  int failures = 0;
+  for (const char* op : {"conv2d", "gemm"}) {
+    const bool is_conv = op[0] == 'c';
+    std::vector<double> us;
+    const int failures_before = failures;
+    const auto t0 = Clock::now();
+    for (int n = 0; n < total; ++n) {
+      const gpuq::Tensor& out = is_conv ? *y : *ym;
+      std::fill_n(out.data_as<float>(), out.elements(), NAN);
+      const auto start = Clock::now();
+      auto job =
+          is_conv ? client.conv2d(*x, *w, *b, *y, conv) : client.gemm(*a, *bm, std::nullopt, *ym);
+      auto r = job ? job->wait() : gpuq::Result<gpuq::JobResult>(job.error());
+      us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+      if (r && r->code == gpuq::ErrorCode::kUnknownOp) {
+        std::printf("%-9s skipped: %s\n", op, r->message.c_str());
+        return -1;
+      }
+      if (!r || !r->ok() || !close_enough(out.data_as<float>(), is_conv ? conv_want : gemm_want)) {
+        if (failures++ == 0) {
+          std::fprintf(stderr, "%s: %s\n", op,
+                       !r ? r.error().to_string().c_str()
+                          : (!r->ok() ? r->message.c_str() : "result differs from the reference"));
+        }
+      }
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::sort(us.begin(), us.end());
+    std::printf("%-9s %7d jobs  %6d failed  %9.0f jobs/s   p50 %8.1f us   p99 %8.1f us   (%s)\n",
+                op, total, failures - failures_before, total / secs, us[us.size() / 2],
+                us[us.size() * 99 / 100],
+                is_conv ? "1x8x16x16 * 16x8x3x3, pad 1, bias, relu" : "64x64 * 64x64");
+  }
+  return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,6 +277,7 @@ int main(int argc, char** argv) {
   for (const char* op : {"noop", "echo", "checksum", "sleep"}) {
     failures += run_op(*client, op, jobs, inflight, rng);
   }
+  failures += std::max(0, run_tensor_ops(*client, std::min(jobs, 500), rng));
   std::printf(failures == 0 ? "all jobs completed with correct results\n"
                             : "%d jobs failed or gave wrong results\n",
               failures);
