@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <variant>
 
 #include "gpuq/common/clock.hpp"
@@ -158,6 +159,16 @@ Result<std::vector<PluginOp>> list_plugin_ops_isolated(const std::string& worker
   }
   std::string a0 = worker_path, a1 = "--list-plugin-ops", a2 = plugin_path;
   char* argv[] = {a0.data(), a1.data(), a2.data(), nullptr};
+  // The child sees no GPU, as a CPU worker: a plug-in whose register touched CUDA would find
+  // none rather than create a context (the environment is prepared before fork).
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).rfind("CUDA_VISIBLE_DEVICES=", 0) != 0) env.emplace_back(*e);
+  }
+  env.emplace_back("CUDA_VISIBLE_DEVICES=-1");
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) {
     for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
@@ -166,8 +177,8 @@ Result<std::vector<PluginOp>> list_plugin_ops_isolated(const std::string& worker
   if (pid == 0) {
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
-    ::execv(argv[0], argv);
-    static const char msg[] = "execv of the worker failed\n";
+    ::execve(argv[0], argv, envp.data());
+    static const char msg[] = "execve of the worker failed\n";
     ssize_t ignored = ::write(2, msg, sizeof msg - 1);
     (void)ignored;
     _exit(127);
