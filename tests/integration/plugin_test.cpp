@@ -191,5 +191,20 @@ TEST_CASE("bad plug-ins are clear start-up errors naming them") {
   }
 }
 
+TEST_CASE("a worker that cannot load a plug-in exits 1 before it reports ready, saying why") {
+  // gpuq-worker beside gpuqd, with the arguments gpuqd passes and a control descriptor (3); it
+  // loads its plug-ins before it touches the queue segment.
+  const std::string gpuqd = gpuqd_path();
+  const std::string worker = gpuqd.substr(0, gpuqd.rfind('/')) + "/gpuq-worker";
+  const CommandResult r = run_command(
+      "'" + worker +
+      "' --queue-segment /gpuq-none --worker-id 3 --pool-id 0 --supervisor-pid 1 --plugin '" +
+      GPUQ_TEST_PLUGIN_BAD_REGISTER + "' 3</dev/null 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find(std::string("plug-in ") + GPUQ_TEST_PLUGIN_BAD_REGISTER +
+                      ": gpuq_plugin_register returned 16") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace gpuq::test
