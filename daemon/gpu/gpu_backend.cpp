@@ -17,6 +17,7 @@
 #include "gpu_kernels.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/tensor_ops.hpp"
+#include "plugins.hpp"
 
 namespace gpuq::daemon {
 namespace {
@@ -311,6 +312,8 @@ class GpuBackend final : public OpBackend {
                                std::string(op.name) + ": no GPU implementation in this build");
     if (op.tensor) {
       r = run_tensor(*op.tensor, ctx);
+    } else if (op.plugin != nullptr) {
+      r = run_plugin(op, ctx);
     } else if (std::strcmp(op.name, kFaultTestOp) == 0) {
       r = test_hooks_
               ? run_fault_test()
@@ -394,6 +397,33 @@ class GpuBackend final : public OpBackend {
                                               uint64_t{1} << 47, stream_));
     GPUQ_CUDA(cudaStreamSynchronize(stream_));
     return Error(ErrorCode::kInternal, std::string(kFaultTestOp) + ": the kernel did not fault");
+  }
+
+  // A plug-in op (gpuq/plugin.h): the input copied to device memory from the budget, an output
+  // buffer of the job's capacity, the op enqueues on stream_, then the result's output_bytes
+  // come back. A failure goes through after_failure (run()), which catches a sticky error.
+  Result<OpOutput> run_plugin(const OpInfo& op, const OpContext& ctx) {
+    if (op.plugin->gpu_fn == nullptr) {
+      return Error(ErrorCode::kUnknownOp, std::string(op.name) + ": plug-in " + op.plugin->library +
+                                              " has no GPU implementation of this op");
+    }
+    auto in = allocate(ctx.input_bytes, op.name);
+    if (!in) return std::move(in).error();
+    auto out = allocate(ctx.output_capacity, op.name);
+    if (!out) return std::move(out).error();
+    GPUQ_CUDA(
+        cudaMemcpyAsync(in->get(), ctx.input, ctx.input_bytes, cudaMemcpyHostToDevice, stream_));
+    auto r = run_plugin_op(op, op.plugin->gpu_fn, ctx, in->get(), out->get(),
+                           PluginDeviceHandles{stream_, cudnn_, cublas_});
+    if (!r) return r;
+    GPUQ_CUDA(cudaStreamSynchronize(stream_));
+    GPUQ_CUDA(cudaGetLastError());
+    if (r->output_bytes > 0) {
+      GPUQ_CUDA(cudaMemcpyAsync(ctx.output, out->get(), r->output_bytes, cudaMemcpyDeviceToHost,
+                                stream_));
+      GPUQ_CUDA(cudaStreamSynchronize(stream_));
+    }
+    return r;
   }
 
   Result<OpOutput> run_tensor(OpKind kind, const OpContext& ctx) {

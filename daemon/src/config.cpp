@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -348,6 +350,26 @@ const std::vector<Key>& key_table() {
          if (!g) return g.error();
          c.group = *g;
          c.group_set = true;
+         return {};
+       }},
+      {"plugins",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         if (!v.is_array()) return bad(p, "must be a list of absolute paths to shared libraries");
+         for (size_t i = 0; i < v.size(); ++i) {
+           const std::string at = p + "[" + std::to_string(i) + "]";
+           if (!v[i].is_string() || v[i].get<std::string>().empty() ||
+               v[i].get<std::string>().front() != '/') {
+             return bad(at, "must be an absolute path, got " + v[i].dump());
+           }
+           const std::string path = v[i].get<std::string>();
+           if (::access(path.c_str(), R_OK) != 0) {
+             return bad(at, path + ": " + std::strerror(errno));
+           }
+           if (std::find(c.plugins.begin(), c.plugins.end(), path) != c.plugins.end()) {
+             return bad(at, path + " is listed twice");
+           }
+           c.plugins.push_back(path);
+         }
          return {};
        }},
       {"log_level",

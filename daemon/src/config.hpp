@@ -63,6 +63,8 @@ struct Config {
   bool group_set = false;
   LogLevel log_level = LogLevel::kInfo;
   std::vector<PoolConfig> pools;
+  // Plug-in libraries (gpuq/plugin.h), absolute paths, in the order their ops get ids.
+  std::vector<std::string> plugins;
 };
 
 // The CPUs this process may run on (sched_getaffinity), ascending.

@@ -4,6 +4,7 @@
 
 #include "cpu_tensor_ops.hpp"
 #include "op_backend.hpp"
+#include "plugins.hpp"
 
 namespace gpuq::daemon {
 namespace {
@@ -18,6 +19,14 @@ class CpuBackend final : public OpBackend {
 
   Result<OpOutput> run(const OpInfo& op, const OpContext& ctx) override {
     if (op.run != nullptr) return op.run(ctx);
+    if (op.plugin != nullptr) {
+      if (op.plugin->cpu_fn == nullptr) {
+        return Error(ErrorCode::kUnknownOp, std::string(op.name) + ": plug-in " +
+                                                op.plugin->library +
+                                                " has no CPU implementation of this op");
+      }
+      return run_plugin_op(op, op.plugin->cpu_fn, ctx, ctx.input, ctx.output);
+    }
     if (op.tensor) {
       const tensor::JobBuffers buffers{ctx.input_offset, ctx.input_bytes, ctx.output_offset,
                                        ctx.output_capacity};

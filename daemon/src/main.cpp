@@ -12,6 +12,7 @@
 #include "gpu_discovery.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/runtime_dir.hpp"
+#include "plugins.hpp"
 #include "service_notifier.hpp"
 #include "supervisor.hpp"
 #include "test_hooks.hpp"
@@ -111,6 +112,23 @@ int check_config(const gpuq::daemon::Config& config) {
                   gpuq::daemon::ring_capacity(config, sized));
     } else {
       std::printf("unavailable: %s\n", chosen.error().message().c_str());
+    }
+  }
+  // Plug-in ops, learnt as the daemon would (a child lists them; this process never loads one).
+  for (const std::string& path : config.plugins) {
+    auto ops = gpuq::daemon::list_plugin_ops_isolated(find_worker("gpuq-worker"), path, 30'000);
+    if (ops) {
+      for (const auto& op : *ops) {
+        std::printf("plug-in %s: op %s (%s%s%s)\n", path.c_str(), op.name.c_str(),
+                    op.has_cpu ? "cpu" : "", op.has_cpu && op.has_gpu ? ", " : "",
+                    op.has_gpu ? "gpu" : "");
+      }
+    }
+    auto added =
+        ops ? gpuq::daemon::add_plugin_ops(std::move(*ops)) : gpuq::Result<void>(ops.error());
+    if (!added) {
+      std::fprintf(stderr, "gpuqd: %s\n", added.error().message().c_str());
+      return 2;
     }
   }
   std::printf("config OK\n");

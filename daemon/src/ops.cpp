@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <memory>
 #include <string>
 
 #include "gpuq/common/clock.hpp"
@@ -101,14 +103,55 @@ constexpr OpInfo kOps[] = {
      nullptr},
 };
 
+std::vector<OpInfo>& registry() {
+  static std::vector<OpInfo> ops(std::begin(kOps), std::end(kOps));
+  return ops;
+}
+
+// Owns the plug-in ops the registry's entries point into.
+std::vector<std::unique_ptr<PluginOp>>& plugin_ops() {
+  static std::vector<std::unique_ptr<PluginOp>> ops;
+  return ops;
+}
+
 }  // namespace
 
+bool valid_op_name(std::string_view name) {
+  if (name.empty() || name.size() > 48) return false;
+  return std::all_of(name.begin(), name.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
+  });
+}
+
+Result<void> add_plugin_ops(std::vector<PluginOp> ops) {
+  auto& reg = registry();
+  for (auto& op : ops) {
+    if (!valid_op_name(op.name)) {
+      return Error(ErrorCode::kInvalidArgument, "plug-in " + op.library + ": op name '" + op.name +
+                                                    "' is not 1-48 characters of [a-z0-9_]");
+    }
+    for (const auto& have : reg) {
+      if (op.name == have.name) {
+        return Error(ErrorCode::kInvalidArgument,
+                     "plug-in " + op.library + ": op name '" + op.name + "' is already taken" +
+                         (have.plugin != nullptr ? " by plug-in " + have.plugin->library
+                                                 : std::string(" by a built-in op")));
+      }
+    }
+    const uint32_t id = kFirstPluginOpId + static_cast<uint32_t>(plugin_ops().size());
+    plugin_ops().push_back(std::make_unique<PluginOp>(std::move(op)));
+    const PluginOp* p = plugin_ops().back().get();
+    reg.push_back(OpInfo{id, p->name.c_str(), p->summary.c_str(), nullptr, std::nullopt, p});
+  }
+  return {};
+}
+
 std::span<const OpInfo> op_registry() {
-  return kOps;
+  return registry();
 }
 
 const OpInfo* find_op(uint32_t id) {
-  for (const auto& op : kOps) {
+  for (const auto& op : registry()) {
     if (op.id == id) return &op;
   }
   return nullptr;

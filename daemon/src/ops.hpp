@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "gpuq/common/params.hpp"
 #include "gpuq/common/tensor_ops.hpp"
@@ -45,9 +48,38 @@ struct OpInfo {
   // A catalog tensor op (gpuq/common/tensor_ops.hpp), which each backend implements its own
   // way (oneDNN on CPU pools, cuDNN and cuBLAS on GPU pools).
   std::optional<tensor::OpKind> tensor = std::nullopt;
+  // A plug-in op (ids from kFirstPluginOpId; plugins.hpp): its functions in a worker (null in
+  // the supervisor, which never loads a plug-in) and which pool kinds it has one for.
+  const struct PluginOp* plugin = nullptr;
 };
 
-// All registered ops, in id order. Thread-safe (immutable).
+// Plug-in ops get ids kFirstPluginOpId + their index over all plug-ins (config order, then
+// registration order): the same rule in the supervisor and every worker.
+inline constexpr uint32_t kFirstPluginOpId = 2000;
+
+// A plug-in op as the registry holds it. `cpu_fn`/`gpu_fn` are gpuq_plugin_op_fn (gpuq/plugin.h)
+// in a worker that loaded the plug-in; null in the supervisor.
+struct PluginOp {
+  std::string name;
+  std::string summary;
+  std::string library;  // the plug-in's path
+  bool has_cpu = false;
+  bool has_gpu = false;
+  void* cpu_fn = nullptr;
+  void* gpu_fn = nullptr;
+};
+
+// Appends plug-in ops to this process's registry, ids kFirstPluginOpId onwards, in order. Call
+// once at start-up, before any thread reads the registry (not thread-safe; the registry is
+// immutable afterwards). Errors: InvalidArgument naming the op and its plug-in when a name is
+// malformed or already taken.
+Result<void> add_plugin_ops(std::vector<PluginOp> ops);
+
+// Whether `name` is a well-formed op name: 1-48 characters of [a-z0-9_].
+bool valid_op_name(std::string_view name);
+
+// All registered ops, in id order: the built-ins, then any plug-in ops. Thread-safe once
+// add_plugin_ops has run (immutable).
 std::span<const OpInfo> op_registry();
 // The op with this id, or nullptr.
 const OpInfo* find_op(uint32_t id);

@@ -36,6 +36,7 @@
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/runtime_dir.hpp"
 #include "ops.hpp"
+#include "plugins.hpp"
 #include "supervisor_state.hpp"
 
 extern char** environ;
@@ -74,6 +75,7 @@ constexpr uint64_t kWorkerExitGraceNs = 5'000'000'000ull;
 // takes longer than this is wedged, and the gpu pools are unavailable rather than the daemon
 // stuck before READY=1 (systemd's TimeoutStartSec= is 120 s).
 constexpr uint32_t kGpuDiscoveryTimeoutMs = 30'000;
+constexpr uint32_t kPluginListTimeoutMs = 30'000;
 
 json gpu_json(const GpuInfo& g) {
   return {{"index", g.index},
@@ -137,6 +139,7 @@ Result<void> Supervisor::start() {
   // Before anything else: discovery may fork a child, which is only safe while this process
   // has a single thread and nothing to leak, and the worker counts it decides size the segment.
   if (auto r = plan_pools(); !r) return r;
+  if (auto r = learn_plugin_ops(); !r) return r;
   raise_descriptor_limit();
   if (auto r = create_runtime_dir(); !r) return r;
   if (auto r = create_queue_segment(); !r) return r;
@@ -193,6 +196,22 @@ Result<void> Supervisor::start() {
   }
   GPUQ_LOG_INFO("gpuqd %s serving %s; pools: %s", GPUQ_VERSION, socket_path_.c_str(),
                 pools.c_str());
+  return {};
+}
+
+// The plug-ins' ops, from a child per plug-in (gpuq-worker --list-plugin-ops): the supervisor
+// never dlopens a plug-in (it may link CUDA). Ids follow config order, as in the workers.
+Result<void> Supervisor::learn_plugin_ops() {
+  for (const std::string& path : options_.config.plugins) {
+    auto ops = list_plugin_ops_isolated(options_.worker_path, path, kPluginListTimeoutMs);
+    if (!ops) return ops.error();
+    for (const PluginOp& op : *ops) {
+      GPUQ_LOG_INFO("plug-in %s: op %s (%s%s%s)", path.c_str(), op.name.c_str(),
+                    op.has_cpu ? "cpu" : "", op.has_cpu && op.has_gpu ? ", " : "",
+                    op.has_gpu ? "gpu" : "");
+    }
+    if (auto r = add_plugin_ops(std::move(*ops)); !r) return r;
+  }
   return {};
 }
 
@@ -471,6 +490,7 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
                                    std::to_string(getpid()),
                                    "--spin-us",
                                    std::to_string(c.worker_spin_us)};
+  for (const std::string& plugin : c.plugins) args.insert(args.end(), {"--plugin", plugin});
   if (gpu_worker && pool.memory_limit_bytes > 0) {
     args.insert(args.end(), {"--memory-limit-bytes", std::to_string(pool.memory_limit_bytes)});
   } else if (gpu_worker) {

@@ -94,6 +94,7 @@ class Supervisor {
   // run, and sets each gpu pool's worker count in the config. Errors: InvalidArgument when the
   // GPUs found make a pool too large (check_pool_sizes).
   Result<void> plan_pools();
+  Result<void> learn_plugin_ops();
 
   // Workers.
   Result<void> spawn_worker(WorkerProc& w);

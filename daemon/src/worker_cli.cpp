@@ -5,10 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "gpuq/common/log.hpp"
 #include "op_backend.hpp"
+#include "plugins.hpp"
 #include "test_hooks.hpp"
 #include "worker.hpp"
 
@@ -26,9 +29,10 @@ int usage(const char* program) {
   std::fprintf(stderr,
                "usage: %s --queue-segment NAME --worker-id N --pool-id N "
                "--supervisor-pid PID [--spin-us N] [--memory-limit-bytes N | "
-               "--memory-limit-fraction F]\n"
+               "--memory-limit-fraction F] [--plugin PATH]...\n"
+               "       %s --list-plugin-ops PATH\n"
                "%s is started by gpuqd; it is not meant to be run by hand.\n",
-               program, program);
+               program, program, program);
   return 2;
 }
 
@@ -36,13 +40,19 @@ int usage(const char* program) {
 
 int worker_main(int argc, char** argv, const char* program,
                 OpBackend& (*backend_for)(const WorkerOptions&)) {
+  if (argc == 3 && std::string_view(argv[1]) == "--list-plugin-ops") {
+    return list_plugin_ops_main(argv[2]);
+  }
   WorkerOptions o;
+  std::vector<std::string> plugins;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     if (i + 1 >= argc) return usage(program);
     const char* v = argv[++i];
     uint32_t n = 0;
-    if (a == "--queue-segment") {
+    if (a == "--plugin") {
+      plugins.emplace_back(v);
+    } else if (a == "--queue-segment") {
       o.queue_segment = v;
     } else if (a == "--worker-id" && parse_number(v, &n)) {
       o.worker_id = n;
@@ -69,6 +79,16 @@ int worker_main(int argc, char** argv, const char* program,
   std::snprintf(name, sizeof name, "%s[%u]", program, o.worker_id);
   log_init(name, LogLevel::kInfo);
   if (int status = run_worker_test_hooks(o.worker_id); status >= 0) return status;
+  // Plug-ins, before the backend starts and the worker reports ready; ids follow the order of
+  // --plugin, which is the config's (the supervisor's rule too).
+  for (const auto& path : plugins) {
+    auto ops = load_plugin(path);
+    Result<void> added = ops ? add_plugin_ops(std::move(*ops)) : Result<void>(ops.error());
+    if (!added) {
+      GPUQ_LOG_ERROR("%s", added.error().message().c_str());
+      return 1;
+    }
+  }
   return run_worker(o, backend_for(o));
 }
 

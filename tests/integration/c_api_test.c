@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "gpuq/gpuq.h"
+#include "gpuq/plugin.h" /* compiled as C99 here too: the plug-in ABI header is plain C */
 
 static const int64_t kTimeoutNs = INT64_C(30000000000); /* 30 s: generous for loaded CI */
 

@@ -1,0 +1,297 @@
+#include "plugins.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string_view>
+#include <variant>
+
+#include "gpuq/common/clock.hpp"
+#include "gpuq/plugin.h"
+
+namespace gpuq::daemon {
+namespace {
+
+using json = nlohmann::json;
+
+Error plugin_error(const std::string& path, const std::string& why) {
+  return Error(ErrorCode::kInvalidArgument, "plug-in " + path + ": " + why);
+}
+
+struct Collector {
+  std::string path;
+  std::vector<PluginOp> ops;
+  std::string problem;
+};
+
+int collect_op(gpuq_plugin_registrar* r, const char* name, const char* summary,
+               gpuq_plugin_op_fn cpu_fn, gpuq_plugin_op_fn gpu_fn) {
+  auto* c = static_cast<Collector*>(r->internal);
+  const std::string n = name != nullptr ? name : "";
+  std::string why;
+  if (!valid_op_name(n)) {
+    why = "op name '" + n + "' is not 1-48 characters of [a-z0-9_]";
+  } else if (cpu_fn == nullptr && gpu_fn == nullptr) {
+    why = "op '" + n + "' has neither a cpu nor a gpu function";
+  } else {
+    for (const auto& op : c->ops) {
+      if (op.name == n) why = "op '" + n + "' is added twice";
+    }
+  }
+  if (!why.empty()) {
+    if (c->problem.empty()) c->problem = why;
+    return GPUQ_INVALID_ARGUMENT;
+  }
+  PluginOp op;
+  op.name = n;
+  op.summary = summary != nullptr ? summary : "";
+  op.library = c->path;
+  op.has_cpu = cpu_fn != nullptr;
+  op.has_gpu = gpu_fn != nullptr;
+  op.cpu_fn = reinterpret_cast<void*>(cpu_fn);
+  op.gpu_fn = reinterpret_cast<void*>(gpu_fn);
+  c->ops.push_back(std::move(op));
+  return 0;
+}
+
+struct JobState {
+  const OpContext* ctx;
+};
+
+const ParamValue* find_param(const gpuq_plugin_job* job, const char* key) {
+  if (key == nullptr) return nullptr;
+  return static_cast<const JobState*>(job->internal)->ctx->params.find(key);
+}
+
+gpuq_plugin_param_status get_int(const gpuq_plugin_job* job, const char* key, int64_t* out) {
+  const ParamValue* v = find_param(job, key);
+  if (v == nullptr) return GPUQ_PLUGIN_PARAM_NOT_FOUND;
+  const auto* i = std::get_if<int64_t>(v);
+  if (i == nullptr) return GPUQ_PLUGIN_PARAM_WRONG_TYPE;
+  if (out != nullptr) *out = *i;
+  return GPUQ_PLUGIN_PARAM_FOUND;
+}
+
+// An integer param is also a float (a client writing a=2 means 2.0).
+gpuq_plugin_param_status get_float(const gpuq_plugin_job* job, const char* key, double* out) {
+  const ParamValue* v = find_param(job, key);
+  if (v == nullptr) return GPUQ_PLUGIN_PARAM_NOT_FOUND;
+  if (const auto* d = std::get_if<double>(v)) {
+    if (out != nullptr) *out = *d;
+    return GPUQ_PLUGIN_PARAM_FOUND;
+  }
+  if (const auto* i = std::get_if<int64_t>(v)) {
+    if (out != nullptr) *out = static_cast<double>(*i);
+    return GPUQ_PLUGIN_PARAM_FOUND;
+  }
+  return GPUQ_PLUGIN_PARAM_WRONG_TYPE;
+}
+
+gpuq_plugin_param_status get_string(const gpuq_plugin_job* job, const char* key, const char** out) {
+  const ParamValue* v = find_param(job, key);
+  if (v == nullptr) return GPUQ_PLUGIN_PARAM_NOT_FOUND;
+  const auto* s = std::get_if<std::string>(v);
+  if (s == nullptr) return GPUQ_PLUGIN_PARAM_WRONG_TYPE;
+  if (out != nullptr) *out = s->c_str();
+  return GPUQ_PLUGIN_PARAM_FOUND;
+}
+
+}  // namespace
+
+Result<std::vector<PluginOp>> load_plugin(const std::string& path) {
+  dlerror();
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* e = dlerror();
+    return plugin_error(path, std::string("dlopen: ") + (e != nullptr ? e : "failed"));
+  }
+  void* sym = ::dlsym(handle, "gpuq_plugin_register");
+  if (sym == nullptr) {
+    return plugin_error(path, "does not export gpuq_plugin_register");
+  }
+  Collector c;
+  c.path = path;
+  gpuq_plugin_registrar r{GPUQ_PLUGIN_ABI_VERSION, collect_op, &c};
+  const int code = reinterpret_cast<gpuq_plugin_register_fn>(sym)(&r);
+  if (code != 0) {
+    return plugin_error(path, "gpuq_plugin_register returned " + std::to_string(code) +
+                                  (c.problem.empty() ? std::string() : " (" + c.problem + ")"));
+  }
+  if (!c.problem.empty()) return plugin_error(path, c.problem);
+  if (c.ops.empty()) return plugin_error(path, "gpuq_plugin_register added no op");
+  return std::move(c.ops);
+}
+
+int list_plugin_ops_main(const std::string& path) {
+  auto ops = load_plugin(path);
+  if (!ops) {
+    std::fprintf(stderr, "%s\n", ops.error().message().c_str());
+    return 1;
+  }
+  json out = json::array();
+  for (const auto& op : *ops) {
+    out.push_back({{"name", op.name},
+                   {"summary", op.summary},
+                   {"has_cpu", op.has_cpu},
+                   {"has_gpu", op.has_gpu}});
+  }
+  std::printf("%s\n", out.dump().c_str());
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+Result<std::vector<PluginOp>> list_plugin_ops_isolated(const std::string& worker_path,
+                                                       const std::string& plugin_path,
+                                                       uint32_t timeout_ms) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return plugin_error(plugin_path, "pipe2 failed");
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    return plugin_error(plugin_path, "pipe2 failed");
+  }
+  std::string a0 = worker_path, a1 = "--list-plugin-ops", a2 = plugin_path;
+  char* argv[] = {a0.data(), a1.data(), a2.data(), nullptr};
+  // The child sees no GPU, as a CPU worker: a plug-in whose register touched CUDA would find
+  // none rather than create a context (the environment is prepared before fork).
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).rfind("CUDA_VISIBLE_DEVICES=", 0) != 0) env.emplace_back(*e);
+  }
+  env.emplace_back("CUDA_VISIBLE_DEVICES=-1");
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    return plugin_error(plugin_path, std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::execve(argv[0], argv, envp.data());
+    static const char msg[] = "execve of the worker failed\n";
+    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  std::string answer, errors;
+  const uint64_t deadline = monotonic_ns() + uint64_t{timeout_ms} * 1'000'000;
+  bool timed_out = false;
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    const uint64_t now = monotonic_ns();
+    if (now >= deadline) {
+      timed_out = true;
+      break;
+    }
+    const int ready = ::poll(fds, 2, static_cast<int>((deadline - now) / 1'000'000) + 1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char chunk[4096];
+      const ssize_t n = ::read(fds[i].fd, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+        continue;
+      }
+      (i == 0 ? answer : errors).append(chunk, static_cast<size_t>(n));
+    }
+  }
+  for (const auto& f : fds) {
+    if (f.fd >= 0) ::close(f.fd);
+  }
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    return plugin_error(
+        plugin_path, "listing its ops did not finish within " + std::to_string(timeout_ms) + " ms");
+  }
+  while (!errors.empty() && (errors.back() == '\n' || errors.back() == '\r')) errors.pop_back();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (!errors.empty() && errors.rfind("plug-in ", 0) == 0) {
+      return Error(ErrorCode::kInvalidArgument, errors);
+    }
+    return plugin_error(
+        plugin_path,
+        "listing its ops failed (" +
+            (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                 : "exit status " + std::to_string(WEXITSTATUS(status))) +
+            ")" + (errors.empty() ? std::string() : ": " + errors));
+  }
+  std::vector<PluginOp> ops;
+  try {
+    for (const auto& j : json::parse(answer)) {
+      PluginOp op;
+      op.name = j.at("name").get<std::string>();
+      op.summary = j.at("summary").get<std::string>();
+      op.has_cpu = j.at("has_cpu").get<bool>();
+      op.has_gpu = j.at("has_gpu").get<bool>();
+      op.library = plugin_path;
+      ops.push_back(std::move(op));
+    }
+  } catch (const std::exception& e) {
+    return plugin_error(plugin_path, std::string("malformed op list: ") + e.what());
+  }
+  return ops;
+}
+
+Result<OpOutput> run_plugin_op(const OpInfo& op, void* fn, const OpContext& ctx, const void* input,
+                               void* output, const PluginDeviceHandles& device) {
+  JobState state{&ctx};
+  char message[256] = {0};
+  gpuq_plugin_job job{};
+  job.abi_version = GPUQ_PLUGIN_ABI_VERSION;
+  job.op_id = op.id;
+  job.input = input;
+  job.input_bytes = ctx.input_bytes;
+  job.output = output;
+  job.output_capacity = ctx.output_capacity;
+  job.get_int = get_int;
+  job.get_float = get_float;
+  job.get_string = get_string;
+  job.cuda_stream = device.stream;
+  job.cudnn_handle = device.cudnn;
+  job.cublas_handle = device.cublas;
+  // std::atomic<uint32_t> is lock-free and has uint32_t's layout (static_assert below).
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  job.cancel_requested = reinterpret_cast<const volatile uint32_t*>(&ctx.cancel_requested);
+  job.error_message = message;
+  job.error_message_capacity = sizeof message;
+  job.internal = &state;
+  const int code = reinterpret_cast<gpuq_plugin_op_fn>(fn)(&job);
+  message[sizeof message - 1] = '\0';
+  if (code != 0) {
+    const ErrorCode ec =
+        code > 0 && code <= kMaxErrorCode ? static_cast<ErrorCode>(code) : ErrorCode::kOpFailed;
+    return Error(ec,
+                 std::string(op.name) + ": " +
+                     (message[0] != '\0' ? message : "failed with code " + std::to_string(code)));
+  }
+  if (job.output_bytes > ctx.output_capacity) {
+    return Error(ErrorCode::kInvalidArgument, std::string(op.name) + ": the op reported " +
+                                                  std::to_string(job.output_bytes) +
+                                                  " output bytes, more than the output's " +
+                                                  std::to_string(ctx.output_capacity));
+  }
+  return OpOutput{job.output_bytes, job.value};
+}
+
+}  // namespace gpuq::daemon

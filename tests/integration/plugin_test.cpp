@@ -1,0 +1,210 @@
+// Integration: plug-in ops (gpuq/plugin.h) on a real gpuqd. The example plug-in's saxpy is in
+// the op table and runs on the cpu pool; a plug-in op with no cpu function fails UnknownOp there;
+// a bad plug-in path, a plug-in whose register fails and a name clash are clear start-up errors;
+// gpuqd itself never maps the plug-in or a CUDA library.
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "integration/integration_support.hpp"
+
+namespace gpuq::test {
+namespace {
+
+std::string plugins_config(const std::vector<std::string>& plugins) {
+  nlohmann::json c;
+  c["pools"] = nlohmann::json::array({{{"name", "cpu"}, {"workers", 1}}});
+  c["plugins"] = plugins;
+  return c.dump();
+}
+
+std::string read_proc_file(pid_t pid, const char* name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + name, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// gpuqd --check-config on `config_json`: its exit status and its stdout and stderr.
+CommandResult check_config(const std::string& config_json) {
+  char path[] = "/tmp/gpuq-plugin-config-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  {
+    std::ofstream out(path);
+    out << config_json;
+  }
+  CommandResult r = run_command(std::string("'") + gpuqd_path() + "' --check-config --config '" +
+                                path + "' 2>&1");
+  ::unlink(path);
+  return r;
+}
+
+TEST_CASE("the example plug-in's saxpy is in the op table and runs on the cpu pool") {
+  DaemonProcess daemon(plugins_config({GPUQ_TEST_EXAMPLE_PLUGIN, GPUQ_TEST_PLUGIN}));
+  Client client = connect_client(daemon);
+
+  const std::vector<std::string> ops = client.ops();
+  INFO("ops: " << nlohmann::json(ops).dump());
+  CHECK(std::find(ops.begin(), ops.end(), "saxpy") != ops.end());
+  CHECK(std::find(ops.begin(), ops.end(), "plugin_gpu_only") != ops.end());
+  CHECK(std::find(ops.begin(), ops.end(), "echo") != ops.end());
+
+  constexpr uint64_t kN = 1000;
+  Buffer in = allocate(client, 2 * kN * sizeof(float));
+  Buffer out = allocate(client, kN * sizeof(float) + 16);
+  auto* xy = reinterpret_cast<float*>(in.data());
+  for (uint64_t i = 0; i < kN; ++i) {
+    xy[i] = static_cast<float>(i) * 0.5f;       // x
+    xy[kN + i] = 3.0f - static_cast<float>(i);  // y
+  }
+  std::memset(out.data(), 0, kN * sizeof(float) + 16);
+  JobSpec spec = job_spec("saxpy", in, out);
+  spec.params.push_back(JobParam::real("a", 2.5));
+  Job job = submit_ok(client, spec);
+  const JobResult r = wait_done(job);
+  CHECK(r.output_size == kN * sizeof(float));
+  CHECK(r.value == kN);
+  const auto* y = reinterpret_cast<const float*>(out.data());
+  uint64_t wrong = 0;
+  for (uint64_t i = 0; i < kN; ++i) {
+    if (y[i] != 2.5f * xy[i] + xy[kN + i]) ++wrong;
+  }
+  CHECK(wrong == 0);
+
+  SUBCASE("an integer a is taken as a float") {
+    JobSpec s = job_spec("saxpy", in, out);
+    s.params.push_back(JobParam::integer("a", 2));
+    Job j = submit_ok(client, s);
+    wait_done(j);
+    CHECK(y[10] == 2.0f * xy[10] + xy[kN + 10]);
+  }
+
+  SUBCASE("a missing param fails with the op's own message") {
+    Job j = submit_ok(client, job_spec("saxpy", in, out));
+    const JobResult f = wait_result(j);
+    CHECK(f.status == JobStatus::kFailed);
+    CHECK(f.code == ErrorCode::kInvalidArgument);
+    CHECK(f.message.find("param a") != std::string::npos);
+  }
+
+  SUBCASE("an op with no cpu function fails UnknownOp on the cpu pool") {
+    Job j = submit_ok(client, job_spec("plugin_gpu_only"));
+    const JobResult f = wait_result(j);
+    INFO("message: " << f.message);
+    CHECK(f.status == JobStatus::kFailed);
+    CHECK(f.code == ErrorCode::kUnknownOp);
+    CHECK(f.message.find("no CPU implementation") != std::string::npos);
+    check_echo_works(client);  // the worker is fine
+  }
+
+  SUBCASE("gpuqd maps neither a plug-in nor a CUDA library; the worker maps the plug-in") {
+    const std::string maps = read_proc_file(daemon.pid(), "maps");
+    REQUIRE(maps.find("gpuqd") != std::string::npos);
+    CHECK(maps.find("gpuq_example_plugin") == std::string::npos);
+    CHECK(maps.find("gpuq_test_plugin") == std::string::npos);
+    for (const char* lib : {"libcuda", "libcudart", "libcublas", "libcudnn", "libnvidia"}) {
+      INFO("library " << lib);
+      CHECK(maps.find(lib) == std::string::npos);
+    }
+    const auto workers = daemon.worker_pids();
+    REQUIRE(workers.size() == 1);
+    CHECK(read_proc_file(workers[0], "maps").find("gpuq_example_plugin") != std::string::npos);
+  }
+  CHECK(daemon.terminate().ok());
+}
+
+TEST_CASE("--check-config lists the plug-in ops") {
+  const CommandResult r = check_config(plugins_config({GPUQ_TEST_EXAMPLE_PLUGIN}));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find(std::string("plug-in ") + GPUQ_TEST_EXAMPLE_PLUGIN + ": op saxpy") !=
+        std::string::npos);
+}
+
+TEST_CASE("bad plug-ins are clear start-up errors naming them") {
+  SUBCASE("a relative path") {
+    const CommandResult r = check_config(plugins_config({"libfoo.so"}));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("plugins[0]") != std::string::npos);
+    CHECK(r.output.find("absolute path") != std::string::npos);
+  }
+  SUBCASE("a missing file") {
+    const CommandResult r =
+        check_config(plugins_config({GPUQ_TEST_EXAMPLE_PLUGIN, "/nonexistent/libp.so"}));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("plugins[1]") != std::string::npos);
+    CHECK(r.output.find("/nonexistent/libp.so: No such file or directory") != std::string::npos);
+  }
+  SUBCASE("not a shared library") {
+    const CommandResult r = check_config(plugins_config({gpuqd_path()}));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(std::string("plug-in ") + gpuqd_path() + ": dlopen") != std::string::npos);
+  }
+  SUBCASE("gpuq_plugin_register returns an error") {
+    const CommandResult r = check_config(plugins_config({GPUQ_TEST_PLUGIN_BAD_REGISTER}));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(std::string("plug-in ") + GPUQ_TEST_PLUGIN_BAD_REGISTER +
+                        ": gpuq_plugin_register returned 16") != std::string::npos);
+  }
+  SUBCASE("an op name taken by a built-in op") {
+    const CommandResult r = check_config(plugins_config({GPUQ_TEST_PLUGIN_CLASH}));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(std::string("plug-in ") + GPUQ_TEST_PLUGIN_CLASH +
+                        ": op name 'echo' is already taken by a built-in op") != std::string::npos);
+  }
+  SUBCASE("the same op from two plug-ins") {
+    char copy[] = "/tmp/gpuq-plugin-copy-XXXXXX";
+    const int fd = ::mkstemp(copy);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    REQUIRE(run_command(std::string("cp '") + GPUQ_TEST_EXAMPLE_PLUGIN + "' '" + copy + "'")
+                .exit_code == 0);
+    const CommandResult r = check_config(plugins_config({GPUQ_TEST_EXAMPLE_PLUGIN, copy}));
+    ::unlink(copy);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(std::string("op name 'saxpy' is already taken by plug-in ") +
+                        GPUQ_TEST_EXAMPLE_PLUGIN) != std::string::npos);
+  }
+  SUBCASE("gpuqd itself does not start, and says why") {
+    char dir[] = "/tmp/gpuq-plugin-run-XXXXXX";
+    REQUIRE(::mkdtemp(dir) != nullptr);
+    const std::string base = dir;
+    {
+      std::ofstream out(base + "/config.json");
+      out << plugins_config({GPUQ_TEST_PLUGIN_BAD_REGISTER});
+    }
+    const CommandResult r = run_command(std::string("'") + gpuqd_path() + "' --config '" + base +
+                                        "/config.json' --runtime-dir '" + base + "/run' 2>&1");
+    run_command("rm -rf '" + base + "'");
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find("cannot start") != std::string::npos);
+    CHECK(r.output.find("gpuq_plugin_register returned 16") != std::string::npos);
+  }
+}
+
+TEST_CASE("a worker that cannot load a plug-in exits 1 before it reports ready, saying why") {
+  // gpuq-worker beside gpuqd, with the arguments gpuqd passes and a control descriptor (3); it
+  // loads its plug-ins before it touches the queue segment.
+  const std::string gpuqd = gpuqd_path();
+  const std::string worker = gpuqd.substr(0, gpuqd.rfind('/')) + "/gpuq-worker";
+  const CommandResult r = run_command(
+      "'" + worker +
+      "' --queue-segment /gpuq-none --worker-id 3 --pool-id 0 --supervisor-pid 1 --plugin '" +
+      GPUQ_TEST_PLUGIN_BAD_REGISTER + "' 3</dev/null 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find(std::string("plug-in ") + GPUQ_TEST_PLUGIN_BAD_REGISTER +
+                      ": gpuq_plugin_register returned 16") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpuq::test
