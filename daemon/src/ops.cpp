@@ -1,5 +1,7 @@
 #include "ops.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <time.h>
 
 #include <algorithm>
@@ -155,6 +157,14 @@ const OpInfo* find_op(uint32_t id) {
     if (op.id == id) return &op;
   }
   return nullptr;
+}
+
+std::string plugin_op_list() {
+  nlohmann::json list = nlohmann::json::array();
+  for (const OpInfo& op : op_registry()) {
+    if (op.id >= kFirstPluginOpId) list.push_back({op.id, op.name});
+  }
+  return list.dump();
 }
 
 }  // namespace gpuq::daemon

@@ -78,6 +78,11 @@ Result<void> add_plugin_ops(std::vector<PluginOp> ops);
 // Whether `name` is a well-formed op name: 1-48 characters of [a-z0-9_].
 bool valid_op_name(std::string_view name);
 
+// The plug-in ops of this process's registry as a JSON array of [id, name]: a worker sends
+// its list with WorkerReady, and the supervisor refuses a worker whose list differs from its
+// own (a plug-in file changed on disk since gpuqd started would renumber the ops).
+std::string plugin_op_list();
+
 // All registered ops, in id order: the built-ins, then any plug-in ops. Thread-safe once
 // add_plugin_ops has run (immutable).
 std::span<const OpInfo> op_registry();

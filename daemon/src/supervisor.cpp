@@ -656,10 +656,22 @@ void Supervisor::on_worker_control(uint32_t worker_id) {
       return;
     }
     if (m->type == MessageType::kWorkerReady) {
+      const json ready = json::parse(m->body, nullptr, false);
+      const json mine = json::parse(plugin_op_list());
+      if (!ready.is_object() || ready.value("plugin_ops", json::array()) != mine) {
+        // Its ids would not be the ones clients were given: it would run the wrong ops.
+        GPUQ_LOG_ERROR(
+            "worker %u (pid %d) loaded other plug-in ops (%s) than gpuqd learned at start (%s): "
+            "a plug-in file changed since? stopping it; restart gpuqd to load the new plug-ins",
+            w.id, w.pid,
+            ready.is_object() ? ready.value("plugin_ops", json::array()).dump().c_str() : "?",
+            mine.dump().c_str());
+        ::kill(w.pid, SIGKILL);  // reaped as a worker that died before it was ready
+        continue;
+      }
       w.state = WorkerState::kReady;
       w.start_failures = 0;
       w.ready_since_ns = monotonic_ns();
-      const json ready = json::parse(m->body, nullptr, false);
       w.backend_info.clear();
       if (ready.is_object() && ready.contains("backend") && ready["backend"].is_object() &&
           !ready["backend"].empty()) {

@@ -79,7 +79,9 @@ class Worker {
     }
     self_->pid.store(getpid(), std::memory_order_relaxed);
     self_->state.store(static_cast<uint32_t>(WorkerState::kReady), std::memory_order_release);
-    nlohmann::json ready{{"worker", options_.worker_id}, {"backend", backend_.describe()}};
+    nlohmann::json ready{{"worker", options_.worker_id},
+                         {"backend", backend_.describe()},
+                         {"plugin_ops", nlohmann::json::parse(plugin_op_list())}};
     if (auto r = send_message(options_.control_fd, MessageType::kWorkerReady, ready.dump()); !r) {
       GPUQ_LOG_ERROR("cannot report ready: %s", r.error().to_string().c_str());
       return 1;

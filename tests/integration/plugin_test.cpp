@@ -206,5 +206,44 @@ TEST_CASE("a worker that cannot load a plug-in exits 1 before it reports ready, 
                       ": gpuq_plugin_register returned 16") != std::string::npos);
 }
 
+// Workers load the plug-ins again each time one starts; a plug-in file replaced on disk since
+// gpuqd started would give the new worker other ops under the ids clients were given.
+TEST_CASE("a worker whose plug-in file changed since gpuqd started is refused, not served") {
+  char dir[] = "/tmp/gpuq-plugin-swap-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/plugin.so";
+  auto copy_to = [](const std::string& from, const std::string& to) {
+    const std::string tmp = to + ".new";
+    {
+      std::ifstream in(from, std::ios::binary);
+      std::ofstream out(tmp, std::ios::binary);
+      out << in.rdbuf();
+    }
+    REQUIRE(::rename(tmp.c_str(), to.c_str()) == 0);  // a new file, as an upgrade installs one
+  };
+  copy_to(GPUQ_TEST_EXAMPLE_PLUGIN, path);
+  nlohmann::json c = nlohmann::json::parse(plugins_config({path}));
+  c["restart_backoff_initial_ms"] = 1;
+  c["restart_backoff_max_ms"] = 8;
+  c["max_start_failures"] = 2;
+  DaemonProcess daemon(c.dump());
+  const pid_t first = daemon.status()["pools"][0]["workers"][0].value("pid", 0);
+  REQUIRE(first > 0);
+
+  copy_to(GPUQ_TEST_PLUGIN, path);  // other ops: saxpy's id would now name another op
+  REQUIRE(::kill(first, SIGKILL) == 0);
+  std::string state;
+  CHECK(wait_until(
+      [&] {
+        state = daemon.status()["pools"][0]["workers"][0].value("state", "");
+        return state == "failed";
+      },
+      20s));
+  INFO("worker state " << state << "\n" << daemon.log());
+  CHECK(daemon.log().find("loaded other plug-in ops") != std::string::npos);
+  ::unlink(path.c_str());
+  ::rmdir(dir);
+}
+
 }  // namespace
 }  // namespace gpuq::test
