@@ -44,8 +44,9 @@ constexpr const char* kUsage = R"(usage: gpuqctl [--runtime-dir DIR] COMMAND [AR
 
 Commands:
   status [--json]         show the daemon's pools and workers (--json: the status document)
-  ready                   readiness probe: exit 0 if the daemon accepts jobs and every pool has
-                          a live, ready worker; else print why and exit 1
+  ready                   readiness probe: exit 0 if the daemon accepts jobs and every available
+                          pool has a live, ready worker (an unavailable gpu pool, one with no
+                          GPU, does not count); else print why and exit 1
   submit OP [OPTIONS]     run one job (or --count N jobs) and report the result; OP is a
                           built-in op (echo, checksum...) or a tensor op (conv2d, activation,
                           softmax, pool2d, batchnorm, gemm: see "Tensor ops" below)
