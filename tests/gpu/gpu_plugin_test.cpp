@@ -4,11 +4,8 @@
 // kernel that writes far out of bounds: a sticky CUDA error) fails only its job, the worker is
 // replaced by a new process, and the next job on the pool succeeds.
 //
-// Exits 77 (ctest: skipped) when the CUDA runtime reports no device; a child process asks, so
-// this one (a client) never initialises CUDA.
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <cuda_runtime.h>
-#include <sys/wait.h>
+// Exits 77 (ctest: skipped) when the CUDA runtime reports no device (gpu_test_main.cpp: a
+// child process asks, so this one, a client, never initialises CUDA).
 #include <unistd.h>
 
 #include <cstdio>
@@ -118,29 +115,3 @@ TEST_CASE("a plug-in op's sticky CUDA error fails only its job; the worker is re
 
 }  // namespace
 }  // namespace gpuq::test
-
-// Whether the CUDA runtime sees a device, asked in a child process: this process is a gpuq
-// client, and a client never initialises CUDA.
-bool cuda_device_present() {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    int devices = 0;
-    const cudaError_t e = cudaGetDeviceCount(&devices);
-    if (e != cudaSuccess || devices == 0) {
-      std::printf("no CUDA device (%s): skipped\n",
-                  e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-      std::fflush(stdout);
-      ::_exit(77);
-    }
-    ::_exit(0);
-  }
-  int status = 0;
-  if (child < 0 || ::waitpid(child, &status, 0) != child) return false;
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
-int main(int argc, char** argv) {
-  if (!cuda_device_present()) return 77;
-  doctest::Context context(argc, argv);
-  return context.run();
-}

@@ -6,11 +6,9 @@
 // real sticky CUDA error) fails only its job, the worker is replaced by a new process, and the
 // other jobs succeed.
 //
-// Exits 77 (ctest: skipped) when the CUDA runtime reports no device; a child process asks, so
-// this one (a client) never initialises CUDA (gpuqd and the clients never touch it; the workers
-// do).
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <cuda_runtime.h>
+// Exits 77 (ctest: skipped) when the CUDA runtime reports no device (gpu_test_main.cpp: a
+// child process asks, so this one, a client, never initialises CUDA; gpuqd and the clients
+// never touch it, the workers do).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -544,29 +542,3 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace gpuq::test
-
-// Whether the CUDA runtime sees a device, asked in a child process: this process is a gpuq
-// client, and a client never initialises CUDA (nor forks gpuqd after doing so).
-bool cuda_device_present() {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    int devices = 0;
-    const cudaError_t e = cudaGetDeviceCount(&devices);
-    if (e != cudaSuccess || devices == 0) {
-      std::printf("no CUDA device (%s): skipped\n",
-                  e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-      std::fflush(stdout);
-      ::_exit(77);
-    }
-    ::_exit(0);
-  }
-  int status = 0;
-  if (child < 0 || ::waitpid(child, &status, 0) != child) return false;
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
-int main(int argc, char** argv) {
-  if (!cuda_device_present()) return 77;
-  doctest::Context context(argc, argv);
-  return context.run();
-}
