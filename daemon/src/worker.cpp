@@ -19,6 +19,7 @@
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/log.hpp"
+#include "gpuq/common/prefetch.hpp"
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/shm.hpp"
 #include "gpuq/common/shm_layout.hpp"
@@ -100,6 +101,8 @@ class Worker {
       uint32_t value;
       if (ring_.try_pop(&value)) {
         GPUQ_FAULT_POINT("worker.popped");
+        // The next job, if one is queued already: its lines travel while this one runs.
+        if (uint32_t next; ring_.peek(&next)) prefetch_job(next);
         handle(value);
         if (backend_.must_exit()) {
           GPUQ_LOG_ERROR("this worker cannot run another job: exiting to be replaced");
@@ -204,9 +207,11 @@ class Worker {
       return;  // an entry of a client that has gone, or a forged one
     }
     MappedClient& mc = *clients_[ref.client];
+    std::atomic<uint32_t>& queued = queue_.client(ref.client).queued[options_.pool_id];
+    prefetch_job(value);
     // A ring cell and a cell of the client's share are free: producers blocked on either may
     // go on (decrement first, so a woken producer sees the room).
-    release_queued(queue_.client(ref.client).queued[options_.pool_id]);
+    release_queued(queued);
     pool_->space.notify_all();
     if (ref.slot >= mc.view.slot_count()) return;
     JobSlot& slot = mc.view.slot(ref.slot);
@@ -280,6 +285,20 @@ class Worker {
     } else {
       self_->jobs_failed.fetch_add(1, std::memory_order_relaxed);
     }
+  }
+
+  // Starts fetching the lines a job's handling touches, all last written by its client (the
+  // share counter, the slot's state word and descriptor), so that their misses overlap each
+  // other and the current job instead of following one another. A hint: `value` may be stale
+  // or forged; nothing is read.
+  void prefetch_job(uint32_t value) const noexcept {
+    const JobRef ref = JobRef::unpack(value);
+    if (ref.client >= clients_.size() || !clients_[ref.client]) return;
+    const MappedClient& mc = *clients_[ref.client];
+    prefetch_for_write(&queue_.client(ref.client).queued[options_.pool_id]);
+    if (ref.slot >= mc.view.slot_count()) return;
+    prefetch_for_write(&mc.view.slot(ref.slot).state);
+    prefetch_for_read(&mc.view.slot(ref.slot).desc);
   }
 
   // A job of a client this worker has not mapped, whose index a live client holds: its

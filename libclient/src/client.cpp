@@ -21,6 +21,7 @@
 #include "gpuq/common/event_count.hpp"
 #include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/params.hpp"
+#include "gpuq/common/prefetch.hpp"
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/runtime_dir.hpp"
 #include "gpuq/common/shm.hpp"
@@ -306,6 +307,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     uint32_t s = free_slots_.front();
     free_slots_.pop_front();
+    // The next submit's slot: a worker read its lines when it last ran (they sit shared in its
+    // core's cache), so writing its descriptor would wait for that copy to be invalidated.
+    // Fetching them for writing now, one job ahead, takes that wait off the next submit.
+    if (!free_slots_.empty()) {
+      JobSlot& next = slot(free_slots_.front());
+      prefetch_for_write(&next.state);
+      prefetch_for_write(&next.desc);
+    }
     SlotWord w = SlotWord::unpack(slot(s).state.load(std::memory_order_acquire));
     return std::make_pair(s, w.generation);
   }
@@ -391,13 +400,20 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
             static_cast<uint32_t>(DaemonState::kStopped)) {
       return disconnected_error();
     }
-    const uint64_t wait_deadline = deadline_after_ns(timeout_ns);
 
     auto acquired = acquire_slot();
     if (!acquired) return acquired.error();
     const auto [s, generation] = *acquired;
     GPUQ_FAULT_POINT("client.submit.slot_acquired");
     JobSlot& js = slot(s);
+    ClientShm& cs = queue_.client(index_);
+    JobRing ring = queue_.ring(pool->id);
+    // Lines a worker wrote last (the slot's two, the share counter, the ring cell at the
+    // tail): fetch them together before the locked steps below wait for each in turn.
+    prefetch_for_write(&js.state);
+    prefetch_for_write(&js.desc);
+    prefetch_for_write(&cs.queued[pool->id]);
+    ring.prefetch_push();
     JobDescriptor& d = js.desc;
     d.op_id = op->second;
     d.pool_id = pool->id;
@@ -409,11 +425,13 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     d.output_offset = spec.output.offset;
     d.output_capacity = spec.output.size;
     d.submit_ns = monotonic_ns();
+    // The wait for ring room is timed from here (one clock read for both).
+    const uint64_t wait_deadline =
+        timeout_ns < 0 ? kNoDeadline : d.submit_ns + static_cast<uint64_t>(timeout_ns);
     d.deadline_ns = spec.expire_after.count() < 0
                         ? kNoDeadline
                         : d.submit_ns + static_cast<uint64_t>(spec.expire_after.count());
     if (params.size() > 0) std::memcpy(d.params, params.data(), params.size());
-    ClientShm& cs = queue_.client(index_);
     // `submitting` is up from before the slot turns SUBMITTED until its reference is in the
     // ring (or the slot is free again): the supervisor's drain handshake waits for it, and its
     // audit does not take a SUBMITTED job in no ring for one whose entry was lost meanwhile.
@@ -427,7 +445,6 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
     const uint32_t ref = JobRef{index_, s, generation}.pack();
     PoolShm& ps = queue_.pool(pool->id);
-    JobRing ring = queue_.ring(pool->id);
     Result<void> pushed = push(ps, cs, ring, *pool, ref, wait_deadline, blocking);
     if (!pushed) {
       free_slot(s, generation);

@@ -30,6 +30,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "gpuq/common/prefetch.hpp"
+
 namespace gpuq {
 
 // The shared-memory part of a ring: header followed by `capacity` cells. Plain data.
@@ -100,6 +102,25 @@ class JobRing {
   // Only a corrupted header (a client scribbling over shared memory) gets near it; the bound
   // turns that into a failed call instead of a thread spinning forever.
   static constexpr uint32_t kMaxAttempts = 1u << 20;
+
+  // Prefetches, for writing, the cell the next push will most likely CAS (a hint: see
+  // prefetch.hpp), so that its miss overlaps the producer's other work.
+  void prefetch_push() const noexcept {
+    prefetch_for_write(&cell(header_->tail.load(std::memory_order_relaxed)));
+  }
+
+  // The value at the head, if the cell there holds one, without taking it (a hint for
+  // prefetching: another consumer may take it first).
+  bool peek(uint32_t* value) const noexcept {
+    const uint64_t pos = header_->head.load(std::memory_order_relaxed);
+    const uint64_t c = cell(pos).load(std::memory_order_relaxed);
+    if (static_cast<uint32_t>(c >> 32) != static_cast<uint32_t>(pos) ||
+        static_cast<uint32_t>(c) == kEmptyValue) {
+      return false;
+    }
+    *value = static_cast<uint32_t>(c);
+    return true;
+  }
 
   // True if some value is present; cheaper than size() for wait conditions.
   bool has_values() const noexcept { return size() != 0; }

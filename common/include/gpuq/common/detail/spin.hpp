@@ -28,6 +28,12 @@ bool spin_until(Cond&& cond, uint64_t spin_ns) noexcept {
   // the spinner hands its core to whoever would make `cond` true (a worker, another client)
   // instead of burning the slice in front of it. sched_yield returns at once when nothing
   // else wants the core.
+  // The first round of pauses runs before the clock is read: most waits end within it, and a
+  // clock read (rdtscp) waits for every load before it, the missed line of cond() included.
+  for (int k = 0; k < 16; ++k) {
+    GPUQ_CPU_RELAX();
+    if (cond()) return true;
+  }
   const uint64_t start = monotonic_ns();
   for (;;) {
     for (int k = 0; k < 16; ++k) {
