@@ -761,10 +761,7 @@ bool Supervisor::retry_job(Connection& conn, uint32_t s, JobSlot& slot, uint64_t
                                           std::memory_order_acq_rel)) {
     return false;
   }
-  std::atomic<uint32_t>& held = queue_.client(conn.index).queued[pool];
-  held.fetch_add(1, std::memory_order_relaxed);  // the pop that takes it decrements it
   if (!queue_.ring(pool).try_push(JobRef{conn.index, s, sw.generation}.pack())) {
-    release_queued(held);
     // Put it back as it was, for the caller to fail.
     uint64_t expected = queued_again.pack();
     slot.state.compare_exchange_strong(expected, running_word, std::memory_order_acq_rel);
@@ -784,8 +781,6 @@ bool Supervisor::retry_job(Connection& conn, uint32_t s, JobSlot& slot, uint64_t
 void Supervisor::requeue_lost_jobs(uint32_t pool) {
   JobRing ring = queue_.ring(pool);
   for_each_job_in_no_ring(pool, [&](Connection& conn, uint32_t s, uint32_t ref) {
-    // `queued` is left alone: the dead worker may or may not have decremented it, and the
-    // saturating decrement of the next pop keeps it from wrapping either way.
     if (ring.try_push(ref)) {
       GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn.index, s);
       queue_.wake_worker(pool);
@@ -1114,7 +1109,6 @@ Result<void> Supervisor::register_client(Connection& conn, const std::string& bo
   index_in_use_[index] = true;
   ++registered_clients_;
   ClientShm& cs = queue_.client(index);
-  for (auto& q : cs.queued) q.store(0, std::memory_order_relaxed);
   for (auto& n : cs.submitted) n.store(0, std::memory_order_relaxed);
   cs.submitting.store(0, std::memory_order_relaxed);
   cs.pid.store(conn.pid, std::memory_order_relaxed);
@@ -1428,8 +1422,7 @@ std::string Supervisor::status_json() const {
               {"cells_held", cells_held(p)},
               {"ring_cells_retired", cells_retired_[p]},
               {"ring_positions_restored", hints_restored_[p]},
-              {"jobs_requeued", jobs_requeued_[p]},
-              {"share_counts_repaired", share_counts_repaired_[p]}};
+              {"jobs_requeued", jobs_requeued_[p]}};
     const PoolState& st = pool_state_[p];
     if (c.pools[p].kind == PoolKind::kGpu) {
       pool["gpus"] = json::array();
@@ -1482,13 +1475,14 @@ std::string Supervisor::status_json() const {
   return s.dump();
 }
 
-// Ring cells of pool `p` that live clients hold by their own count (`ClientShm::queued`): 0
-// when idle. A count that stays above the ring's depth means the accounting leaked.
+// Ring cells of pool `p` whose entries name a client index in use (a connected client, or
+// one that has gone and whose index is still retiring): 0 when idle.
 uint64_t Supervisor::cells_held(uint32_t p) const {
   uint64_t n = 0;
-  for (const auto& [id, conn] : connections_) {
-    if (conn->registered) n += queue_.client(conn->index).queued[p].load();
-  }
+  queue_.ring(p).for_each_value([&](uint32_t v) {
+    const uint32_t c = JobRef::unpack(v).client;
+    if (c < index_in_use_.size() && index_in_use_[c]) ++n;
+  });
   return n;
 }
 

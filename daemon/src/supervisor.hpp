@@ -116,7 +116,6 @@ class Supervisor {
   void audit(uint64_t now);
   void audit_ring(uint32_t pool);
   void audit_submitted(uint32_t pool, uint64_t now);
-  void audit_share_counts(uint32_t pool);
 
   // Drain and status.
   void update_timer();
@@ -193,14 +192,6 @@ class Supervisor {
   uint64_t cells_retired_[kMaxPools] = {};
   uint64_t hints_restored_[kMaxPools] = {};
   uint64_t jobs_requeued_[kMaxPools] = {};
-  // Clients' `queued` counts above what they can hold, as last seen: pool, session -> the
-  // count and the client's entries in the ring.
-  struct ShareCountSighting {
-    uint32_t held, entries;
-    bool operator==(const ShareCountSighting&) const = default;
-  };
-  std::map<std::pair<uint32_t, uint64_t>, ShareCountSighting> share_count_suspects_;
-  uint64_t share_counts_repaired_[kMaxPools] = {};
   uint64_t timer_period_ns_ = 0;  // 0: disarmed
   // Held open so that a connection can still be accepted, told why it is refused and closed
   // when the process is out of descriptors (EMFILE), instead of staying in the backlog.

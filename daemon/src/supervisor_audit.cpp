@@ -12,10 +12,6 @@
 //   - at each live client's SUBMITTED jobs: one in no ring for kLostAfterNs, while its client
 //     is not inside submit (`submitting` is up from before the slot turns SUBMITTED until its
 //     reference is in the ring), has lost its entry, and is pushed again;
-//   - at each live client's `queued` count of the ring cells it holds (its share): a count
-//     above what the client can hold, in two audits with the same value, is set to the
-//     client's entries in the ring. Every client can write every client's count, and one left
-//     at or above the share locks that client out of the pool.
 // A false "lost" (a job whose entry is in fact about to be pushed or popped) would only cost
 // a duplicate reference, which is harmless: one SUBMITTED -> RUNNING CAS wins, the other pop
 // finds the slot taken and drops it.
@@ -35,7 +31,6 @@ void Supervisor::audit(uint64_t now) {
   for (uint32_t p = 0; p < options_.config.pools.size(); ++p) {
     audit_ring(p);
     audit_submitted(p, now);
-    audit_share_counts(p);
   }
 }
 
@@ -79,7 +74,6 @@ void Supervisor::audit_submitted(uint32_t p, uint64_t now) {
       still_lost.emplace(key, since);
       return;
     }
-    // Its `queued` count still holds the lost entry; the pop of this one takes it back.
     ++pushed[conn.session];
     ++jobs_requeued_[p];
     queue_.wake_worker(p);
@@ -90,45 +84,6 @@ void Supervisor::audit_submitted(uint32_t p, uint64_t now) {
   // Keys of other pools stay; this pool's are replaced by what is still lost.
   std::erase_if(lost_since_, [p](const auto& e) { return std::get<0>(e.first) == p; });
   lost_since_.merge(still_lost);
-}
-
-void Supervisor::audit_share_counts(uint32_t p) {
-  // Entries per client in the ring now. A forged entry naming a client only raises its
-  // bound, which errs on the side of leaving the count alone.
-  std::map<uint32_t, uint32_t> in_ring;
-  queue_.ring(p).for_each_value([&](uint32_t v) { ++in_ring[JobRef::unpack(v).client]; });
-  std::map<std::pair<uint32_t, uint64_t>, ShareCountSighting> suspects;
-  for (auto& [id, conn] : connections_) {
-    if (!conn->registered) continue;
-    ClientShm& cs = queue_.client(conn->index);
-    uint32_t held = cs.queued[p].load(std::memory_order_seq_cst);
-    // In honest traffic the count exceeds the client's entries only by its pushes in flight
-    // (inside submit, with `submitting` up) and, for an instant, by a pop not yet released.
-    // The same excess in two audits 100 ms apart, with the same entries, is neither; setting
-    // the count to the entries can only err low, which lets the client a cell past its share
-    // until the next pop.
-    const uint32_t entries = in_ring[conn->index];
-    if (uint64_t{held} <= uint64_t{entries} + cs.submitting.load(std::memory_order_seq_cst)) {
-      continue;
-    }
-    const auto key = std::make_pair(p, conn->session);
-    const ShareCountSighting now{held, entries};
-    auto seen = share_count_suspects_.find(key);
-    if (seen == share_count_suspects_.end() || !(seen->second == now)) {
-      suspects.emplace(key, now);  // judged on the next audit
-      continue;
-    }
-    if (cs.queued[p].compare_exchange_strong(held, entries, std::memory_order_seq_cst)) {
-      ++share_counts_repaired_[p];
-      GPUQ_LOG_WARN(
-          "pool %s: client %u's count of the ring cells it holds read %u in two audits, "
-          "with %u entries in the ring (a client wrote over the queue segment?): set "
-          "it to %u",
-          options_.config.pools[p].name.c_str(), conn->index, held, entries, entries);
-    }
-  }
-  std::erase_if(share_count_suspects_, [p](const auto& e) { return e.first.first == p; });
-  share_count_suspects_.merge(suspects);
 }
 
 }  // namespace gpuq::daemon

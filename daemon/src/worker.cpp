@@ -207,11 +207,9 @@ class Worker {
       return;  // an entry of a client that has gone, or a forged one
     }
     MappedClient& mc = *clients_[ref.client];
-    std::atomic<uint32_t>& queued = queue_.client(ref.client).queued[options_.pool_id];
     prefetch_job(value);
-    // A ring cell and a cell of the client's share are free: producers blocked on either may
-    // go on (decrement first, so a woken producer sees the room).
-    release_queued(queued);
+    // A ring cell is free, and so is a cell of the client's share: producers blocked on either
+    // may go on.
     pool_->space.notify_all();
     if (ref.slot >= mc.view.slot_count()) return;
     JobSlot& slot = mc.view.slot(ref.slot);
@@ -287,15 +285,14 @@ class Worker {
     }
   }
 
-  // Starts fetching the lines a job's handling touches, all last written by its client (the
-  // share counter, the slot's state word and descriptor), so that their misses overlap each
-  // other and the current job instead of following one another. A hint: `value` may be stale
-  // or forged; nothing is read.
+  // Starts fetching the lines a job's handling touches, both last written by its client (the
+  // slot's state word and descriptor), so that their misses overlap each other and the
+  // current job instead of following one another. A hint: `value` may be stale or forged;
+  // nothing is read.
   void prefetch_job(uint32_t value) const noexcept {
     const JobRef ref = JobRef::unpack(value);
     if (ref.client >= clients_.size() || !clients_[ref.client]) return;
     const MappedClient& mc = *clients_[ref.client];
-    prefetch_for_write(&queue_.client(ref.client).queued[options_.pool_id]);
     if (ref.slot >= mc.view.slot_count()) return;
     prefetch_for_write(&mc.view.slot(ref.slot).state);
     prefetch_for_read(&mc.view.slot(ref.slot).desc);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -239,6 +240,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                    std::string("the daemon's handshake reply is malformed: ") + e.what());
     }
     for (uint32_t s = 0; s < slot_count_; ++s) free_slots_.push_back(s);
+    in_ring_ = std::make_unique<uint8_t[]>(slot_count_);
     free_blocks_.emplace(0, view_.arena_bytes());
     return {};
   }
@@ -295,8 +297,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
   JobSlot& slot(uint32_t s) const { return view_.slot(s); }
 
-  // Takes a free slot; reaps abandoned jobs that have finished meanwhile.
-  Result<std::pair<uint32_t, uint32_t>> acquire_slot() {
+  // Takes a free slot for a job for `pool`, which counts against this client's share from now
+  // on (see "This client's share of each ring" below); reaps abandoned jobs that have finished
+  // meanwhile.
+  Result<std::pair<uint32_t, uint32_t>> acquire_slot(uint32_t pool) {
     std::lock_guard lock(slot_mutex_);
     if (free_slots_.empty()) reap_abandoned_locked();
     if (free_slots_.empty()) {
@@ -307,6 +311,9 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     uint32_t s = free_slots_.front();
     free_slots_.pop_front();
+    in_ring_[s] = static_cast<uint8_t>(pool + 1);
+    counted_[pool].store(counted_[pool].load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);
     // The next submit's slot: a worker read its lines when it last ran (they sit shared in its
     // core's cache), so writing its descriptor would wait for that copy to be invalidated.
     // Fetching them for writing now, one job ahead, takes that wait off the next submit.
@@ -325,6 +332,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     js.cancel_requested.store(0, std::memory_order_relaxed);
     js.state.store(SlotWord{generation + 1, JobState::kFree, 0}.pack(), std::memory_order_release);
     std::lock_guard lock(slot_mutex_);
+    uncount_locked(s, false);
     free_slots_.push_back(s);  // FIFO: a slot is reused as late as possible
   }
 
@@ -338,11 +346,76 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       JobSlot& js = slot(a.first);
       SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
       if (!is_terminal(w.state)) return false;
+      uncount_locked(a.first, false);
       js.cancel_requested.store(0, std::memory_order_relaxed);
       js.state.store(SlotWord{a.second + 1, JobState::kFree, 0}.pack(), std::memory_order_release);
       free_slots_.push_back(a.first);
       return true;
     });
+  }
+
+  // ---- This client's share of each ring (docs/design/ring.md, "Shares") ----
+  //
+  // The ring cells this client holds are counted here, in the client, not in shared memory,
+  // and under slot_mutex_, which taking and freeing a slot lock anyway: so the count costs a
+  // job no atomic instruction and no cache line another core writes. A job counts from when
+  // its slot is taken until its slot is freed, or until a recount finds it has left the ring;
+  // a job the client ended itself while queued (cancel, expiry, a dropped Job) leaves its
+  // entry behind, counted as stale. The count errs high (a job a worker has taken still
+  // counts); when it passes the share, recount() makes it exact from the slots' states and
+  // this client's entries in the ring. The share is cooperative, as a count in shared memory
+  // was too: any process that maps the queue segment can push.
+
+  // Under slot_mutex_: slot `s`'s job no longer counts; `stale`: its entry stays in the ring.
+  void uncount_locked(uint32_t s, bool stale) {
+    if (const uint8_t p = in_ring_[s]; p != 0) {
+      in_ring_[s] = 0;
+      counted_[p - 1].store(counted_[p - 1].load(std::memory_order_relaxed) - 1,
+                            std::memory_order_relaxed);
+      if (stale) {
+        stale_[p - 1].store(stale_[p - 1].load(std::memory_order_relaxed) + 1,
+                            std::memory_order_relaxed);
+      }
+    }
+  }
+  // This client ended slot `s`'s job while it was queued: its entry stays in the ring until a
+  // worker pops and drops it.
+  void count_stale(uint32_t s) {
+    std::lock_guard lock(slot_mutex_);
+    uncount_locked(s, true);
+  }
+  // Ring cells of `pool` this client may hold (at least as many as it does). Lock-free.
+  uint32_t held(uint32_t pool) const {
+    return counted_[pool].load(std::memory_order_relaxed) +
+           stale_[pool].load(std::memory_order_relaxed);
+  }
+  // Makes held(pool) exact, or as good as concurrent submits allow: a counted job whose slot
+  // has left SUBMITTED no longer counts, and each of this client's entries in the ring that is
+  // not a counted job's (a job it ended while queued, or an entry someone forged) is stale.
+  // Reads lines a worker wrote: only when held() passes the share.
+  uint32_t recount(uint32_t pool) {
+    std::lock_guard lock(slot_mutex_);
+    auto submitted = [&](uint32_t s, uint32_t generation_bits) {
+      const SlotWord w = SlotWord::unpack(slot(s).state.load(std::memory_order_acquire));
+      return w.state == JobState::kSubmitted &&
+             (w.generation & JobRef::kGenerationMask) == generation_bits;
+    };
+    for (uint32_t s = 0; s < slot_count_; ++s) {
+      if (in_ring_[s] != pool + 1) continue;
+      const SlotWord w = SlotWord::unpack(slot(s).state.load(std::memory_order_acquire));
+      // A slot taken but not yet SUBMITTED is about to be pushed: it keeps counting.
+      if (is_terminal(w.state) || w.state == JobState::kRunning) uncount_locked(s, false);
+    }
+    uint32_t stale = 0;
+    queue_.ring(pool).for_each_value([&](uint32_t v) {
+      const JobRef ref = JobRef::unpack(v);
+      if (ref.client != index_) return;
+      const bool counted = ref.slot < slot_count_ && in_ring_[ref.slot] == pool + 1 &&
+                           submitted(ref.slot, ref.generation);
+      if (!counted) ++stale;
+    });
+    stale_[pool].store(stale, std::memory_order_relaxed);
+    return held(pool);
   }
 
   // ---- Submit ----
@@ -401,18 +474,17 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       return disconnected_error();
     }
 
-    auto acquired = acquire_slot();
+    auto acquired = acquire_slot(pool->id);
     if (!acquired) return acquired.error();
     const auto [s, generation] = *acquired;
     GPUQ_FAULT_POINT("client.submit.slot_acquired");
     JobSlot& js = slot(s);
     ClientShm& cs = queue_.client(index_);
     JobRing ring = queue_.ring(pool->id);
-    // Lines a worker wrote last (the slot's two, the share counter, the ring cell at the
-    // tail): fetch them together before the locked steps below wait for each in turn.
+    // Lines a worker wrote last (the slot's two, the ring cell at the tail): fetch them
+    // together before the locked steps below wait for each in turn.
     prefetch_for_write(&js.state);
     prefetch_for_write(&js.desc);
-    prefetch_for_write(&cs.queued[pool->id]);
     ring.prefetch_push();
     JobDescriptor& d = js.desc;
     d.op_id = op->second;
@@ -445,7 +517,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
     const uint32_t ref = JobRef{index_, s, generation}.pack();
     PoolShm& ps = queue_.pool(pool->id);
-    Result<void> pushed = push(ps, cs, ring, *pool, ref, wait_deadline, blocking);
+    Result<void> pushed = push(ps, ring, *pool, ref, wait_deadline, blocking);
     if (!pushed) {
       free_slot(s, generation);
       return pushed.error();
@@ -459,22 +531,16 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   }
 
   // Pushes `ref` into the pool's ring within this client's share, waiting for room if
-  // `blocking`. The caller has raised `submitting` (see Supervisor::check_drain).
-  Result<void> push(PoolShm& ps, ClientShm& cs, JobRing& ring, const Pool& pool, uint32_t ref,
-                    uint64_t deadline, bool blocking) {
-    std::atomic<uint32_t>& queued = cs.queued[pool.id];
+  // `blocking`. The caller has raised `submitting` (see Supervisor::check_drain); its job
+  // counts against the share already, so the share has room while held() is at most the share.
+  Result<void> push(PoolShm& ps, JobRing& ring, const Pool& pool, uint32_t ref, uint64_t deadline,
+                    bool blocking) {
+    const uint32_t share = pool.info.client_share;
+    auto share_has_room = [&] { return held(pool.id) <= share || recount(pool.id) <= share; };
     auto try_once = [&]() -> int {  // 1 pushed, 0 no room, -1 not accepting
       if (ps.accepting.load(std::memory_order_seq_cst) == 0) return -1;
-      // Taken back with release_queued(), never a plain decrement: a worker's pop may have
-      // just taken this very count (the counter drifts low after a forged reference), and a
-      // decrement below zero would wrap it and lock this client out.
-      if (queued.fetch_add(1, std::memory_order_relaxed) >= pool.info.client_share) {
-        release_queued(queued);
-        return 0;
-      }
-      if (ring.try_push(ref)) return 1;
-      release_queued(queued);
-      return 0;
+      if (!share_has_room()) return 0;
+      return ring.try_push(ref) ? 1 : 0;
     };
     for (;;) {
       int r = try_once();
@@ -484,7 +550,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
             ErrorCode::kShuttingDown,
             "the daemon is draining and accepts no new jobs on pool '" + pool.info.name + "'");
       }
-      if (!blocking) return queue_full_error(pool, ring, queued.load());
+      if (!blocking) return queue_full_error(pool, ring);
       const uint64_t now = monotonic_ns();
       if (now >= deadline) {
         return Error(ErrorCode::kTimeout,
@@ -493,7 +559,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       if (!daemon_alive()) return disconnected_error();
       auto has_room = [&] {
         return ps.accepting.load(std::memory_order_seq_cst) == 0 ||
-               (ring.size() < ring.capacity() && queued.load() < pool.info.client_share);
+               (ring.size() < ring.capacity() && share_has_room());
       };
       // Room comes back as soon as a worker pops: spin first, as wait() does, so that a
       // client with more jobs in flight than its share does not pay a futex sleep and wakeup
@@ -508,10 +574,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
   }
 
-  Error queue_full_error(const Pool& pool, const JobRing& ring, uint32_t held) const {
-    if (held >= pool.info.client_share) {
+  Error queue_full_error(const Pool& pool, const JobRing& ring) {
+    // held() counts the job being submitted too.
+    if (const uint32_t h = held(pool.id); h > pool.info.client_share) {
       return Error(ErrorCode::kQueueFull, "this client already holds its share of pool '" +
-                                              pool.info.name + "' (" + std::to_string(held) +
+                                              pool.info.name + "' (" + std::to_string(h - 1) +
                                               " of " + std::to_string(ring.capacity()) +
                                               " ring cells)");
     }
@@ -626,6 +693,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       if (seen != nullptr) *seen = word;
       return false;
     }
+    count_stale(static_cast<uint32_t>(&js - &slot(0)));  // its reference stays in the ring
     // Written after the CAS: the readers of this outcome are this client's own wait() and
     // poll(), which see the terminal state first (job_states.md, "Cancel against start").
     JobOutcome out{};
@@ -671,6 +739,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     if (w.state == JobState::kSubmitted) {
       const uint64_t cancelled = SlotWord{generation, JobState::kCancelled, 0}.pack();
       if (js.state.compare_exchange_strong(word, cancelled, std::memory_order_acq_rel)) {
+        count_stale(s);  // its entry stays in the ring until a worker drops it
         free_slot(s, generation);
         return;
       }
@@ -709,6 +778,12 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   ConnectOptions options_;  // as given to connect(), for Client::reconnect
 
   std::mutex slot_mutex_;  // process-local; never in shared memory
+  // The share count ("This client's share of each ring" above), written under slot_mutex_, read by
+  // held() without it: per slot, the pool + 1 while its job counts, else 0; per pool, the jobs
+  // counted and this client's entries left behind by jobs it ended while queued.
+  std::unique_ptr<uint8_t[]> in_ring_;
+  std::atomic<uint32_t> counted_[kMaxPools] = {};
+  std::atomic<uint32_t> stale_[kMaxPools] = {};
   std::deque<uint32_t> free_slots_;
   std::vector<std::pair<uint32_t, uint32_t>> abandoned_;
 

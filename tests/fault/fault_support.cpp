@@ -570,10 +570,15 @@ std::string Bystanders::diagnose() const {
       s << ";";
     }
     if (unfinished == 0) s << " nothing queued or running;";
-    // The ring cells the client holds by its own count, per pool (its share's accounting).
+    // Its entries in each pool's ring (what its share counts).
     const ClientShm& cs = queue.view.client(index);
-    s << " submitting " << cs.submitting.load() << ", ring cells held:";
-    for (uint32_t p = 0; p < queue.view.header().pool_count; ++p) s << " " << cs.queued[p].load();
+    s << " submitting " << cs.submitting.load() << ", entries in the rings:";
+    for (uint32_t p = 0; p < queue.view.header().pool_count; ++p) {
+      uint32_t mine = 0;
+      queue.view.ring(p).for_each_value(
+          [&](uint32_t v) { mine += JobRef::unpack(v).client == index; });
+      s << " " << mine;
+    }
     s << "; ";
   }
   return s.str();

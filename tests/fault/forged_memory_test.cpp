@@ -44,13 +44,13 @@ enum Action : int {
   kRingCellWord,   // ring mode only
   kRingCellValue,  // ring mode only
   kRingHint,       // ring mode only: the head or tail position
-  kShareCount,     // ring mode only: another client's count of the ring cells it holds
+  kBystanderRefs,  // ring mode only: entries naming another client, which count in its share
   kActions
 };
 constexpr const char* kActionNames[] = {
-    "forged jobs",       "state words", "whole slots",        "headers",
-    "rewritten submits", "random refs", "ring cells (words)", "ring cells (values)",
-    "ring head/tail",    "share counts"};
+    "forged jobs",       "state words",   "whole slots",        "headers",
+    "rewritten submits", "random refs",   "ring cells (words)", "ring cells (values)",
+    "ring head/tail",    "bystander refs"};
 
 struct ScribblerState {
   std::atomic<uint32_t> phase;  // 0 starting, 1 ready, 2 scribbling, 3 stopped, 9 failed
@@ -224,13 +224,17 @@ int scribbler_main(ScribblerState& st, const std::string& dir, uint64_t seed, bo
         }
         break;
       }
-      case kShareCount: {
-        // A bystander's count, set at or far above the share (which would lock it out of the
-        // pool) or wrapped below zero.
+      case kBystanderRefs: {
+        // Entries naming a bystander (its index, any slot and generation): its client counts
+        // them against its share when it recounts, until a worker pops and drops them.
         const uint32_t victim = (header.client_index + 1 + rng.between(0, 1)) % 3;
-        const uint32_t values[] = {queue.view.pool(0).client_share, UINT32_MAX,
-                                   static_cast<uint32_t>(rng.next())};
-        queue.view.client(victim).queued[0].store(values[rng.between(0, 2)]);
+        const uint32_t n = rng.between(1, queue.view.pool(0).client_share);
+        for (uint32_t i = 0; i < n; ++i) {
+          const JobRef forged{victim, static_cast<uint32_t>(rng.between(0, kMaxSlotsPerClient - 1)),
+                              static_cast<uint32_t>(rng.between(0, JobRef::kGenerationMask))};
+          if (!ring.try_push(forged.pack())) break;
+        }
+        queue.view.wake_worker(0);
         break;
       }
       case kRingCellValue: {
@@ -349,13 +353,11 @@ void run_scribbler(bool ring_cells) {
   const json& pool = during.at("pools").at(0);
   std::printf(
       "forged jobs refused by the workers (jobs_failed): %llu; the audit moved the ring's "
-      "head/tail back %llu times, retired %llu ring cells, pushed %llu jobs again and set "
-      "%llu clients' share counts back\n",
+      "head/tail back %llu times, retired %llu ring cells and pushed %llu jobs again\n",
       static_cast<unsigned long long>(failed_jobs),
       static_cast<unsigned long long>(pool.at("ring_positions_restored").get<uint64_t>()),
       static_cast<unsigned long long>(pool.at("ring_cells_retired").get<uint64_t>()),
-      static_cast<unsigned long long>(pool.at("jobs_requeued").get<uint64_t>()),
-      static_cast<unsigned long long>(pool.at("share_counts_repaired").get<uint64_t>()));
+      static_cast<unsigned long long>(pool.at("jobs_requeued").get<uint64_t>()));
 
   // The scribbler goes; the daemon returns to its idle values and serves a new client.
   ::kill(scribbler, SIGKILL);

@@ -216,7 +216,6 @@ TEST_CASE("100,000 echo jobs from 4 client processes come back byte for byte") {
   CHECK(status["pools"][0]["ring_cells_retired"] == 0);
   CHECK(status["pools"][0]["ring_positions_restored"] == 0);
   CHECK(status["pools"][0]["jobs_requeued"] == 0);
-  CHECK(status["pools"][0]["share_counts_repaired"] == 0);
 }
 
 }  // namespace

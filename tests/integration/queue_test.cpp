@@ -118,6 +118,50 @@ TEST_CASE("one client's share of a ring leaves room for another client") {
   check_echo_works(second);
 }
 
+// The share is counted by the client library (docs/design/ring.md, "Shares"): a job counts
+// until the client sees a worker took it, so a client that never looks at its finished jobs
+// must recount rather than be refused; and the entry of a job it cancelled while queued holds
+// a ring cell until a worker pops and drops it.
+TEST_CASE("a client's share counts its entries in the ring, not the jobs it has not looked at") {
+  DaemonProcess daemon(small_ring_config(4, 0.5));
+  Client client = connect_client(daemon);
+  REQUIRE(client.pools()[0].client_share == 2);
+
+  // 40 jobs, none waited on while submitting: each submit past the second finds the count at
+  // the share and recounts; the worker has taken the earlier jobs by then, or soon does.
+  std::vector<Job> unseen;
+  for (int i = 0; i < 40; ++i) {
+    auto job = client.submit(noop_spec(), 10s);
+    REQUIRE_MESSAGE(job.ok(), "job " << i << ": " << error_text(job));
+    unseen.push_back(std::move(job).value());
+  }
+  for (auto& job : unseen) wait_done(job);
+
+  // Cancelled while queued: the two entries stay in the ring behind the busy worker and still
+  // count against the share.
+  Job running = submit_ok(client, sleep_spec(kOccupyUs));
+  wait_running(running);
+  std::vector<Job> cancelled;
+  for (int i = 0; i < 2; ++i) cancelled.push_back(submit_ok(client, noop_spec()));
+  for (auto& job : cancelled) {
+    REQUIRE(job.cancel().ok());
+    auto r = job.wait(5s);
+    REQUIRE_MESSAGE(r.ok(), error_text(r));
+    CHECK(r->status == JobStatus::kCancelled);
+  }
+  CHECK(daemon.status()["pools"][0]["queue_depth"] == 2);
+  auto over = client.try_submit(noop_spec());
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.error().code() == ErrorCode::kQueueFull);
+  CHECK(over.error().message().find("share") != std::string::npos);
+  // Once the worker is free it pops and drops them, and the client has room again.
+  wait_done(running);
+  auto after = client.submit(noop_spec(), 10s);
+  REQUIRE_MESSAGE(after.ok(), error_text(after));
+  wait_done(*after);
+  check_echo_works(client);
+}
+
 TEST_CASE("a blocking submit on a full ring times out with Timeout") {
   DaemonProcess daemon(small_ring_config(2, 1.0));
   Client client = connect_client(daemon);

@@ -29,7 +29,7 @@ namespace gpuq {
 
 inline constexpr uint64_t kQueueMagic = 0x314D485355515047ull;   // "GPQUSHM1"
 inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
-inline constexpr uint32_t kLayoutVersion = 4;  // 4: ClientShm::submitting on its own line
+inline constexpr uint32_t kLayoutVersion = 5;                    // 5: no share counts in ClientShm
 
 inline constexpr uint32_t kMaxPools = 8;
 inline constexpr uint32_t kMaxWorkers = 1024;
@@ -252,29 +252,18 @@ struct alignas(64) WorkerShm {
   std::atomic<uint64_t> jobs_failed;
 };
 
-// Cache-line plan: every job costs the client an RMW of `queued` and a worker its decrement,
-// so that line travels between their cores once each way per job; `submitting` and
-// `submitted`, which only the client writes on its hot path, live on a line of their own and
-// stay in its cache (sharing the `queued` line doubled the transfers: measured as most of
-// submit's time when the two vCPUs sit far apart).
+// A client's share of each ring (the cells it may hold) is counted by the client itself, not
+// here: a count in shared memory cost a cross-core transfer each way per job (the client's
+// increment, the worker's decrement), and any client could overwrite another's
+// (docs/design/ring.md, "Shares"). `submitting` and `submitted`, which only the client writes
+// on its hot path, live on a line of their own and stay in its cache.
 struct alignas(64) ClientShm {
   std::atomic<uint64_t> session;  // nonzero while a client holds this index
   std::atomic<int32_t> pid;
-  std::atomic<uint32_t> queued[kMaxPools];       // ring cells this client holds in each pool
   alignas(64) std::atomic<uint32_t> submitting;  // >0 while the client is inside submit
   std::atomic<uint64_t> submitted[kMaxPools];    // jobs pushed to each pool (status counter)
 };
 static_assert(offsetof(ClientShm, submitting) == 64);
-
-// Gives back one ring cell of a client's share (ClientShm::queued). Saturating: the counter
-// can drift low (a forged reference to the client popped, a job pushed twice by the repair),
-// and a plain decrement racing with such a slip would wrap it and lock the client out of the
-// pool for good. A count that drifted low only lets the client go a little past its share.
-inline void release_queued(std::atomic<uint32_t>& queued) noexcept {
-  uint32_t q = queued.load(std::memory_order_relaxed);
-  while (q > 0 && !queued.compare_exchange_weak(q, q - 1, std::memory_order_relaxed)) {
-  }
-}
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
