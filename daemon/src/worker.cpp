@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "client_messages.hpp"
@@ -208,9 +209,17 @@ class Worker {
     }
     MappedClient& mc = *clients_[ref.client];
     prefetch_job(value);
-    // A ring cell is free, and so is a cell of the client's share: producers blocked on either
-    // may go on.
-    pool_->space.notify_all();
+    // The popped cell is free, and a cell of the client's share is too once its job has left
+    // SUBMITTED (the client's recount goes by the slot's state): producers blocked on either
+    // are told right after the claim below, or when this entry is dropped (at any return).
+    struct SpaceFreed {
+      PoolShm& pool;
+      bool told = false;
+      void tell() {
+        if (!std::exchange(told, true)) pool.space.notify_all();
+      }
+      ~SpaceFreed() { tell(); }
+    } space_freed{*pool_};
     if (ref.slot >= mc.view.slot_count()) return;
     JobSlot& slot = mc.view.slot(ref.slot);
 
@@ -228,6 +237,7 @@ class Worker {
                                             std::memory_order_acquire)) {
       return;  // the client cancelled it first
     }
+    space_freed.tell();
     GPUQ_FAULT_POINT("worker.claimed");
     self_->busy.store(1, std::memory_order_relaxed);
     // One copy, validated once (no re-reads): the fixed fields, then only the params in use.
@@ -279,7 +289,9 @@ class Worker {
     if (slot.done.notify_all()) sched_yield();
     self_->busy.store(0, std::memory_order_relaxed);
     if (final_state == JobState::kDone) {
-      self_->jobs_done.fetch_add(1, std::memory_order_relaxed);
+      // Only this worker writes it while it lives: no locked instruction needed.
+      self_->jobs_done.store(self_->jobs_done.load(std::memory_order_relaxed) + 1,
+                             std::memory_order_relaxed);
     } else {
       self_->jobs_failed.fetch_add(1, std::memory_order_relaxed);
     }

@@ -647,7 +647,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     r.code = static_cast<ErrorCode>(code);
     if (r.status == JobStatus::kFailed && r.code == ErrorCode::kOk) r.code = ErrorCode::kInternal;
     message[sizeof message - 1] = '\0';
-    r.message = message;
+    if (message[0] != '\0') r.message = message;
     r.output_size = out.output_bytes;
     r.value = out.value;
     r.worker_id = out.worker_id;
