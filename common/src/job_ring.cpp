@@ -15,10 +15,9 @@ JobRing JobRing::create(void* memory, uint32_t capacity) noexcept {
   h->head.store(0, std::memory_order_relaxed);
   h->capacity = capacity;
   h->reserved = 0;
-  auto* cells =
-      reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(memory) + sizeof(RingHeader));
+  auto* cells = reinterpret_cast<RingCell*>(static_cast<char*>(memory) + sizeof(RingHeader));
   for (uint32_t i = 0; i < capacity; ++i) {
-    new (&cells[i]) std::atomic<uint64_t>(make_cell(i, kEmptyValue));
+    new (&cells[i].word) std::atomic<uint64_t>(make_cell(i, kEmptyValue));
   }
   std::atomic_thread_fence(std::memory_order_release);
   return JobRing(memory);
@@ -115,7 +114,7 @@ void JobRing::find_suspects(std::vector<Suspect>* out) const {
   for (uint32_t i = 0; i < capacity_; ++i) {
     // The position in [head, head + capacity) that cell i stands for.
     const uint64_t pos = head + (i + capacity_ - head % capacity_) % capacity_;
-    const uint64_t cur = cells_[i].load(std::memory_order_acquire);
+    const uint64_t cur = cells_[i].word.load(std::memory_order_acquire);
     const int32_t d = tag_distance(cur, pos);
     if (d < 0 || d > laps) out->push_back(Suspect{i, pos, cur});
   }
@@ -132,7 +131,7 @@ void JobRing::find_suspects(std::vector<Suspect>* out) const {
 bool JobRing::retire(const Suspect& suspect) noexcept {
   if (suspect.index >= capacity_ || suspect.position % capacity_ != suspect.index) return false;
   uint64_t expected = suspect.word;
-  return cells_[suspect.index].compare_exchange_strong(
+  return cells_[suspect.index].word.compare_exchange_strong(
       expected, make_cell(suspect.position + capacity_, kEmptyValue), std::memory_order_acq_rel,
       std::memory_order_acquire);
 }

@@ -589,14 +589,14 @@ std::string describe_ring(const std::string& runtime_dir, uint32_t pool) {
   if (auto problem = map_queue_segment(runtime_dir, &q); !problem.empty()) return problem;
   JobRing ring = q.view.ring(pool);
   auto* header = reinterpret_cast<RingHeader*>(q.view.base() + q.view.pool(pool).ring_offset);
-  auto* cells = reinterpret_cast<std::atomic<uint64_t>*>(header + 1);
+  auto* cells = reinterpret_cast<RingCell*>(header + 1);
   const uint32_t cap = ring.capacity();
   std::ostringstream s;
   const uint64_t head = header->head.load(), tail = header->tail.load();
   s << "ring of pool " << pool << ": capacity " << cap << ", head " << head << ", tail " << tail
     << "; cells from the head:";
   for (uint64_t p = head; p < head + cap; ++p) {
-    const uint64_t c = cells[p % cap].load();
+    const uint64_t c = cells[p % cap].word.load();
     s << " [" << p % cap << "] tag " << static_cast<uint32_t>(c >> 32) << " (expect "
       << static_cast<uint32_t>(p) << ") ";
     if (static_cast<uint32_t>(c) == JobRing::kEmptyValue) {

@@ -37,8 +37,7 @@ class RingMemory {
 struct RawRing {
   explicit RawRing(void* memory)
       : header(static_cast<RingHeader*>(memory)),
-        cells(reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(memory) +
-                                                       sizeof(RingHeader))) {}
+        cells{reinterpret_cast<RingCell*>(static_cast<char*>(memory) + sizeof(RingHeader))} {}
 
   static constexpr uint64_t word(uint64_t pos, uint32_t value) { return (pos << 32) | value; }
   static constexpr uint32_t tag_of(uint64_t cell) { return static_cast<uint32_t>(cell >> 32); }
@@ -74,8 +73,14 @@ struct RawRing {
     return value_of(old);
   }
 
+  // The cells by index: cells[i] is cell i's word (each cell has a cache line of its own).
+  struct Cells {
+    RingCell* base;
+    std::atomic<uint64_t>& operator[](size_t i) const { return base[i].word; }
+  };
+
   RingHeader* header;
-  std::atomic<uint64_t>* cells;
+  Cells cells;
 };
 
 // The state of a quiescent ring (no thread inside try_push/try_pop, e.g. after every other

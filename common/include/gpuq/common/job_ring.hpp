@@ -34,6 +34,15 @@
 
 namespace gpuq {
 
+// One cell of a ring: a 64-bit word alone on its cache line. Producers and consumers CAS
+// neighbouring cells at once (several clients push, several workers pop); cells packed eight
+// to a line made each of those CASes fetch the line from whichever core touched a neighbour
+// last (docs/design/ring.md, "Cache lines").
+struct alignas(64) RingCell {
+  std::atomic<uint64_t> word;
+};
+static_assert(sizeof(RingCell) == 64);
+
 // The shared-memory part of a ring: header followed by `capacity` cells. Plain data.
 struct alignas(64) RingHeader {
   alignas(64) std::atomic<uint64_t> tail;  // next position to push (a hint; may lag)
@@ -54,8 +63,7 @@ class JobRing {
 
   // Bytes needed for a ring of `capacity` cells (header included), a multiple of 64.
   static constexpr size_t bytes_for(uint32_t capacity) noexcept {
-    size_t b = sizeof(RingHeader) + size_t{capacity} * sizeof(uint64_t);
-    return (b + 63) & ~size_t{63};
+    return sizeof(RingHeader) + size_t{capacity} * sizeof(RingCell);
   }
 
   // Lays out an empty ring of `capacity` cells at `memory` (64-byte aligned, bytes_for() long)
@@ -65,15 +73,13 @@ class JobRing {
   // A view of a ring laid out by create(), possibly in another process.
   explicit JobRing(void* memory) noexcept
       : header_(static_cast<RingHeader*>(memory)),
-        cells_(reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(memory) +
-                                                        sizeof(RingHeader))),
+        cells_(reinterpret_cast<RingCell*>(static_cast<char*>(memory) + sizeof(RingHeader))),
         capacity_(header_->capacity) {}
   // The same, with a capacity the caller knows rather than the one in the shared header, which
   // any process that maps the ring can overwrite (see QueueView).
   JobRing(void* memory, uint32_t capacity) noexcept
       : header_(static_cast<RingHeader*>(memory)),
-        cells_(reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(memory) +
-                                                        sizeof(RingHeader))),
+        cells_(reinterpret_cast<RingCell*>(static_cast<char*>(memory) + sizeof(RingHeader))),
         capacity_(capacity) {}
   JobRing() = default;
 
@@ -140,7 +146,7 @@ class JobRing {
   template <typename Fn>
   void for_each_value(Fn&& fn) const noexcept {
     for (uint32_t i = 0; i < capacity_; ++i) {
-      uint64_t c = cells_[i].load(std::memory_order_acquire);
+      uint64_t c = cells_[i].word.load(std::memory_order_acquire);
       if (static_cast<uint32_t>(c) != kEmptyValue) fn(static_cast<uint32_t>(c));
     }
   }
@@ -188,10 +194,10 @@ class JobRing {
   static constexpr uint64_t make_cell(uint64_t pos, uint32_t value) noexcept {
     return (pos << 32) | value;  // the shift keeps the low 32 bits of pos as the tag
   }
-  std::atomic<uint64_t>& cell(uint64_t pos) const noexcept { return cells_[pos % capacity_]; }
+  std::atomic<uint64_t>& cell(uint64_t pos) const noexcept { return cells_[pos % capacity_].word; }
 
   RingHeader* header_ = nullptr;
-  std::atomic<uint64_t>* cells_ = nullptr;
+  RingCell* cells_ = nullptr;
   uint32_t capacity_ = 0;
 };
 
