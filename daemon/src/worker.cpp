@@ -111,6 +111,7 @@ class Worker {
         }
         continue;
       }
+      went_on_ns_ = 0;          // idle from here: the next job's start is read afresh
       if (stopping_) return 0;  // ring drained after WorkerStop
       // Nothing queued: spin a little, then sleep on the pool's event count.
       auto has_work = [&] {
@@ -148,6 +149,7 @@ class Worker {
 
   // Processes every control message waiting on the socket. False if the supervisor is gone.
   bool drain_control() {
+    went_on_ns_ = 0;
     for (;;) {
       auto m = receive_message(options_.control_fd);
       if (!m) {
@@ -247,7 +249,10 @@ class Worker {
     std::memcpy(d.params, slot.desc.params, std::min<uint32_t>(d.params_bytes, kMaxParamBytes));
     JobOutcome out{};
     out.worker_id = options_.worker_id;
-    out.started_ns = monotonic_ns();
+    // A job taken straight after the previous one starts when that one finished: one clock
+    // read per job instead of two (a read costs about 25 ns, and waits for every load before
+    // it). The difference is the pop and claim, well under a microsecond.
+    out.started_ns = went_on_ns_ != 0 ? went_on_ns_ : monotonic_ns();
     JobState final_state = JobState::kDone;
 
     if (d.deadline_ns != kNoDeadline && out.started_ns > d.deadline_ns) {
@@ -278,6 +283,7 @@ class Worker {
       }
     }
     out.finished_ns = monotonic_ns();
+    went_on_ns_ = out.finished_ns;
     if (out.code != 0) set_slot_message(slot, error_message_.c_str());
     std::memcpy(&slot.outcome, &out, sizeof out);
     GPUQ_FAULT_POINT("worker.before_complete");
@@ -316,6 +322,7 @@ class Worker {
   // for a bounded time: the `session` word is in shared memory, and a forged reference must
   // not stall a worker for long.
   void wait_for_map(uint32_t client) {
+    went_on_ns_ = 0;
     const uint64_t deadline = monotonic_ns() + kMapWaitNs;
     while (!clients_[client] && queue_.client(client).session.load() != 0) {
       const uint64_t now = monotonic_ns();
@@ -354,6 +361,9 @@ class Worker {
   uint32_t seen_control_ = 0;
   bool stopping_ = false;
   std::string error_message_;  // the current job's failure message
+  // When the previous job finished, while this worker has gone straight on to the next one
+  // (no idle wait, control message or map wait since); 0 otherwise.
+  uint64_t went_on_ns_ = 0;
 };
 
 }  // namespace
