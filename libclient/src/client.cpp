@@ -556,7 +556,6 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
         return Error(ErrorCode::kTimeout,
                      "pool '" + pool.info.name + "' had no room for the job before the deadline");
       }
-      if (!daemon_alive()) return disconnected_error();
       auto has_room = [&] {
         return ps.accepting.load(std::memory_order_seq_cst) == 0 ||
                (ring.size() < ring.capacity() && share_has_room());
@@ -565,6 +564,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       // client with more jobs in flight than its share does not pay a futex sleep and wakeup
       // per job.
       if (spin_until(has_room, spin_ns_)) continue;
+      // About to sleep: a daemon that has died frees no room (checked here, not on every
+      // retry: with more jobs in flight than ring cells, a client finds the ring full for
+      // most jobs, and the check is a system call).
+      if (!daemon_alive()) return disconnected_error();
       EventCount::Key key = ps.space.prepare_wait();
       if (has_room()) {
         ps.space.cancel_wait();
