@@ -37,7 +37,7 @@ namespace gpuq {
 // One cell of a ring: a 64-bit word alone on its cache line. Producers and consumers CAS
 // neighbouring cells at once (several clients push, several workers pop); cells packed eight
 // to a line made each of those CASes fetch the line from whichever core touched a neighbour
-// last (docs/design/ring.md, "Cache lines").
+// last (docs/design/ring.md, "Layout").
 struct alignas(64) RingCell {
   std::atomic<uint64_t> word;
 };
