@@ -5,6 +5,7 @@
 // with its what()): no C++ exception may unwind into C.
 #include "gpuq/gpuq.h"
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -430,6 +431,161 @@ gpuq_status_t gpuq_submit_gemm(gpuq_client_t* client, const gpuq_tensor_t* a,
     }
     gpuq::Result<gpuq::Job> job = client->client.gemm(t[0], t[1], addend, t[2], cpp, pool,
                                                       std::chrono::nanoseconds(timeout_ns));
+    if (!job) return fail(job.error());
+    *out = new gpuq_job{std::move(job).value()};
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_submit_activation(gpuq_client_t* client, const gpuq_tensor_t* x,
+                                     const gpuq_tensor_t* y,
+                                     const gpuq_activation_options_t* options, int64_t timeout_ns,
+                                     gpuq_job_t** out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (client == nullptr) return invalid("client is NULL");
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq::Tensor t[2];  // x, y
+    if (gpuq_status_t s = tensors_to_cpp("activation", {{"x", x}, {"y", y}}, t); s != GPUQ_OK) {
+      return s;
+    }
+    gpuq::ActivationMode mode = gpuq::ActivationMode::kRelu;
+    std::string pool;
+    if (options != nullptr) {
+      gpuq_status_t status = GPUQ_OK;
+      if (!check_version(options->version, GPUQ_ACTIVATION_OPTIONS_VERSION,
+                         "gpuq_activation_options_t", "GPUQ_ACTIVATION_OPTIONS_VERSION", status)) {
+        return status;
+      }
+      switch (options->mode) {
+        case GPUQ_ACTIVATION_RELU:
+          mode = gpuq::ActivationMode::kRelu;
+          break;
+        case GPUQ_ACTIVATION_SIGMOID:
+          mode = gpuq::ActivationMode::kSigmoid;
+          break;
+        case GPUQ_ACTIVATION_TANH:
+          mode = gpuq::ActivationMode::kTanh;
+          break;
+        default:
+          return invalid("gpuq_activation_options_t.mode is " + std::to_string(options->mode) +
+                         ", not a gpuq_activation_mode_t (0 relu, 1 sigmoid, 2 tanh)");
+      }
+      pool = text_or_empty(options->pool);
+    }
+    gpuq::Result<gpuq::Job> job =
+        client->client.activation(t[0], t[1], mode, pool, std::chrono::nanoseconds(timeout_ns));
+    if (!job) return fail(job.error());
+    *out = new gpuq_job{std::move(job).value()};
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_submit_softmax(gpuq_client_t* client, const gpuq_tensor_t* x,
+                                  const gpuq_tensor_t* y, const gpuq_softmax_options_t* options,
+                                  int64_t timeout_ns, gpuq_job_t** out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (client == nullptr) return invalid("client is NULL");
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq::Tensor t[2];  // x, y
+    if (gpuq_status_t s = tensors_to_cpp("softmax", {{"x", x}, {"y", y}}, t); s != GPUQ_OK) {
+      return s;
+    }
+    gpuq::SoftmaxOptions cpp;
+    std::string pool;
+    if (options != nullptr) {
+      gpuq_status_t status = GPUQ_OK;
+      if (!check_version(options->version, GPUQ_SOFTMAX_OPTIONS_VERSION, "gpuq_softmax_options_t",
+                         "GPUQ_SOFTMAX_OPTIONS_VERSION", status)) {
+        return status;
+      }
+      cpp.log = options->log != 0;
+      pool = text_or_empty(options->pool);
+    }
+    gpuq::Result<gpuq::Job> job =
+        client->client.softmax(t[0], t[1], cpp, pool, std::chrono::nanoseconds(timeout_ns));
+    if (!job) return fail(job.error());
+    *out = new gpuq_job{std::move(job).value()};
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_submit_pool2d(gpuq_client_t* client, const gpuq_tensor_t* x,
+                                 const gpuq_tensor_t* y, const gpuq_pool2d_options_t* options,
+                                 int64_t timeout_ns, gpuq_job_t** out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (client == nullptr) return invalid("client is NULL");
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq::Tensor t[2];  // x, y
+    if (gpuq_status_t s = tensors_to_cpp("pool2d", {{"x", x}, {"y", y}}, t); s != GPUQ_OK) {
+      return s;
+    }
+    gpuq::Pool2dOptions cpp;
+    std::string pool;
+    if (options != nullptr) {
+      gpuq_status_t status = GPUQ_OK;
+      if (!check_version(options->version, GPUQ_POOL2D_OPTIONS_VERSION, "gpuq_pool2d_options_t",
+                         "GPUQ_POOL2D_OPTIONS_VERSION", status)) {
+        return status;
+      }
+      switch (options->mode) {
+        case GPUQ_POOL_MAX:
+          cpp.mode = gpuq::PoolMode::kMax;
+          break;
+        case GPUQ_POOL_AVG:
+          cpp.mode = gpuq::PoolMode::kAvg;
+          break;
+        default:
+          return invalid("gpuq_pool2d_options_t.mode is " + std::to_string(options->mode) +
+                         ", not a gpuq_pool_mode_t (0 max, 1 avg)");
+      }
+      for (int i = 0; i < 2; ++i) cpp.window[i] = options->window[i] == 0 ? 1 : options->window[i];
+      if (options->stride[0] != 0 || options->stride[1] != 0) {
+        cpp.stride =
+            std::array<int64_t, 2>{options->stride[0] == 0 ? cpp.window[0] : options->stride[0],
+                                   options->stride[1] == 0 ? cpp.window[1] : options->stride[1]};
+      }
+      cpp.pad = {options->pad[0], options->pad[1]};
+      cpp.count_pad = options->count_pad != 0;
+      pool = text_or_empty(options->pool);
+    }
+    gpuq::Result<gpuq::Job> job =
+        client->client.pool2d(t[0], t[1], cpp, pool, std::chrono::nanoseconds(timeout_ns));
+    if (!job) return fail(job.error());
+    *out = new gpuq_job{std::move(job).value()};
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_submit_batchnorm(gpuq_client_t* client, const gpuq_tensor_t* x,
+                                    const gpuq_tensor_t* scale, const gpuq_tensor_t* bias,
+                                    const gpuq_tensor_t* mean, const gpuq_tensor_t* var,
+                                    const gpuq_tensor_t* y, const gpuq_batchnorm_options_t* options,
+                                    int64_t timeout_ns, gpuq_job_t** out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (client == nullptr) return invalid("client is NULL");
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq::Tensor t[6];  // x, scale, bias, mean, var, y
+    if (gpuq_status_t s = tensors_to_cpp(
+            "batchnorm",
+            {{"x", x}, {"scale", scale}, {"bias", bias}, {"mean", mean}, {"var", var}, {"y", y}},
+            t);
+        s != GPUQ_OK) {
+      return s;
+    }
+    gpuq::BatchNormOptions cpp;
+    std::string pool;
+    if (options != nullptr) {
+      gpuq_status_t status = GPUQ_OK;
+      if (!check_version(options->version, GPUQ_BATCHNORM_OPTIONS_VERSION,
+                         "gpuq_batchnorm_options_t", "GPUQ_BATCHNORM_OPTIONS_VERSION", status)) {
+        return status;
+      }
+      if (options->eps != 0) cpp.eps = options->eps;
+      cpp.relu = options->relu != 0;
+      pool = text_or_empty(options->pool);
+    }
+    gpuq::Result<gpuq::Job> job = client->client.batchnorm(
+        t[0], t[1], t[2], t[3], t[4], t[5], cpp, pool, std::chrono::nanoseconds(timeout_ns));
     if (!job) return fail(job.error());
     *out = new gpuq_job{std::move(job).value()};
     return GPUQ_OK;

@@ -303,6 +303,151 @@ static void test_tensor_ops(gpuq_client_t* client) {
   gpuq_free(client, &mb);
 }
 
+/* Waits for a tensor job submitted with status `s`. True if it ran (DONE); false if the build
+ * has no oneDNN (the op fails with GPUQ_UNKNOWN_OP, "not in this build") or it failed. */
+static int tensor_job_done(gpuq_status_t s, gpuq_job_t* job, uint64_t output_size) {
+  int done = 0;
+  CHECK(s == GPUQ_OK);
+  if (s == GPUQ_OK) {
+    gpuq_job_result_t result = new_result();
+    CHECK(gpuq_job_wait(job, kTimeoutNs, &result) == GPUQ_OK);
+    CHECK(result.status == GPUQ_JOB_DONE ||
+          (result.status == GPUQ_JOB_FAILED && result.code == GPUQ_UNKNOWN_OP));
+    if (result.status == GPUQ_JOB_DONE) {
+      CHECK(result.output_size == output_size);
+      done = 1;
+    }
+    CHECK(gpuq_job_release(job) == GPUQ_OK);
+  }
+  return done;
+}
+
+static int near(float got, float want) {
+  return got > want - 1e-3f && got < want + 1e-3f;
+}
+
+/* activation, softmax, pool2d and batchnorm from C: their option checks, and each op run on
+ * small inputs with known results. */
+static void test_more_tensor_ops(gpuq_client_t* client) {
+  static const int64_t m_dims[2] = {2, 4};
+  static const int64_t img_dims[4] = {1, 1, 4, 4};
+  static const int64_t pooled_dims[4] = {1, 1, 2, 2};
+  static const int64_t nc_dims[2] = {1, 2};
+  static const int64_t c_dims[1] = {2};
+  gpuq_buffer_t xb, yb, ib, pb, nb, sb, bb, meanb, varb, ob;
+  gpuq_tensor_t x, y, img, pooled, nc, scale, bias, mean, var, nc_out;
+  gpuq_activation_options_t act;
+  gpuq_softmax_options_t soft;
+  gpuq_pool2d_options_t pool;
+  gpuq_batchnorm_options_t bn;
+  gpuq_job_t* job = NULL;
+  gpuq_status_t s;
+  float* f;
+  int i;
+
+  CHECK(gpuq_alloc(client, 8 * 4, &xb) == GPUQ_OK);
+  CHECK(gpuq_alloc(client, 8 * 4, &yb) == GPUQ_OK);
+  CHECK(gpuq_alloc(client, 16 * 4, &ib) == GPUQ_OK);
+  CHECK(gpuq_alloc(client, 4 * 4, &pb) == GPUQ_OK);
+  CHECK(gpuq_alloc(client, 2 * 4, &nb) == GPUQ_OK);
+  CHECK(gpuq_alloc(client, 2 * 4, &sb) == GPUQ_OK);
+  CHECK(gpuq_alloc(client, 2 * 4, &bb) == GPUQ_OK);
+  CHECK(gpuq_alloc(client, 2 * 4, &meanb) == GPUQ_OK);
+  CHECK(gpuq_alloc(client, 2 * 4, &varb) == GPUQ_OK);
+  CHECK(gpuq_alloc(client, 2 * 4, &ob) == GPUQ_OK);
+  x = new_tensor(xb, 2, m_dims);
+  y = new_tensor(yb, 2, m_dims);
+  img = new_tensor(ib, 4, img_dims);
+  pooled = new_tensor(pb, 4, pooled_dims);
+  nc = new_tensor(nb, 2, nc_dims);
+  scale = new_tensor(sb, 1, c_dims);
+  bias = new_tensor(bb, 1, c_dims);
+  mean = new_tensor(meanb, 1, c_dims);
+  var = new_tensor(varb, 1, c_dims);
+  nc_out = new_tensor(ob, 2, nc_dims);
+
+  /* activation: sigmoid(0) = 0.5; a mode outside the enum is refused. */
+  memset(&act, 0, sizeof act);
+  act.version = GPUQ_ACTIVATION_OPTIONS_VERSION;
+  act.mode = 7;
+  CHECK(gpuq_submit_activation(client, &x, &y, &act, kTimeoutNs, &job) == GPUQ_INVALID_ARGUMENT);
+  CHECK(strstr(gpuq_last_error_message(), "gpuq_activation_options_t.mode is 7") != NULL);
+  act.version = 0;
+  act.mode = GPUQ_ACTIVATION_SIGMOID;
+  CHECK(gpuq_submit_activation(client, &x, &y, &act, kTimeoutNs, &job) == GPUQ_INVALID_ARGUMENT);
+  act.version = GPUQ_ACTIVATION_OPTIONS_VERSION;
+  CHECK(gpuq_submit_activation(client, &x, &img, &act, kTimeoutNs, &job) ==
+        GPUQ_INVALID_ARGUMENT); /* y's shape is not x's */
+  memset(xb.data, 0, xb.size);
+  s = gpuq_submit_activation(client, &x, &y, &act, kTimeoutNs, &job);
+  if (tensor_job_done(s, job, yb.size)) {
+    f = (float*)yb.data;
+    for (i = 0; i < 8; ++i) CHECK(near(f[i], 0.5f));
+  }
+
+  /* softmax over the rows of a 2x4 zero matrix: 1/4 each. */
+  memset(&soft, 0, sizeof soft);
+  soft.version = GPUQ_SOFTMAX_OPTIONS_VERSION;
+  s = gpuq_submit_softmax(client, &x, &y, &soft, kTimeoutNs, &job);
+  if (tensor_job_done(s, job, yb.size)) {
+    f = (float*)yb.data;
+    for (i = 0; i < 8; ++i) CHECK(near(f[i], 0.25f));
+  }
+
+  /* pool2d: 2x2 max windows over 0..15 (stride defaults to the window). */
+  memset(&pool, 0, sizeof pool);
+  pool.version = GPUQ_POOL2D_OPTIONS_VERSION;
+  pool.mode = 2;
+  CHECK(gpuq_submit_pool2d(client, &img, &pooled, &pool, kTimeoutNs, &job) ==
+        GPUQ_INVALID_ARGUMENT);
+  CHECK(strstr(gpuq_last_error_message(), "gpuq_pool2d_options_t.mode is 2") != NULL);
+  pool.mode = GPUQ_POOL_MAX;
+  CHECK(gpuq_submit_pool2d(client, &img, &pooled, &pool, kTimeoutNs, &job) ==
+        GPUQ_INVALID_ARGUMENT); /* a 1x1 window keeps 4x4, not pooled's 2x2 */
+  CHECK(strstr(gpuq_last_error_message(), "pool2d: y:") != NULL);
+  pool.window[0] = pool.window[1] = 2;
+  f = (float*)ib.data;
+  for (i = 0; i < 16; ++i) f[i] = (float)i;
+  s = gpuq_submit_pool2d(client, &img, &pooled, &pool, kTimeoutNs, &job);
+  if (tensor_job_done(s, job, pb.size)) {
+    f = (float*)pb.data;
+    CHECK(f[0] == 5.0f && f[1] == 7.0f && f[2] == 13.0f && f[3] == 15.0f);
+  }
+
+  /* batchnorm on a 1x2 (N x C) input: y = 2 (x - 0) / sqrt(1 + 1e-5) + 1. */
+  memset(&bn, 0, sizeof bn);
+  bn.version = GPUQ_BATCHNORM_OPTIONS_VERSION;
+  f = (float*)nb.data;
+  f[0] = 1.0f;
+  f[1] = 2.0f;
+  for (i = 0; i < 2; ++i) {
+    ((float*)sb.data)[i] = 2.0f;
+    ((float*)bb.data)[i] = 1.0f;
+    ((float*)meanb.data)[i] = 0.0f;
+    ((float*)varb.data)[i] = 1.0f;
+  }
+  CHECK(gpuq_submit_batchnorm(client, &nc, &scale, NULL, &mean, &var, &nc_out, &bn, kTimeoutNs,
+                              &job) == GPUQ_INVALID_ARGUMENT);
+  CHECK(strstr(gpuq_last_error_message(), "batchnorm: bias is NULL") != NULL);
+  s = gpuq_submit_batchnorm(client, &nc, &scale, &bias, &mean, &var, &nc_out, &bn, kTimeoutNs,
+                            &job);
+  if (tensor_job_done(s, job, ob.size)) {
+    f = (float*)ob.data;
+    CHECK(near(f[0], 3.0f) && near(f[1], 5.0f));
+  }
+
+  gpuq_free(client, &xb);
+  gpuq_free(client, &yb);
+  gpuq_free(client, &ib);
+  gpuq_free(client, &pb);
+  gpuq_free(client, &nb);
+  gpuq_free(client, &sb);
+  gpuq_free(client, &bb);
+  gpuq_free(client, &meanb);
+  gpuq_free(client, &varb);
+  gpuq_free(client, &ob);
+}
+
 int main(int argc, char** argv) {
   gpuq_connect_options_t options;
   gpuq_client_t* client = NULL;
@@ -329,6 +474,7 @@ int main(int argc, char** argv) {
     test_checksum(client);
     test_unknown_op(client);
     test_tensor_ops(client);
+    test_more_tensor_ops(client);
     test_status_json(argv[1]);
     CHECK(gpuq_disconnect(client) == GPUQ_OK);
   }

@@ -339,6 +339,98 @@ GPUQ_API gpuq_status_t gpuq_submit_gemm(gpuq_client_t* client, const gpuq_tensor
                                         const gpuq_tensor_t* y, const gpuq_gemm_options_t* options,
                                         int64_t timeout_ns, gpuq_job_t** out);
 
+/* Modes of gpuq_submit_activation(). */
+typedef enum gpuq_activation_mode {
+  GPUQ_ACTIVATION_RELU = 0,
+  GPUQ_ACTIVATION_SIGMOID = 1,
+  GPUQ_ACTIVATION_TANH = 2
+} gpuq_activation_mode_t;
+
+/* Options of gpuq_submit_activation(). NULL, or a zero-initialised struct with `version` set:
+ * ReLU on the first pool. */
+typedef struct gpuq_activation_options {
+  uint32_t version; /* IN: GPUQ_ACTIVATION_OPTIONS_VERSION */
+  int32_t mode;     /* IN: a gpuq_activation_mode_t; default GPUQ_ACTIVATION_RELU */
+  const char* pool; /* IN: pool name. NULL or "": the first pool */
+} gpuq_activation_options_t;
+#define GPUQ_ACTIVATION_OPTIONS_VERSION1 GPUQ_STRUCT_VERSION(gpuq_activation_options_t, 1)
+#define GPUQ_ACTIVATION_OPTIONS_VERSION GPUQ_ACTIVATION_OPTIONS_VERSION1
+
+/* Options of gpuq_submit_softmax(). NULL, or a zero-initialised struct with `version` set: the
+ * defaults. */
+typedef struct gpuq_softmax_options {
+  uint32_t version; /* IN: GPUQ_SOFTMAX_OPTIONS_VERSION */
+  uint32_t log;     /* IN: nonzero: log-softmax */
+  const char* pool; /* IN: pool name. NULL or "": the first pool */
+} gpuq_softmax_options_t;
+#define GPUQ_SOFTMAX_OPTIONS_VERSION1 GPUQ_STRUCT_VERSION(gpuq_softmax_options_t, 1)
+#define GPUQ_SOFTMAX_OPTIONS_VERSION GPUQ_SOFTMAX_OPTIONS_VERSION1
+
+/* Modes of gpuq_submit_pool2d(). */
+typedef enum gpuq_pool_mode { GPUQ_POOL_MAX = 0, GPUQ_POOL_AVG = 1 } gpuq_pool_mode_t;
+
+/* Options of gpuq_submit_pool2d(). NULL, or a zero-initialised struct with `version` set: the
+ * defaults (a 1x1 max window). */
+typedef struct gpuq_pool2d_options {
+  uint32_t version;   /* IN: GPUQ_POOL2D_OPTIONS_VERSION */
+  int32_t mode;       /* IN: a gpuq_pool_mode_t; default GPUQ_POOL_MAX */
+  int64_t window[2];  /* IN: {R, S}; 0: 1 */
+  int64_t stride[2];  /* IN: {SH, SW}; 0: the window's */
+  int64_t pad[2];     /* IN: {PH, PW}; default 0, less than the window */
+  uint32_t count_pad; /* IN: avg: nonzero divides by the whole window, padding included */
+  uint32_t reserved;  /* IN: 0 */
+  const char* pool;   /* IN: pool name. NULL or "": the first pool */
+} gpuq_pool2d_options_t;
+#define GPUQ_POOL2D_OPTIONS_VERSION1 GPUQ_STRUCT_VERSION(gpuq_pool2d_options_t, 1)
+#define GPUQ_POOL2D_OPTIONS_VERSION GPUQ_POOL2D_OPTIONS_VERSION1
+
+/* Options of gpuq_submit_batchnorm(). NULL, or a zero-initialised struct with `version` set:
+ * the defaults. */
+typedef struct gpuq_batchnorm_options {
+  uint32_t version; /* IN: GPUQ_BATCHNORM_OPTIONS_VERSION */
+  uint32_t relu;    /* IN: nonzero: ReLU after the normalization */
+  double eps;       /* IN: 0: 1e-5; else > 0 */
+  const char* pool; /* IN: pool name. NULL or "": the first pool */
+} gpuq_batchnorm_options_t;
+#define GPUQ_BATCHNORM_OPTIONS_VERSION1 GPUQ_STRUCT_VERSION(gpuq_batchnorm_options_t, 1)
+#define GPUQ_BATCHNORM_OPTIONS_VERSION GPUQ_BATCHNORM_OPTIONS_VERSION1
+
+/* Submits y = f(x) elementwise, as Client::activation(): y has x's shape (rank 1 to 4).
+ * Errors: as gpuq_submit_conv2d(), and GPUQ_INVALID_ARGUMENT for a mode that is not a
+ * gpuq_activation_mode_t. Blocking while the ring is full. Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_submit_activation(gpuq_client_t* client, const gpuq_tensor_t* x,
+                                              const gpuq_tensor_t* y,
+                                              const gpuq_activation_options_t* options,
+                                              int64_t timeout_ns, gpuq_job_t** out);
+
+/* Submits y = softmax(x) (or log-softmax) over dimension 1, as Client::softmax(): x rank 2 to
+ * 4, y x's shape. Errors: as gpuq_submit_conv2d(). Blocking while the ring is full.
+ * Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_submit_softmax(gpuq_client_t* client, const gpuq_tensor_t* x,
+                                           const gpuq_tensor_t* y,
+                                           const gpuq_softmax_options_t* options,
+                                           int64_t timeout_ns, gpuq_job_t** out);
+
+/* Submits max or average pooling, as Client::pool2d(): x N x C x H x W, y N x C x OH x OW with
+ * OH = (H + 2 PH - R) / SH + 1 (docs/ops.md). Errors: as gpuq_submit_conv2d(), and
+ * GPUQ_INVALID_ARGUMENT for a mode that is not a gpuq_pool_mode_t. Blocking while the ring is
+ * full. Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_submit_pool2d(gpuq_client_t* client, const gpuq_tensor_t* x,
+                                          const gpuq_tensor_t* y,
+                                          const gpuq_pool2d_options_t* options, int64_t timeout_ns,
+                                          gpuq_job_t** out);
+
+/* Submits inference batch normalization, as Client::batchnorm(): y = scale (x - mean) /
+ * sqrt(var + eps) + bias per channel; x N x C x H x W or N x C, scale, bias, mean and var C
+ * elements each, y x's shape. Errors: as gpuq_submit_conv2d(). Blocking while the ring is full.
+ * Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_submit_batchnorm(gpuq_client_t* client, const gpuq_tensor_t* x,
+                                             const gpuq_tensor_t* scale, const gpuq_tensor_t* bias,
+                                             const gpuq_tensor_t* mean, const gpuq_tensor_t* var,
+                                             const gpuq_tensor_t* y,
+                                             const gpuq_batchnorm_options_t* options,
+                                             int64_t timeout_ns, gpuq_job_t** out);
+
 /* ---- Daemon control ------------------------------------------------------------------------- */
 
 /* The daemon's status document (the JSON of `gpuqctl status --json`), over a short control
