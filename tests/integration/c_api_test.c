@@ -326,6 +326,13 @@ static int near(float got, float want) {
   return got > want - 1e-3f && got < want + 1e-3f;
 }
 
+/* Every f32 element of `b` is `want`, give or take 1e-3. */
+static void check_all_near(const gpuq_buffer_t* b, float want) {
+  const float* f = (const float*)b->data;
+  uint64_t i;
+  for (i = 0; i < b->size / sizeof(float); ++i) CHECK(near(f[i], want));
+}
+
 /* activation, softmax, pool2d and batchnorm from C: their option checks, and each op run on
  * small inputs with known results. */
 static void test_more_tensor_ops(gpuq_client_t* client) {
@@ -334,6 +341,11 @@ static void test_more_tensor_ops(gpuq_client_t* client) {
   static const int64_t pooled_dims[4] = {1, 1, 2, 2};
   static const int64_t nc_dims[2] = {1, 2};
   static const int64_t c_dims[1] = {2};
+  /* x and y 2x4, the image 4x4 and its pooled 2x2, then a 1x2 input, its four per-channel
+   * operands and its output. */
+  static const uint64_t sizes[10] = {8 * 4, 8 * 4, 16 * 4, 4 * 4, 2 * 4,
+                                     2 * 4, 2 * 4, 2 * 4,  2 * 4, 2 * 4};
+  gpuq_buffer_t buffers[10];
   gpuq_buffer_t xb, yb, ib, pb, nb, sb, bb, meanb, varb, ob;
   gpuq_tensor_t x, y, img, pooled, nc, scale, bias, mean, var, nc_out;
   gpuq_activation_options_t act;
@@ -345,16 +357,21 @@ static void test_more_tensor_ops(gpuq_client_t* client) {
   float* f;
   int i;
 
-  CHECK(gpuq_alloc(client, 8 * 4, &xb) == GPUQ_OK);
-  CHECK(gpuq_alloc(client, 8 * 4, &yb) == GPUQ_OK);
-  CHECK(gpuq_alloc(client, 16 * 4, &ib) == GPUQ_OK);
-  CHECK(gpuq_alloc(client, 4 * 4, &pb) == GPUQ_OK);
-  CHECK(gpuq_alloc(client, 2 * 4, &nb) == GPUQ_OK);
-  CHECK(gpuq_alloc(client, 2 * 4, &sb) == GPUQ_OK);
-  CHECK(gpuq_alloc(client, 2 * 4, &bb) == GPUQ_OK);
-  CHECK(gpuq_alloc(client, 2 * 4, &meanb) == GPUQ_OK);
-  CHECK(gpuq_alloc(client, 2 * 4, &varb) == GPUQ_OK);
-  CHECK(gpuq_alloc(client, 2 * 4, &ob) == GPUQ_OK);
+  for (i = 0; i < 10; ++i) {
+    s = gpuq_alloc(client, sizes[i], &buffers[i]);
+    CHECK(s == GPUQ_OK);
+    if (s != GPUQ_OK) return;
+  }
+  xb = buffers[0];
+  yb = buffers[1];
+  ib = buffers[2];
+  pb = buffers[3];
+  nb = buffers[4];
+  sb = buffers[5];
+  bb = buffers[6];
+  meanb = buffers[7];
+  varb = buffers[8];
+  ob = buffers[9];
   x = new_tensor(xb, 2, m_dims);
   y = new_tensor(yb, 2, m_dims);
   img = new_tensor(ib, 4, img_dims);
@@ -380,19 +397,13 @@ static void test_more_tensor_ops(gpuq_client_t* client) {
         GPUQ_INVALID_ARGUMENT); /* y's shape is not x's */
   memset(xb.data, 0, xb.size);
   s = gpuq_submit_activation(client, &x, &y, &act, kTimeoutNs, &job);
-  if (tensor_job_done(s, job, yb.size)) {
-    f = (float*)yb.data;
-    for (i = 0; i < 8; ++i) CHECK(near(f[i], 0.5f));
-  }
+  if (tensor_job_done(s, job, yb.size)) check_all_near(&yb, 0.5f);
 
   /* softmax over the rows of a 2x4 zero matrix: 1/4 each. */
   memset(&soft, 0, sizeof soft);
   soft.version = GPUQ_SOFTMAX_OPTIONS_VERSION;
   s = gpuq_submit_softmax(client, &x, &y, &soft, kTimeoutNs, &job);
-  if (tensor_job_done(s, job, yb.size)) {
-    f = (float*)yb.data;
-    for (i = 0; i < 8; ++i) CHECK(near(f[i], 0.25f));
-  }
+  if (tensor_job_done(s, job, yb.size)) check_all_near(&yb, 0.25f);
 
   /* pool2d: 2x2 max windows over 0..15 (stride defaults to the window). */
   memset(&pool, 0, sizeof pool);
@@ -436,16 +447,7 @@ static void test_more_tensor_ops(gpuq_client_t* client) {
     CHECK(near(f[0], 3.0f) && near(f[1], 5.0f));
   }
 
-  gpuq_free(client, &xb);
-  gpuq_free(client, &yb);
-  gpuq_free(client, &ib);
-  gpuq_free(client, &pb);
-  gpuq_free(client, &nb);
-  gpuq_free(client, &sb);
-  gpuq_free(client, &bb);
-  gpuq_free(client, &meanb);
-  gpuq_free(client, &varb);
-  gpuq_free(client, &ob);
+  for (i = 0; i < 10; ++i) gpuq_free(client, &buffers[i]);
 }
 
 int main(int argc, char** argv) {
