@@ -148,6 +148,13 @@ bool check_version(uint32_t got, uint32_t expected, const char* struct_name, con
 
 // ---- Conversions ----------------------------------------------------------------------------
 
+// Hands a submitted job to the C caller: a new handle in *out, or the error.
+gpuq_status_t hand_out(gpuq::Result<gpuq::Job> job, gpuq_job_t** out) {
+  if (!job) return fail(job.error());
+  *out = new gpuq_job{std::move(job).value()};
+  return GPUQ_OK;
+}
+
 std::string text_or_empty(const char* s) {
   return s == nullptr ? std::string() : std::string(s);
 }
@@ -239,10 +246,7 @@ gpuq_status_t submit_with(gpuq_client_t* client, const gpuq_job_spec_t* spec, gp
   if (out == nullptr) return invalid("out is NULL");
   gpuq::JobSpec cpp_spec;
   if (gpuq_status_t s = to_cpp(*spec, cpp_spec); s != GPUQ_OK) return s;
-  gpuq::Result<gpuq::Job> job = submit(client->client, cpp_spec);
-  if (!job) return fail(job.error());
-  *out = new gpuq_job{std::move(job).value()};
-  return GPUQ_OK;
+  return hand_out(submit(client->client, cpp_spec), out);
 }
 
 // A gpuq_tensor_t as a Tensor; `name` names it in errors.
@@ -391,11 +395,9 @@ gpuq_status_t gpuq_submit_conv2d(gpuq_client_t* client, const gpuq_tensor_t* x,
       cpp.relu = options->relu != 0;
       pool = text_or_empty(options->pool);
     }
-    gpuq::Result<gpuq::Job> job = client->client.conv2d(t[0], t[1], bias, t[2], cpp, pool,
-                                                        std::chrono::nanoseconds(timeout_ns));
-    if (!job) return fail(job.error());
-    *out = new gpuq_job{std::move(job).value()};
-    return GPUQ_OK;
+    return hand_out(client->client.conv2d(t[0], t[1], bias, t[2], cpp, pool,
+                                          std::chrono::nanoseconds(timeout_ns)),
+                    out);
   });
 }
 
@@ -429,11 +431,9 @@ gpuq_status_t gpuq_submit_gemm(gpuq_client_t* client, const gpuq_tensor_t* a,
       cpp.beta = options->beta;
       pool = text_or_empty(options->pool);
     }
-    gpuq::Result<gpuq::Job> job = client->client.gemm(t[0], t[1], addend, t[2], cpp, pool,
-                                                      std::chrono::nanoseconds(timeout_ns));
-    if (!job) return fail(job.error());
-    *out = new gpuq_job{std::move(job).value()};
-    return GPUQ_OK;
+    return hand_out(client->client.gemm(t[0], t[1], addend, t[2], cpp, pool,
+                                        std::chrono::nanoseconds(timeout_ns)),
+                    out);
   });
 }
 
@@ -472,11 +472,9 @@ gpuq_status_t gpuq_submit_activation(gpuq_client_t* client, const gpuq_tensor_t*
       }
       pool = text_or_empty(options->pool);
     }
-    gpuq::Result<gpuq::Job> job =
-        client->client.activation(t[0], t[1], mode, pool, std::chrono::nanoseconds(timeout_ns));
-    if (!job) return fail(job.error());
-    *out = new gpuq_job{std::move(job).value()};
-    return GPUQ_OK;
+    return hand_out(
+        client->client.activation(t[0], t[1], mode, pool, std::chrono::nanoseconds(timeout_ns)),
+        out);
   });
 }
 
@@ -501,11 +499,8 @@ gpuq_status_t gpuq_submit_softmax(gpuq_client_t* client, const gpuq_tensor_t* x,
       cpp.log = options->log != 0;
       pool = text_or_empty(options->pool);
     }
-    gpuq::Result<gpuq::Job> job =
-        client->client.softmax(t[0], t[1], cpp, pool, std::chrono::nanoseconds(timeout_ns));
-    if (!job) return fail(job.error());
-    *out = new gpuq_job{std::move(job).value()};
-    return GPUQ_OK;
+    return hand_out(
+        client->client.softmax(t[0], t[1], cpp, pool, std::chrono::nanoseconds(timeout_ns)), out);
   });
 }
 
@@ -548,11 +543,8 @@ gpuq_status_t gpuq_submit_pool2d(gpuq_client_t* client, const gpuq_tensor_t* x,
       cpp.count_pad = options->count_pad != 0;
       pool = text_or_empty(options->pool);
     }
-    gpuq::Result<gpuq::Job> job =
-        client->client.pool2d(t[0], t[1], cpp, pool, std::chrono::nanoseconds(timeout_ns));
-    if (!job) return fail(job.error());
-    *out = new gpuq_job{std::move(job).value()};
-    return GPUQ_OK;
+    return hand_out(
+        client->client.pool2d(t[0], t[1], cpp, pool, std::chrono::nanoseconds(timeout_ns)), out);
   });
 }
 
@@ -584,11 +576,9 @@ gpuq_status_t gpuq_submit_batchnorm(gpuq_client_t* client, const gpuq_tensor_t* 
       cpp.relu = options->relu != 0;
       pool = text_or_empty(options->pool);
     }
-    gpuq::Result<gpuq::Job> job = client->client.batchnorm(
-        t[0], t[1], t[2], t[3], t[4], t[5], cpp, pool, std::chrono::nanoseconds(timeout_ns));
-    if (!job) return fail(job.error());
-    *out = new gpuq_job{std::move(job).value()};
-    return GPUQ_OK;
+    return hand_out(client->client.batchnorm(t[0], t[1], t[2], t[3], t[4], t[5], cpp, pool,
+                                             std::chrono::nanoseconds(timeout_ns)),
+                    out);
   });
 }
 

@@ -222,6 +222,25 @@ static gpuq_tensor_t new_tensor(gpuq_buffer_t buffer, uint32_t rank, const int64
   return t;
 }
 
+/* Waits for a tensor job submitted with status `s`. True if it ran (DONE); false if the build
+ * has no oneDNN (the op fails with GPUQ_UNKNOWN_OP, "not in this build") or it failed. */
+static int tensor_job_done(gpuq_status_t s, gpuq_job_t* job, uint64_t output_size) {
+  int done = 0;
+  CHECK(s == GPUQ_OK);
+  if (s == GPUQ_OK) {
+    gpuq_job_result_t result = new_result();
+    CHECK(gpuq_job_wait(job, kTimeoutNs, &result) == GPUQ_OK);
+    CHECK(result.status == GPUQ_JOB_DONE ||
+          (result.status == GPUQ_JOB_FAILED && result.code == GPUQ_UNKNOWN_OP));
+    if (result.status == GPUQ_JOB_DONE) {
+      CHECK(result.output_size == output_size);
+      done = 1;
+    }
+    CHECK(gpuq_job_release(job) == GPUQ_OK);
+  }
+  return done;
+}
+
 /* The tensor-op calls: their checks before anything is submitted, and a well-formed conv2d
  * reaching the daemon. */
 static void test_tensor_ops(gpuq_client_t* client) {
@@ -282,18 +301,9 @@ static void test_tensor_ops(gpuq_client_t* client) {
   memset(wb.data, 0, wb.size);
   memset(yb.data, 0xff, yb.size); /* NaN until the op writes it */
   s = gpuq_submit_conv2d(client, &x, &w, NULL, &y, &conv, kTimeoutNs, &job);
-  CHECK(s == GPUQ_OK);
-  if (s == GPUQ_OK) {
-    gpuq_job_result_t result = new_result();
-    CHECK(gpuq_job_wait(job, kTimeoutNs, &result) == GPUQ_OK);
-    CHECK(result.status == GPUQ_JOB_DONE ||
-          (result.status == GPUQ_JOB_FAILED && result.code == GPUQ_UNKNOWN_OP));
-    if (result.status == GPUQ_JOB_DONE) {
-      const float* y_values = (const float*)yb.data;
-      CHECK(result.output_size == yb.size);
-      CHECK(y_values[0] == 0.0f && y_values[255] == 0.0f); /* zero x and w: zero y */
-    }
-    CHECK(gpuq_job_release(job) == GPUQ_OK);
+  if (tensor_job_done(s, job, yb.size)) {
+    const float* y_values = (const float*)yb.data;
+    CHECK(y_values[0] == 0.0f && y_values[255] == 0.0f); /* zero x and w: zero y */
   }
   gpuq_free(client, &xb);
   gpuq_free(client, &wb);
@@ -301,25 +311,6 @@ static void test_tensor_ops(gpuq_client_t* client) {
   gpuq_free(client, &ab);
   gpuq_free(client, &bb);
   gpuq_free(client, &mb);
-}
-
-/* Waits for a tensor job submitted with status `s`. True if it ran (DONE); false if the build
- * has no oneDNN (the op fails with GPUQ_UNKNOWN_OP, "not in this build") or it failed. */
-static int tensor_job_done(gpuq_status_t s, gpuq_job_t* job, uint64_t output_size) {
-  int done = 0;
-  CHECK(s == GPUQ_OK);
-  if (s == GPUQ_OK) {
-    gpuq_job_result_t result = new_result();
-    CHECK(gpuq_job_wait(job, kTimeoutNs, &result) == GPUQ_OK);
-    CHECK(result.status == GPUQ_JOB_DONE ||
-          (result.status == GPUQ_JOB_FAILED && result.code == GPUQ_UNKNOWN_OP));
-    if (result.status == GPUQ_JOB_DONE) {
-      CHECK(result.output_size == output_size);
-      done = 1;
-    }
-    CHECK(gpuq_job_release(job) == GPUQ_OK);
-  }
-  return done;
 }
 
 static int near(float got, float want) {
