@@ -536,10 +536,16 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   Result<void> push(PoolShm& ps, JobRing& ring, const Pool& pool, uint32_t ref, uint64_t deadline,
                     bool blocking) {
     const uint32_t share = pool.info.client_share;
-    auto share_has_room = [&] { return held(pool.id) <= share || recount(pool.id) <= share; };
+    // A recount takes the slot mutex and reads this client's slots and the whole ring: while
+    // spinning for room, at most every 16th look does one (`force`: this look does).
+    uint32_t looks = 0;
+    auto share_has_room = [&](bool force) {
+      if (held(pool.id) <= share) return true;
+      return (force || looks++ % 16 == 0) && recount(pool.id) <= share;
+    };
     auto try_once = [&]() -> int {  // 1 pushed, 0 no room, -1 not accepting
       if (ps.accepting.load(std::memory_order_seq_cst) == 0) return -1;
-      if (!share_has_room()) return 0;
+      if (!share_has_room(true)) return 0;
       return ring.try_push(ref) ? 1 : 0;
     };
     for (;;) {
@@ -556,20 +562,20 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
         return Error(ErrorCode::kTimeout,
                      "pool '" + pool.info.name + "' had no room for the job before the deadline");
       }
-      auto has_room = [&] {
+      auto has_room = [&](bool force) {
         return ps.accepting.load(std::memory_order_seq_cst) == 0 ||
-               (ring.size() < ring.capacity() && share_has_room());
+               (ring.size() < ring.capacity() && share_has_room(force));
       };
       // Room comes back as soon as a worker pops: spin first, as wait() does, so that a
       // client with more jobs in flight than its share does not pay a futex sleep and wakeup
       // per job.
-      if (spin_until(has_room, spin_ns_)) continue;
+      if (spin_until([&] { return has_room(false); }, spin_ns_)) continue;
       // About to sleep: a daemon that has died frees no room (checked here, not on every
       // retry: with more jobs in flight than ring cells, a client finds the ring full for
       // most jobs, and the check is a system call).
       if (!daemon_alive()) return disconnected_error();
       EventCount::Key key = ps.space.prepare_wait();
-      if (has_room()) {
+      if (has_room(true)) {  // a real look: a skipped recount here could sleep past the room
         ps.space.cancel_wait();
         continue;
       }
