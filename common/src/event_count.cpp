@@ -37,8 +37,8 @@ bool EventCount::wait(Key key, uint64_t deadline_ns) noexcept {
   return in_time || monotonic_ns() < deadline_ns;
 }
 
-bool EventCount::notify(int count) noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+bool EventCount::notify(int count, bool fence) noexcept {
+  if (fence) std::atomic_thread_fence(std::memory_order_seq_cst);
   if (waiters_.load(std::memory_order_seq_cst) == 0) return false;
   epoch_.fetch_add(1, std::memory_order_seq_cst);
   futex_wake(&epoch_, count);

@@ -47,10 +47,11 @@ bool JobRing::try_push(uint32_t value) noexcept {
     const bool empty = static_cast<uint32_t>(cur) == kEmptyValue;
     if (d == 0 && empty) {
       // The cell awaits position `pos`: claim and publish in one step.
-      if (c.compare_exchange_strong(cur, make_cell(pos, value), std::memory_order_acq_rel,
+      // seq_cst, both CASes: see the header ("A successful push or pop ...").
+      if (c.compare_exchange_strong(cur, make_cell(pos, value), std::memory_order_seq_cst,
                                     std::memory_order_acquire)) {
-        header_->tail.compare_exchange_strong(pos, pos + 1, std::memory_order_release,
-                                              std::memory_order_relaxed);
+        header_->tail.compare_exchange_strong(pos, pos + 1, std::memory_order_seq_cst,
+                                              std::memory_order_seq_cst);
         return true;
       }
     } else if (d >= 0) {
@@ -76,9 +77,9 @@ bool JobRing::try_pop(uint32_t* value) noexcept {
     const bool empty = static_cast<uint32_t>(cur) == kEmptyValue;
     if (d == 0 && !empty) {
       if (c.compare_exchange_strong(cur, make_cell(pos + capacity_, kEmptyValue),
-                                    std::memory_order_acq_rel, std::memory_order_acquire)) {
-        header_->head.compare_exchange_strong(pos, pos + 1, std::memory_order_release,
-                                              std::memory_order_relaxed);
+                                    std::memory_order_seq_cst, std::memory_order_acquire)) {
+        header_->head.compare_exchange_strong(pos, pos + 1, std::memory_order_seq_cst,
+                                              std::memory_order_seq_cst);
         *value = static_cast<uint32_t>(cur);
         return true;
       }

@@ -321,6 +321,18 @@ const std::vector<Key>& key_table() {
       uint_key("max_client_segment_bytes", &Config::max_client_segment_bytes, 4096, 1ull << 40),
       uint_key("drain_timeout_ms", &Config::drain_timeout_ms, 0, 3600000),
       uint_key("worker_spin_us", &Config::worker_spin_us, 0, 100000),
+      {"job_clock",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         if (v.is_string() && v.get<std::string>() == "auto") {
+           c.job_clock.reset();
+           return {};
+         }
+         auto clock = v.is_string() ? parse_stamp_clock(v.get<std::string>())
+                                    : Result<StampClock>(Error(ErrorCode::kInvalidArgument, ""));
+         if (!clock) return bad(p, "must be \"auto\", \"tsc\" or \"monotonic\", got " + v.dump());
+         c.job_clock = *clock;
+         return {};
+       }},
       uint_key("restart_backoff_initial_ms", &Config::restart_backoff_initial_ms, 1, 600000),
       uint_key("restart_backoff_max_ms", &Config::restart_backoff_max_ms, 1, 3600000),
       uint_key("max_start_failures", &Config::max_start_failures, 1, 1000),

@@ -6,9 +6,11 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "gpuq/common/clock.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/shm_layout.hpp"
 #include "gpuq/error.hpp"
@@ -54,6 +56,9 @@ struct Config {
   uint64_t max_client_segment_bytes = 1ull << 30;  // most a client may ask for
   uint32_t drain_timeout_ms = 30000;               // SIGTERM: longest wait for queued/running jobs
   uint32_t worker_spin_us = 50;                    // idle worker spins this long before sleeping
+  // What job stamps count in (clock.hpp, "Job stamps"): "auto" (unset) picks the TSC where
+  // the kernel keeps time with it; "tsc" insists on it (gpuqd refuses to start without it).
+  std::optional<StampClock> job_clock;
   uint32_t restart_backoff_initial_ms = 100;
   uint32_t restart_backoff_max_ms = 10000;
   uint32_t max_start_failures = 5;  // deaths before ready in a row -> worker "failed"

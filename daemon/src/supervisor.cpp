@@ -136,6 +136,15 @@ Result<void> Supervisor::start() {
         "socket and segments are mode 0600, so only root and the daemon's own user can "
         "reach them");
   }
+  // Job stamps: the TSC where the kernel keeps time with it (clock.hpp, "Job stamps").
+  const std::string no_tsc = tsc_unusable_reason();
+  if (cfg.job_clock == StampClock::kTsc && !no_tsc.empty()) {
+    return Error(ErrorCode::kInvalidArgument, "job_clock: \"tsc\" cannot be used here: " + no_tsc);
+  }
+  job_clock_ = cfg.job_clock.value_or(no_tsc.empty() ? StampClock::kTsc : StampClock::kMonotonic);
+  GPUQ_LOG_INFO("job stamps: %s%s%s", stamp_clock_name(job_clock_),
+                !cfg.job_clock && !no_tsc.empty() ? ": " : "",
+                !cfg.job_clock && !no_tsc.empty() ? no_tsc.c_str() : "");
   // Before anything else: discovery may fork a child, which is only safe while this process
   // has a single thread and nothing to leak, and the worker counts it decides size the segment.
   if (auto r = plan_pools(); !r) return r;
@@ -489,7 +498,9 @@ Result<void> Supervisor::spawn_worker(WorkerProc& w) {
                                    "--supervisor-pid",
                                    std::to_string(getpid()),
                                    "--spin-us",
-                                   std::to_string(c.worker_spin_us)};
+                                   std::to_string(c.worker_spin_us),
+                                   "--job-clock",
+                                   stamp_clock_name(job_clock_)};
   for (const std::string& plugin : c.plugins) args.insert(args.end(), {"--plugin", plugin});
   if (gpu_worker && pool.memory_limit_bytes > 0) {
     args.insert(args.end(), {"--memory-limit-bytes", std::to_string(pool.memory_limit_bytes)});
@@ -728,7 +739,7 @@ void Supervisor::fail_running_jobs(const WorkerProc& w, const std::string& why) 
       JobOutcome out{};
       out.code = static_cast<int32_t>(ErrorCode::kWorkerDied);
       out.worker_id = w.id;
-      out.finished_ns = monotonic_ns();
+      out.finished_stamp = read_stamp(job_clock_);
       set_slot_message(slot, why.c_str());
       std::memcpy(&slot.outcome, &out, sizeof out);
       SlotWord failed{sw.generation, JobState::kFailed, sw.worker_plus_one};
@@ -1127,6 +1138,8 @@ Result<void> Supervisor::register_client(Connection& conn, const std::string& bo
   welcome["epoch"] = epoch_;
   welcome["queue_segment"] = segment_name_;
   welcome["daemon_version"] = GPUQ_VERSION;
+  welcome["job_clock"] = stamp_clock_name(job_clock_);
+  if (job_clock_ == StampClock::kTsc) welcome["tsc_ns_per_tick"] = tsc_rate_.ns_per_tick();
   welcome["pools"] = json::array();
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     const PoolShm& ps = queue_.pool(p);

@@ -152,6 +152,8 @@ class Supervisor {
   SupervisorOptions options_;
   uint64_t epoch_ = 0;
   uint64_t start_ns_ = 0;
+  StampClock job_clock_ = StampClock::kMonotonic;  // what job stamps count in (clock.hpp)
+  TscRate tsc_rate_;                               // the TSC's rate, for clients (Welcome)
   std::string segment_name_;
   QueueSegment segment_;
   QueueView queue_;

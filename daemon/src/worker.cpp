@@ -111,7 +111,7 @@ class Worker {
         }
         continue;
       }
-      went_on_ns_ = 0;          // idle from here: the next job's start is read afresh
+      went_on_ = 0;             // idle from here: the next job's start is read afresh
       if (stopping_) return 0;  // ring drained after WorkerStop
       // Nothing queued: spin a little, then sleep on the pool's event count.
       auto has_work = [&] {
@@ -133,6 +133,9 @@ class Worker {
       EventCount::Key key = self_->wake.prepare_wait();
       self_->asleep.store(1, std::memory_order_seq_cst);
       pool_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      // Pushers load `sleepers` after their seq_cst push with no fence of their own
+      // (wake_worker_after_push): this one orders the raise before the re-check's loads.
+      std::atomic_thread_fence(std::memory_order_seq_cst);
       if (has_work() || ring_.has_values()) {
         self_->asleep.store(0, std::memory_order_relaxed);
         pool_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -149,7 +152,7 @@ class Worker {
 
   // Processes every control message waiting on the socket. False if the supervisor is gone.
   bool drain_control() {
-    went_on_ns_ = 0;
+    went_on_ = 0;
     for (;;) {
       auto m = receive_message(options_.control_fd);
       if (!m) {
@@ -217,8 +220,9 @@ class Worker {
     struct SpaceFreed {
       PoolShm& pool;
       bool told = false;
+      // After this worker's seq_cst pop (and claim, when there was one): no fence needed.
       void tell() {
-        if (!std::exchange(told, true)) pool.space.notify_all();
+        if (!std::exchange(told, true)) pool.space.notify_all_after_rmw();
       }
       ~SpaceFreed() { tell(); }
     } space_freed{*pool_};
@@ -235,7 +239,8 @@ class Worker {
       return;
     }
     const SlotWord running{sw.generation, JobState::kRunning, options_.worker_id + 1};
-    if (!slot.state.compare_exchange_strong(word, running.pack(), std::memory_order_acq_rel,
+    // seq_cst: the `space` notify below relies on it (EventCount::notify_all_after_rmw).
+    if (!slot.state.compare_exchange_strong(word, running.pack(), std::memory_order_seq_cst,
                                             std::memory_order_acquire)) {
       return;  // the client cancelled it first
     }
@@ -249,13 +254,14 @@ class Worker {
     std::memcpy(d.params, slot.desc.params, std::min<uint32_t>(d.params_bytes, kMaxParamBytes));
     JobOutcome out{};
     out.worker_id = options_.worker_id;
-    // A job taken straight after the previous one starts when that one finished: one clock
-    // read per job instead of two (a read costs about 25 ns, and waits for every load before
-    // it). The difference is the pop and claim, well under a microsecond.
-    out.started_ns = went_on_ns_ != 0 ? went_on_ns_ : monotonic_ns();
+    // A job taken straight after the previous one starts when that one finished: one stamp
+    // per job instead of two. The difference is the pop and claim, well under a microsecond.
+    out.started_stamp = went_on_ != 0 ? went_on_ : read_stamp(options_.job_clock);
     JobState final_state = JobState::kDone;
 
-    if (d.deadline_ns != kNoDeadline && out.started_ns > d.deadline_ns) {
+    // Deadlines are CLOCK_MONOTONIC (stamps may not be): the clock is read only for a job that
+    // has one.
+    if (d.deadline_ns != kNoDeadline && monotonic_ns() > d.deadline_ns) {
       final_state = JobState::kExpired;
       set_outcome(out, Error(ErrorCode::kExpired, "deadline passed while the job was queued"));
     } else if (auto v = validate_descriptor(d, mc.view.arena_bytes(), options_.pool_id); !v) {
@@ -282,17 +288,18 @@ class Worker {
         set_outcome(out, r.error());
       }
     }
-    out.finished_ns = monotonic_ns();
-    went_on_ns_ = out.finished_ns;
+    out.finished_stamp = read_stamp(options_.job_clock);
+    went_on_ = out.finished_stamp;
     if (out.code != 0) set_slot_message(slot, error_message_.c_str());
     std::memcpy(&slot.outcome, &out, sizeof out);
     GPUQ_FAULT_POINT("worker.before_complete");
     const SlotWord done{sw.generation, final_state, options_.worker_id + 1};
-    slot.state.store(done.pack(), std::memory_order_release);
+    // An exchange, seq_cst: as cheap as a store and the fence notify would add after it.
+    slot.state.exchange(done.pack(), std::memory_order_seq_cst);
     GPUQ_FAULT_POINT("worker.completed");
     // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
     // pinned to its own CPU): give it the core now instead of spinning in front of it.
-    if (slot.done.notify_all()) sched_yield();
+    if (slot.done.notify_all_after_rmw()) sched_yield();
     self_->busy.store(0, std::memory_order_relaxed);
     if (final_state == JobState::kDone) {
       // Only this worker writes it while it lives: no locked instruction needed.
@@ -322,7 +329,7 @@ class Worker {
   // for a bounded time: the `session` word is in shared memory, and a forged reference must
   // not stall a worker for long.
   void wait_for_map(uint32_t client) {
-    went_on_ns_ = 0;
+    went_on_ = 0;
     const uint64_t deadline = monotonic_ns() + kMapWaitNs;
     while (!clients_[client] && queue_.client(client).session.load() != 0) {
       const uint64_t now = monotonic_ns();
@@ -363,7 +370,7 @@ class Worker {
   std::string error_message_;  // the current job's failure message
   // When the previous job finished, while this worker has gone straight on to the next one
   // (no idle wait, control message or map wait since); 0 otherwise.
-  uint64_t went_on_ns_ = 0;
+  uint64_t went_on_ = 0;
 };
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "gpuq/common/clock.hpp"
+
 namespace gpuq::daemon {
 
 struct WorkerOptions {
@@ -16,7 +18,8 @@ struct WorkerOptions {
   uint32_t pool_id = 0;
   pid_t supervisor_pid = 0;  // the worker exits at once if its parent is not this process
   uint32_t spin_us = 50;
-  int control_fd = 3;  // SOCK_SEQPACKET to the supervisor
+  StampClock job_clock = StampClock::kMonotonic;  // what job stamps count in (clock.hpp)
+  int control_fd = 3;                             // SOCK_SEQPACKET to the supervisor
   // A GPU worker's device memory budget (a gpu pool's memory_limit): bytes, or else a fraction
   // of the device's memory in (0, 1]. The CPU worker ignores both.
   uint64_t memory_limit_bytes = 0;

@@ -16,7 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <unordered_map>
+#include <utility>
 
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/event_count.hpp"
@@ -120,6 +120,47 @@ Result<Message> control_request(const std::string& runtime_dir, MessageType type
 
 }  // namespace
 
+// The daemon's ops, name -> id, looked up on every submit: open addressing in a power-of-two
+// table, so a lookup is a short hash (FNV-1a), a mask and one comparison. (std::unordered_map
+// took a division per lookup, or, in libstdc++ for a table this small, a comparison with
+// every entry.) Filled once, at connect.
+class OpTable {
+ public:
+  OpTable() = default;
+  explicit OpTable(std::vector<std::pair<std::string, uint32_t>> entries)
+      : entries_(std::move(entries)) {
+    size_t size = 16;
+    while (size < 2 * entries_.size()) size *= 2;
+    slots_.assign(size, -1);
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      size_t at = hash(entries_[i].first) & (size - 1);
+      while (slots_[at] >= 0 && !(entry(at).first == entries_[i].first)) at = (at + 1) & (size - 1);
+      if (slots_[at] < 0) slots_[at] = static_cast<int32_t>(i);  // a repeated name: the first
+    }
+  }
+  const uint32_t* find(std::string_view name) const noexcept {
+    if (slots_.empty()) return nullptr;
+    const size_t mask = slots_.size() - 1;
+    for (size_t at = hash(name) & mask;; at = (at + 1) & mask) {
+      if (slots_[at] < 0) return nullptr;
+      if (entry(at).first == name) return &entry(at).second;
+    }
+  }
+  const std::vector<std::pair<std::string, uint32_t>>& entries() const noexcept { return entries_; }
+
+ private:
+  const std::pair<std::string, uint32_t>& entry(size_t at) const noexcept {
+    return entries_[static_cast<size_t>(slots_[at])];
+  }
+  static uint64_t hash(std::string_view name) noexcept {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+  }
+  std::vector<std::pair<std::string, uint32_t>> entries_;  // in the daemon's order
+  std::vector<int32_t> slots_;                             // index into entries_, -1: empty
+};
+
 class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
  public:
   struct Pool {
@@ -214,8 +255,27 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                                                  : std::string();
         pool_infos_.push_back(pool.info);
       }
+      std::vector<std::pair<std::string, uint32_t>> ops;
       for (const auto& o : w.at("ops")) {
-        ops_.emplace(o.at("name").get<std::string>(), o.at("id").get<uint32_t>());
+        ops.emplace_back(o.at("name").get<std::string>(), o.at("id").get<uint32_t>());
+      }
+      ops_ = OpTable(std::move(ops));
+      // What the job stamps count in (clock.hpp, "Job stamps"); a daemon that does not say
+      // uses CLOCK_MONOTONIC.
+      auto clock = parse_stamp_clock(w.value("job_clock", std::string("monotonic")));
+      if (!clock) {
+        return Error(ErrorCode::kProtocolMismatch,
+                     "the daemon's handshake names an " + clock.error().message());
+      }
+      stamps_.clock = *clock;
+      if (stamps_.clock == StampClock::kTsc) {
+        stamps_.ns_per_tick = w.at("tsc_ns_per_tick").get<double>();
+        // Any TSC ticks between 0.01 GHz and 100 GHz.
+        if (!(stamps_.ns_per_tick > 0.01 && stamps_.ns_per_tick < 100.0)) {
+          return Error(ErrorCode::kProtocolMismatch,
+                       "the daemon's handshake gives a bad TSC rate (" +
+                           std::to_string(stamps_.ns_per_tick) + " ns per tick)");
+        }
       }
       auto qs = QueueSegment::open(w.at("queue_segment").get<std::string>());
       if (!qs) return qs.error();
@@ -298,8 +358,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   JobSlot& slot(uint32_t s) const { return view_.slot(s); }
 
   // Takes a free slot for a job for `pool`, which counts against this client's share from now
-  // on (see "This client's share of each ring" below); reaps abandoned jobs that have finished
-  // meanwhile.
+  // on (see "This client's share of each ring" below), and as a live Job ("Jobs keep their
+  // connection alive"); reaps abandoned jobs that have finished meanwhile.
   Result<std::pair<uint32_t, uint32_t>> acquire_slot(uint32_t pool) {
     std::lock_guard lock(slot_mutex_);
     if (free_slots_.empty()) reap_abandoned_locked();
@@ -311,6 +371,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     uint32_t s = free_slots_.front();
     free_slots_.pop_front();
+    if (live_jobs_++ == 0) keep_alive_ = shared_from_this();
     in_ring_[s] = static_cast<uint8_t>(pool + 1);
     counted_[pool].store(counted_[pool].load(std::memory_order_relaxed) + 1,
                          std::memory_order_relaxed);
@@ -326,19 +387,37 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     return std::make_pair(s, w.generation);
   }
 
-  // Returns a slot to the free list, bumping its generation so stale references miss it.
-  void free_slot(uint32_t s, uint32_t generation) {
+  // Returns a slot to the free list, bumping its generation so stale references miss it, and
+  // ends its live Job. Returns what may be the last reference to this object: the caller drops
+  // it after its last use of `this` ("Jobs keep their connection alive").
+  [[nodiscard]] std::shared_ptr<ClientImpl> free_slot(uint32_t s, uint32_t generation) {
     JobSlot& js = slot(s);
     js.cancel_requested.store(0, std::memory_order_relaxed);
     js.state.store(SlotWord{generation + 1, JobState::kFree, 0}.pack(), std::memory_order_release);
     std::lock_guard lock(slot_mutex_);
     uncount_locked(s, false);
     free_slots_.push_back(s);  // FIFO: a slot is reused as late as possible
+    return end_job_locked();
   }
 
-  void abandon(uint32_t s, uint32_t generation) {
+  // The Job of a running slot went away: the slot is freed once its job finishes.
+  [[nodiscard]] std::shared_ptr<ClientImpl> abandon(uint32_t s, uint32_t generation) {
     std::lock_guard lock(slot_mutex_);
     abandoned_.emplace_back(s, generation);
+    return end_job_locked();
+  }
+
+  // ---- Jobs keep their connection alive ----
+  //
+  // A Job points at this object with a plain pointer, and the live Jobs are counted here under
+  // slot_mutex_, which taking a slot and ending a Job lock anyway. While any lives,
+  // `keep_alive_` holds a reference to this object, so it outlives a Client dropped before its
+  // Jobs. A shared_ptr in each Job cost two locked instructions per job (its count's increment
+  // and decrement); this costs them only when the count leaves or returns to zero. In a forked
+  // child, Jobs end without counting (the slots are the parent's): the child's copy of this
+  // object is never freed, like the rest of what it inherited.
+  std::shared_ptr<ClientImpl> end_job_locked() {
+    return --live_jobs_ == 0 ? std::move(keep_alive_) : nullptr;
   }
 
   void reap_abandoned_locked() {
@@ -422,10 +501,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
   Result<Job> submit(const JobSpec& spec, int64_t timeout_ns, bool blocking) {
     if (forked()) return forked_error();
-    auto op = ops_.find(spec.op);
-    if (op == ops_.end()) {
+    const uint32_t* op = ops_.find(spec.op);
+    if (op == nullptr) {
       std::string known;
-      for (const auto& [name, id] : ops_) known += (known.empty() ? "" : ", ") + name;
+      for (const auto& [name, id] : ops_.entries()) known += (known.empty() ? "" : ", ") + name;
       return Error(
           ErrorCode::kUnknownOp,
           "op '" + spec.op + "' is not registered with the daemon (registered: " + known + ")");
@@ -487,7 +566,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     prefetch_for_write(&js.desc);
     ring.prefetch_push();
     JobDescriptor& d = js.desc;
-    d.op_id = op->second;
+    d.op_id = *op;
     d.pool_id = pool->id;
     d.flags = spec.retryable ? kJobFlagRetryable : 0;
     d.params_bytes = static_cast<uint32_t>(params.size());
@@ -496,13 +575,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     d.input_bytes = spec.input.size;
     d.output_offset = spec.output.offset;
     d.output_capacity = spec.output.size;
-    d.submit_ns = monotonic_ns();
-    // The wait for ring room is timed from here (one clock read for both).
-    const uint64_t wait_deadline =
-        timeout_ns < 0 ? kNoDeadline : d.submit_ns + static_cast<uint64_t>(timeout_ns);
+    d.submit_stamp = read_stamp(stamps_.clock);
+    // CLOCK_MONOTONIC, read only for a job that expires (stamps may count something else).
     d.deadline_ns = spec.expire_after.count() < 0
                         ? kNoDeadline
-                        : d.submit_ns + static_cast<uint64_t>(spec.expire_after.count());
+                        : monotonic_ns() + static_cast<uint64_t>(spec.expire_after.count());
     if (params.size() > 0) std::memcpy(d.params, params.data(), params.size());
     // `submitting` is up from before the slot turns SUBMITTED until its reference is in the
     // ring (or the slot is free again): the supervisor's drain handshake waits for it, and its
@@ -517,24 +594,27 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
     const uint32_t ref = JobRef{index_, s, generation}.pack();
     PoolShm& ps = queue_.pool(pool->id);
-    Result<void> pushed = push(ps, ring, *pool, ref, wait_deadline, blocking);
+    Result<void> pushed = push(ps, ring, *pool, ref, timeout_ns, blocking);
     if (!pushed) {
-      free_slot(s, generation);
+      // Not the last reference: the caller's Client holds one.
+      std::shared_ptr<ClientImpl> ended = free_slot(s, generation);
       return pushed.error();
     }
     // This client's own counter (its own cache line); only this client writes it.
     std::atomic<uint64_t>& submitted = cs.submitted[pool->id];
     submitted.store(submitted.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     GPUQ_FAULT_POINT("client.submit.after_push");
-    queue_.wake_worker(pool->id);
-    return Job(shared_from_this(), s, generation);
+    queue_.wake_worker_after_push(pool->id);  // the push was seq_cst: no fence needed
+    return Job(this, s, generation);
   }
 
   // Pushes `ref` into the pool's ring within this client's share, waiting for room if
-  // `blocking`. The caller has raised `submitting` (see Supervisor::check_drain); its job
-  // counts against the share already, so the share has room while held() is at most the share.
-  Result<void> push(PoolShm& ps, JobRing& ring, const Pool& pool, uint32_t ref, uint64_t deadline,
+  // `blocking`, for at most `timeout_ns` (negative: no limit) from the first look that finds
+  // none. The caller has raised `submitting` (see Supervisor::check_drain); its job counts
+  // against the share already, so the share has room while held() is at most the share.
+  Result<void> push(PoolShm& ps, JobRing& ring, const Pool& pool, uint32_t ref, int64_t timeout_ns,
                     bool blocking) {
+    uint64_t deadline = 0;  // set at the first look that finds no room
     const uint32_t share = pool.info.client_share;
     // A recount takes the slot mutex and reads this client's slots and the whole ring: while
     // spinning for room, at most every 16th look does one (`force`: this look does).
@@ -558,6 +638,9 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       }
       if (!blocking) return queue_full_error(pool, ring);
       const uint64_t now = monotonic_ns();
+      if (deadline == 0) {
+        deadline = timeout_ns < 0 ? kNoDeadline : now + static_cast<uint64_t>(timeout_ns);
+      }
       if (now >= deadline) {
         return Error(ErrorCode::kTimeout,
                      "pool '" + pool.info.name + "' had no room for the job before the deadline");
@@ -660,9 +743,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     r.output_size = out.output_bytes;
     r.value = out.value;
     r.worker_id = out.worker_id;
-    const uint64_t submitted = js.desc.submit_ns;
-    r.queued_ns = out.started_ns > submitted ? out.started_ns - submitted : 0;
-    r.run_ns = out.finished_ns > out.started_ns ? out.finished_ns - out.started_ns : 0;
+    // From stamps (clock.hpp): a job that never started (cancelled, expired or failed while
+    // queued, or failed by the supervisor) was queued until it ended and ran for no time.
+    const uint64_t submitted = js.desc.submit_stamp;
+    const uint64_t started = out.started_stamp != 0 ? out.started_stamp : out.finished_stamp;
+    r.queued_ns = started > submitted ? stamps_.to_ns(started - submitted) : 0;
+    r.run_ns = out.started_stamp != 0 && out.finished_stamp > out.started_stamp
+                   ? stamps_.to_ns(out.finished_stamp - out.started_stamp)
+                   : 0;
     return r;
   }
 
@@ -708,7 +796,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     JobOutcome out{};
     out.code = static_cast<int32_t>(code);
     set_slot_message(js, message);
-    out.finished_ns = monotonic_ns();
+    out.finished_stamp = read_stamp(stamps_.clock);
     std::memcpy(&js.outcome, &out, sizeof out);
     js.done.notify_all();  // another thread may be waiting on this job
     return true;
@@ -739,9 +827,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     return Error(ErrorCode::kNotCancellable, "the job has already finished");
   }
 
-  // Called when a Job handle goes away.
+  // Called when a Job handle goes away. May destroy this object (its last reference, once
+  // the Client is gone, is the one the last Job's end releases).
   void drop_job(uint32_t s, uint32_t generation) {
-    if (forked()) return;  // the parent owns the slot
+    if (forked()) return;              // the parent owns the slot
+    std::shared_ptr<ClientImpl> last;  // declared first, so released after every use of `this`
     JobSlot& js = slot(s);
     uint64_t word = js.state.load(std::memory_order_acquire);
     SlotWord w = SlotWord::unpack(word);
@@ -749,22 +839,22 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       const uint64_t cancelled = SlotWord{generation, JobState::kCancelled, 0}.pack();
       if (js.state.compare_exchange_strong(word, cancelled, std::memory_order_acq_rel)) {
         count_stale(s);  // its entry stays in the ring until a worker drops it
-        free_slot(s, generation);
+        last = free_slot(s, generation);
         return;
       }
       w = SlotWord::unpack(word);
     }
     if (is_terminal(w.state)) {
-      free_slot(s, generation);
+      last = free_slot(s, generation);
     } else {
       // Running, and nobody will read its result: ask its op to stop early.
       js.cancel_requested.store(1, std::memory_order_relaxed);
-      abandon(s, generation);  // freed once it finishes
+      last = abandon(s, generation);  // freed once it finishes
     }
   }
 
   std::vector<PoolInfo> pool_infos_;
-  std::unordered_map<std::string, uint32_t> ops_;
+  OpTable ops_;
   uint64_t epoch_ = 0;
   uint32_t slot_count_ = 0;
   uint64_t segment_bytes() const { return segment_.size(); }
@@ -775,6 +865,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
  private:
   uint64_t fork_generation_ = 0;
   uint64_t spin_ns_ = 0;
+  StampScale stamps_;  // what the job stamps count in, from Welcome
   UniqueFd socket_;
   QueueSegment queue_segment_;
   QueueView queue_;
@@ -795,6 +886,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   std::atomic<uint32_t> stale_[kMaxPools] = {};
   std::deque<uint32_t> free_slots_;
   std::vector<std::pair<uint32_t, uint32_t>> abandoned_;
+  // Live Jobs, and this object's own reference while there are any (under slot_mutex_; see
+  // "Jobs keep their connection alive").
+  uint32_t live_jobs_ = 0;
+  std::shared_ptr<ClientImpl> keep_alive_;
 
   std::mutex alloc_mutex_;
   std::map<uint64_t, uint64_t> free_blocks_;  // offset -> size
@@ -804,12 +899,12 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 // ---- Job ----
 
 Job::Job(Job&& o) noexcept
-    : impl_(std::move(o.impl_)), slot_(o.slot_), generation_(o.generation_) {}
+    : impl_(std::exchange(o.impl_, nullptr)), slot_(o.slot_), generation_(o.generation_) {}
 
 Job& Job::operator=(Job&& o) noexcept {
   if (this != &o) {
     reset();
-    impl_ = std::move(o.impl_);
+    impl_ = std::exchange(o.impl_, nullptr);
     slot_ = o.slot_;
     generation_ = o.generation_;
   }
@@ -821,8 +916,8 @@ Job::~Job() {
 }
 
 void Job::reset() noexcept {
-  if (impl_) impl_->drop_job(slot_, generation_);
-  impl_.reset();
+  // drop_job may destroy the ClientImpl (this Job's end releases its last reference).
+  if (ClientImpl* impl = std::exchange(impl_, nullptr)) impl->drop_job(slot_, generation_);
 }
 
 Result<JobResult> Job::wait(std::chrono::nanoseconds timeout) {
@@ -990,7 +1085,7 @@ const std::vector<PoolInfo>& Client::pools() const noexcept {
 }
 std::vector<std::string> Client::ops() const {
   std::vector<std::string> names;
-  for (const auto& [name, id] : impl_->ops_) names.push_back(name);
+  for (const auto& [name, id] : impl_->ops_.entries()) names.push_back(name);
   std::sort(names.begin(), names.end());
   return names;
 }

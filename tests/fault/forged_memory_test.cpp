@@ -92,7 +92,7 @@ void forge_descriptor(JobDescriptor& d, Rng& rng, uint64_t arena) {
   d.output_offset = forged_extent(rng, arena);
   d.output_capacity = forged_extent(rng, arena);
   d.deadline_ns = rng.chance(0.7) ? kNoDeadline : rng.next();
-  d.submit_ns = rng.next();
+  d.submit_stamp = rng.next();
   rng.fill(d.params, sizeof d.params);
   if (rng.chance(0.3)) {
     // A plausible parameter block start: small counts and lengths.

@@ -76,6 +76,32 @@ TEST_CASE("every op runs end to end on the cpu pool") {
   }
 }
 
+TEST_CASE("job timings are right with either job clock") {
+  // "auto" is the TSC where the kernel keeps time with it (clock.hpp); "monotonic" always works.
+  for (const char* clock : {"auto", "monotonic"}) {
+    CAPTURE(clock);
+    DaemonProcess daemon(one_pool_config(1, {{"job_clock", clock}}));
+    Client client = connect_client(daemon);
+    for (int64_t us : {2000, 30000}) {
+      CAPTURE(us);
+      Job job = submit_ok(client, sleep_spec(us));
+      JobResult r = wait_done(job);
+      CHECK(r.run_ns >= static_cast<uint64_t>(us) * 1000);
+      CHECK(r.run_ns < static_cast<uint64_t>(us) * 1000 + 1'000'000'000);
+      CHECK(r.queued_ns < 1'000'000'000);
+    }
+    // Behind a running job, a queued one waits about as long as that one has left to run.
+    Job first = submit_ok(client, sleep_spec(50'000));
+    wait_running(first);
+    Job second = submit_ok(client, noop_spec());
+    JobResult a = wait_done(first);
+    JobResult b = wait_done(second);
+    CHECK(a.run_ns >= 50'000'000);
+    CHECK(b.queued_ns > 10'000'000);  // the 50 ms sleep less the wait_running spin
+    CHECK(b.queued_ns < 1'000'000'000);
+  }
+}
+
 TEST_CASE("jobs run on a worker of the pool they were submitted to") {
   const std::vector<int> cpus = affinity_cpus();
   REQUIRE(!cpus.empty());

@@ -202,6 +202,8 @@ TEST_CASE("cancel: a queued job is cancelled at once, a running one is asked to 
   JobResult q = wait_result(queued);
   CHECK(q.status == JobStatus::kCancelled);
   CHECK(q.code == ErrorCode::kCancelled);
+  CHECK(q.run_ns == 0);  // it never started: queued until cancelled
+  CHECK(q.queued_ns < 300'000'000);
   auto again = queued.cancel();
   REQUIRE_FALSE(again.ok());
   CHECK(again.error().code() == ErrorCode::kNotCancellable);
@@ -212,6 +214,7 @@ TEST_CASE("cancel: a queued job is cancelled at once, a running one is asked to 
   JobResult r = wait_result(running);
   CHECK(r.status == JobStatus::kCancelled);
   CHECK(r.code == ErrorCode::kCancelled);
+  CHECK(r.run_ns > 0);
   CHECK(r.run_ns < 300'000'000);
   auto finished = running.cancel();
   REQUIRE_FALSE(finished.ok());

@@ -102,6 +102,7 @@ TEST_CASE("example config: every documented key, with its built-in default") {
   CHECK(c.max_client_segment_bytes == d.max_client_segment_bytes);
   CHECK(c.drain_timeout_ms == d.drain_timeout_ms);
   CHECK(c.worker_spin_us == d.worker_spin_us);
+  CHECK(c.job_clock == d.job_clock);
   CHECK(c.restart_backoff_initial_ms == d.restart_backoff_initial_ms);
   CHECK(c.restart_backoff_max_ms == d.restart_backoff_max_ms);
   CHECK(c.max_start_failures == d.max_start_failures);

@@ -80,8 +80,11 @@ struct JobResult {
   uint64_t value = 0;               // op's scalar result (checksum: the CRC32C)
   uint32_t worker_id = 0;
   // submit -> start -> finish. The start of a job a worker took straight after its previous
-  // one is when that one finished (the worker reads the clock once per job), so run_ns then
-  // includes taking the job from the ring: well under a microsecond.
+  // one is when that one finished (the worker takes one timestamp per job), so run_ns then
+  // includes taking the job from the ring: well under a microsecond. A job that never started
+  // (cancelled, expired or failed while queued, or failed when its worker died) has run_ns 0
+  // and was queued until it ended. Timestamps come from the TSC where the kernel keeps time
+  // with it (the daemon's `job_clock`, docs/config.md), else from CLOCK_MONOTONIC.
   uint64_t queued_ns = 0;  // submit -> start
   uint64_t run_ns = 0;     // start -> finish
 
@@ -119,11 +122,13 @@ class GPUQ_API Job {
 
  private:
   friend class ClientImpl;
-  Job(std::shared_ptr<ClientImpl> impl, uint32_t slot, uint32_t generation) noexcept
-      : impl_(std::move(impl)), slot_(slot), generation_(generation) {}
+  Job(ClientImpl* impl, uint32_t slot, uint32_t generation) noexcept
+      : impl_(impl), slot_(slot), generation_(generation) {}
   void reset() noexcept;
 
-  std::shared_ptr<ClientImpl> impl_;
+  // The connection, kept alive while any of its Jobs lives (counted by the connection itself:
+  // a shared_ptr here cost two locked instructions per job).
+  ClientImpl* impl_ = nullptr;
   uint32_t slot_ = 0;
   uint32_t generation_ = 0;
 };
@@ -213,7 +218,8 @@ class GPUQ_API Client {
   // A job for an unavailable pool (PoolInfo::available) runs on its fallback pool
   // (PoolInfo::runs_on) if it has one. Errors: UnknownOp, UnknownPool, NoDevice (the pool is
   // unavailable and has no fallback; the message names the pool and the reason),
-  // InvalidArgument (params), Timeout (ring stayed full), ShuttingDown, Disconnected,
+  // InvalidArgument (params), Timeout (the ring stayed full for `timeout`, counted from the
+  // first look that found no room), ShuttingDown, Disconnected,
   // ForkedClient, OutOfMemory (all of this client's job slots are in use). Thread-safe;
   // lock-free when there is room.
   Result<Job> submit(const JobSpec& spec,

@@ -11,11 +11,14 @@
 //   if (cond()) { ec.cancel_wait(); return; }
 //   ec.wait(key, deadline);                   // then loop and re-check cond()
 //
-// Memory ordering: prepare_wait() increments `waiters_` with a seq_cst RMW and then reads
-// `epoch_`; notify() issues a seq_cst fence after the poster's store and then reads `waiters_`.
-// By the total order of seq_cst operations, either the poster's load sees the registration (and
-// bumps the epoch and wakes, so the waiter's futex_wait with the old key returns at once), or the
-// waiter's re-check of cond() comes after the fence and sees the poster's store. No lost wakeups.
+// Memory ordering: prepare_wait() increments `waiters_` with a seq_cst RMW and then issues a
+// seq_cst fence before the waiter re-checks; notify() issues a seq_cst fence after the poster's
+// store and then reads `waiters_` (seq_cst). By the total order of seq_cst operations, either
+// the poster's load sees the registration (and bumps the epoch and wakes, so the waiter's
+// futex_wait with the old key returns at once), or that load precedes the registration, and so
+// the waiter's fence, and the waiter's re-check of cond() sees the poster's store. No lost
+// wakeups. A poster whose store was itself a seq_cst RMW needs no fence: the RMW precedes its
+// load of `waiters_` in the total order just as the fence would (the *_after_rmw calls).
 //
 // Plain data: two 32-bit lock-free atomics, no pointers. Thread- and process-safe. Not
 // async-signal-safe. A process killed between prepare_wait() and wait() leaves `waiters_` one
@@ -51,14 +54,21 @@ class EventCount {
 
   // Wakes one (or all) sleeping waiters, if any are registered. Lock-free when none are.
   // Return true if a waiter was registered (and so was woken).
-  bool notify_one() noexcept { return notify(1); }
-  bool notify_all() noexcept { return notify(INT32_MAX); }
+  bool notify_one() noexcept { return notify(1, true); }
+  bool notify_all() noexcept { return notify(INT32_MAX, true); }
+
+  // The same without the fence, for a poster whose last step in making the condition true was
+  // a seq_cst read-modify-write (a CAS, an exchange): that already orders the change before
+  // notify's seq_cst load of `waiters_` in the total order, which is all the fence is for
+  // (see "Memory ordering" above). Saves a locked instruction on hot paths.
+  bool notify_one_after_rmw() noexcept { return notify(1, false); }
+  bool notify_all_after_rmw() noexcept { return notify(INT32_MAX, false); }
 
   // Number of registered waiters (for status and tests; racy by nature).
   uint32_t waiters() const noexcept { return waiters_.load(std::memory_order_seq_cst); }
 
  private:
-  bool notify(int count) noexcept;
+  bool notify(int count, bool fence) noexcept;
 
   std::atomic<uint32_t> epoch_;
   std::atomic<uint32_t> waiters_;

@@ -10,6 +10,11 @@
 //   - push/pop are lock-free: a thread that stops anywhere (even SIGKILL) never blocks others.
 //   - Values must not equal kEmptyValue.
 //   - Thread- and process-safe; not async-signal-safe (a handler may interrupt its own thread).
+//   - A successful push or pop changes the ring with seq_cst read-modify-writes only (the cell
+//     CAS, then the CAS that advances the tail or head hint, whose failure is a seq_cst load).
+//     So a seq_cst load the caller makes afterwards comes after the whole change in the single
+//     total order, as it would after a seq_cst fence: a caller that then looks for sleepers to
+//     wake needs no fence of its own (EventCount::notify_all_after_rmw, wake_worker_after_push).
 //
 // Design (docs/design/ring.md has the full argument)
 //   Every cell is one 64-bit atomic word {tag:32 | value:32}. Position p (a 64-bit counter) uses

@@ -29,7 +29,7 @@ namespace gpuq {
 
 inline constexpr uint64_t kQueueMagic = 0x314D485355515047ull;   // "GPQUSHM1"
 inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
-inline constexpr uint32_t kLayoutVersion = 6;                    // 6: one cache line per ring cell
+inline constexpr uint32_t kLayoutVersion = 7;                    // 7: job stamps (clock.hpp)
 
 inline constexpr uint32_t kMaxPools = 8;
 inline constexpr uint32_t kMaxWorkers = 1024;
@@ -110,7 +110,7 @@ struct JobDescriptor {
   uint64_t output_offset;  // relative to the payload arena
   uint64_t output_capacity;
   uint64_t deadline_ns;            // CLOCK_MONOTONIC; kNoDeadline for none
-  uint64_t submit_ns;              // CLOCK_MONOTONIC when the client pushed it
+  uint64_t submit_stamp;           // when the client pushed it (a job stamp: clock.hpp)
   uint8_t params[kMaxParamBytes];  // ParamBlock encoding (params.hpp)
 };
 inline constexpr uint32_t kJobFlagRetryable = 1u << 0;  // run again if its worker dies
@@ -125,10 +125,10 @@ static_assert(offsetof(JobDescriptor, params) == 64);
 struct JobOutcome {
   int32_t code;  // ErrorCode
   uint32_t worker_id;
-  uint64_t output_bytes;  // bytes written to the output buffer
-  uint64_t value;         // small scalar result (e.g. checksum)
-  uint64_t started_ns;
-  uint64_t finished_ns;
+  uint64_t output_bytes;   // bytes written to the output buffer
+  uint64_t value;          // small scalar result (e.g. checksum)
+  uint64_t started_stamp;  // job stamps (clock.hpp); 0: the job never started
+  uint64_t finished_stamp;
 };
 static_assert(std::is_trivially_copyable_v<JobOutcome>);
 static_assert(sizeof(JobOutcome) == 40);
@@ -337,14 +337,22 @@ class QueueView {
   // a burst wakes the next sleeping worker (on another core) instead of the same one again.
   //
   // No lost wakeup: a worker registers in its `wake` event count, sets `asleep`, raises the
-  // pool's `sleepers`, and only then re-checks the ring. The pusher's fence orders its push
-  // before its load of `sleepers`; so either the worker's re-check sees the push, or the pusher
+  // pool's `sleepers`, issues a seq_cst fence, and only then re-checks the ring. The pusher's
+  // fence (or its seq_cst push) orders its push before its seq_cst load of `sleepers`; so
+  // either the worker's re-check sees the push, or the pusher
   // sees `sleepers` > 0 and then that worker's `asleep` = 1 (and notifies it), or `asleep` = 0
   // because the worker is already awake or another pusher claimed it: in both cases the worker
   // returns to the top of its loop, where it pops.
   // `cpu`: the caller's CPU, -1 for sched_getcpu() (called only when a wakeup is needed).
   void wake_worker(uint32_t pool, int cpu = -1) const noexcept {
     std::atomic_thread_fence(std::memory_order_seq_cst);
+    wake_worker_after_push(pool, cpu);
+  }
+
+  // The same, right after this thread's successful try_push to `pool`, without the fence: the
+  // push's CASes are seq_cst (job_ring.hpp), which orders the push before the loads below as
+  // the fence would. The worker's side has its fence after raising `sleepers`.
+  void wake_worker_after_push(uint32_t pool, int cpu = -1) const noexcept {
     PoolShm& p = this->pool(pool);
     if (p.sleepers.load(std::memory_order_seq_cst) == 0) return;
     if (p.spinning.load(std::memory_order_seq_cst) != 0) return;  // a spinner will pop it
