@@ -414,8 +414,9 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // `keep_alive_` holds a reference to this object, so it outlives a Client dropped before its
   // Jobs. A shared_ptr in each Job cost two locked instructions per job (its count's increment
   // and decrement); this costs them only when the count leaves or returns to zero. In a forked
-  // child, Jobs end without counting (the slots are the parent's): the child's copy of this
-  // object is never freed, like the rest of what it inherited.
+  // child, a Job inherited from the parent only ends its count (the slot is the parent's), if
+  // the child's copy of the slot mutex is free: one copied while another of the parent's
+  // threads held it stays locked, and then the child's copy of this object is never freed.
   std::shared_ptr<ClientImpl> end_job_locked() {
     return --live_jobs_ == 0 ? std::move(keep_alive_) : nullptr;
   }
@@ -830,8 +831,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // Called when a Job handle goes away. May destroy this object (its last reference, once
   // the Client is gone, is the one the last Job's end releases).
   void drop_job(uint32_t s, uint32_t generation) {
-    if (forked()) return;              // the parent owns the slot
     std::shared_ptr<ClientImpl> last;  // declared first, so released after every use of `this`
+    if (forked()) {  // the parent owns the slot; only the count of live Jobs is this copy's
+      if (slot_mutex_.try_lock()) {
+        last = end_job_locked();
+        slot_mutex_.unlock();
+      }
+      return;
+    }
     JobSlot& js = slot(s);
     uint64_t word = js.state.load(std::memory_order_acquire);
     SlotWord w = SlotWord::unpack(word);

@@ -102,6 +102,29 @@ TEST_CASE("job timings are right with either job clock") {
   }
 }
 
+TEST_CASE("Jobs keep their connection: they outlive their Client, and the last one closes it") {
+  using namespace std::chrono_literals;
+  DaemonProcess daemon(one_pool_config(1));
+  std::vector<Job> jobs;
+  {
+    Client client = connect_client(daemon);
+    jobs.push_back(submit_ok(client, sleep_spec(20'000)));
+    jobs.push_back(submit_ok(client, noop_spec()));
+    jobs.push_back(submit_ok(client, sleep_spec(200'000)));  // dropped queued or running
+  }
+  CHECK(daemon.status()["clients"] == 1);  // the Jobs hold the connection
+  JobResult a = wait_done(jobs[0]);
+  CHECK(a.value == 20'000);
+  JobResult b = wait_done(jobs[1]);
+  CHECK(b.ok());
+  jobs.clear();  // the last Jobs: the connection closes and the daemon sees the client go
+  CHECK(wait_until([&] { return daemon.status()["clients"] == 0; }, 10s));
+  // Another client is served as usual.
+  Client other = connect_client(daemon);
+  Job job = submit_ok(other, noop_spec());
+  CHECK(wait_done(job).ok());
+}
+
 TEST_CASE("jobs run on a worker of the pool they were submitted to") {
   const std::vector<int> cpus = affinity_cpus();
   REQUIRE(!cpus.empty());
