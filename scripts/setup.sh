@@ -23,6 +23,9 @@ gpuq_setup_packages=(
   doctest-dev          # unit and integration tests
   libsystemd-dev       # sd_notify for the Type=notify unit
   libdnnl-dev          # oneDNN 2.x: the tensor ops on CPU pools (GPUQ_WITH_ONEDNN)
+  ocl-icd-opencl-dev   # OpenCL headers and libOpenCL.so: Debian's oneDNN is built with an OpenCL
+                       # GPU runtime, and its CMake package (dnnl-config.cmake) requires them;
+                       # libdnnl-dev only Recommends it, and we install without recommends
   systemd              # systemd-analyze (unit tests), systemd-sysusers (package postinst)
   dpkg-dev             # dpkg-shlibdeps: the .deb's dependencies (cpack, stage package)
   file                 # CPack's DEB generator finds the ELF files with it
