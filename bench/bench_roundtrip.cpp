@@ -1386,8 +1386,10 @@ int run_orchestrator(const Options& o) {
   std::printf("  %-43s", "core-to-core round trip, ns, per round");
   for (uint32_t n : o.clients) {
     std::string per_round;
-    for (double ns : core_to_core_ns[n])
-      per_round += (per_round.empty() ? "" : "/") + std::to_string(std::lround(ns));
+    for (double ns : core_to_core_ns[n]) {
+      if (!per_round.empty()) per_round += '/';
+      per_round += std::to_string(std::lround(ns));
+    }
     std::printf(" %14s", per_round.c_str());
   }
   std::printf("\n\n");

@@ -47,7 +47,7 @@ Result<int> parse_cpu_number(std::string_view s, const std::string& path) {
   int v = -1;
   auto r = std::from_chars(s.data(), s.data() + s.size(), v);
   if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || v < 0) {
-    return bad(path, "'" + std::string(s) + "' is not a CPU number");
+    return bad(path, std::string("'").append(s) + "' is not a CPU number");
   }
   return v;
 }

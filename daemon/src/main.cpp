@@ -87,7 +87,8 @@ int check_config(const gpuq::daemon::Config& config) {
     }
     std::string gpus = p.all_gpus ? "all" : "";
     for (const auto& g : p.gpus) {
-      gpus += (gpus.empty() ? "" : ",") + (g.by_uuid ? g.uuid : std::to_string(g.index));
+      if (!gpus.empty()) gpus += ',';
+      gpus += g.by_uuid ? g.uuid : std::to_string(g.index);
     }
     const std::string fallback =
         p.fallback_pool >= 0 ? "pool " + config.pools[p.fallback_pool].name : "none";

@@ -118,7 +118,11 @@ class NotifyListener {
     for (const auto& n : received_) {
       std::string t = n.text;
       std::replace(t.begin(), t.end(), '\n', '|');
-      s += "  " + std::to_string(n.at_ns / 1'000'000) + " ms: " + t + "\n";
+      s.append("  ")
+          .append(std::to_string(n.at_ns / 1'000'000))
+          .append(" ms: ")
+          .append(t)
+          .append("\n");
     }
     return s;
   }
@@ -159,7 +163,8 @@ std::string worker_states(const DaemonProcess& daemon) {
   const nlohmann::json status = daemon.status();
   for (const auto& pool : status.at("pools")) {
     for (const auto& w : pool.at("workers")) {
-      states += (states.empty() ? "" : ",") + w.at("state").get<std::string>();
+      if (!states.empty()) states += ',';
+      states += w.at("state").get<std::string>();
     }
   }
   return states;

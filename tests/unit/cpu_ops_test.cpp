@@ -48,7 +48,10 @@ std::string text(const std::vector<Param>& params) {
 
 std::string dims(std::initializer_list<uint64_t> d) {
   std::string s;
-  for (uint64_t v : d) s += (s.empty() ? "" : "x") + std::to_string(v);
+  for (uint64_t v : d) {
+    if (!s.empty()) s += 'x';
+    s += std::to_string(v);
+  }
   return s;
 }
 
@@ -214,7 +217,10 @@ TEST_CASE("cpu backend: activation matches the reference" * doctest::skip(kNoOne
   for (uint64_t iter = 0; iter < kCases; ++iter) {
     std::string x;
     const uint64_t rank = pick(rng, 1, 4);
-    for (uint64_t d = 0; d < rank; ++d) x += (d ? "x" : "") + std::to_string(pick(rng, 1, 9));
+    for (uint64_t d = 0; d < rank; ++d) {
+      if (d != 0) x += 'x';
+      x += std::to_string(pick(rng, 1, 9));
+    }
     const char* modes[] = {"relu", "sigmoid", "tanh"};
     check_job(OpKind::kActivation, {s("x", x), s("mode", modes[pick(rng, 0, 2)])}, rng);
   }
@@ -226,7 +232,7 @@ TEST_CASE("cpu backend: softmax and log-softmax match the reference" * doctest::
   for (uint64_t iter = 0; iter < kCases; ++iter) {
     std::string x = std::to_string(pick(rng, 1, 5)) + "x" + std::to_string(pick(rng, 1, 33));
     const uint64_t extra = pick(rng, 0, 2);
-    for (uint64_t d = 0; d < extra; ++d) x += "x" + std::to_string(pick(rng, 1, 6));
+    for (uint64_t d = 0; d < extra; ++d) x.append("x").append(std::to_string(pick(rng, 1, 6)));
     std::vector<Param> p{s("x", x)};
     if (rng.chance(0.5)) p.push_back(i("log", 1));
     check_job(OpKind::kSoftmax, p, rng);
@@ -255,7 +261,7 @@ TEST_CASE("cpu backend: batchnorm matches the reference" * doctest::skip(kNoOneD
   test::Rng rng(kSeed + 5);
   for (uint64_t iter = 0; iter < kCases; ++iter) {
     std::string x = dims({pick(rng, 1, 4), pick(rng, 1, 9)});
-    if (rng.chance(0.7)) x += "x" + dims({pick(rng, 1, 7), pick(rng, 1, 7)});
+    if (rng.chance(0.7)) x.append("x").append(dims({pick(rng, 1, 7), pick(rng, 1, 7)}));
     std::vector<Param> p{s("x", x)};
     if (rng.chance(0.5)) p.push_back(f("eps", uniform(rng, 1e-5, 0.1)));
     if (rng.chance(0.5)) p.push_back(i("relu", 1));

@@ -508,7 +508,7 @@ TEST_CASE("random parameters: what parses is always within the buffers") {
   };
   auto shape = [&](uint64_t rank) {
     std::string t = dim();
-    for (uint64_t d = 1; d < rank; ++d) t += "x" + dim();
+    for (uint64_t d = 1; d < rank; ++d) t.append("x").append(dim());
     return t;
   };
   auto value_for = [&](std::string_view key) -> ParamValue {
