@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# gpuq's run command (README): builds gpuq (Release, in build/), starts the daemon with its
-# built-in defaults (no config file) in a private runtime directory, runs the demo client, shows
-# the daemon's status, stops the daemon and checks that it exited cleanly.
+# gpuq's run command (README): installs what is missing (scripts/setup.sh), builds gpuqd, its
+# workers, gpuqctl and the demo client (Release, in build/), starts the daemon with its built-in
+# defaults (no config file) in a private runtime directory, runs the demo client, shows the
+# daemon's status, stops the daemon and checks that it exited cleanly.
 #
 #   bash scripts/demo.sh
 #
@@ -72,14 +73,21 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---- build -------------------------------------------------------------------------------------
-step "building gpuq (Release) in build/"
+step "building gpuq (Release) in build/: gpuqd, its workers, gpuqctl and the demo client"
 # build/ is shared with scripts/test.sh, which builds it RelWithDebInfo with -Werror: switching
-# recompiles. The demo turns -Werror off so a new compiler's warning cannot stop it.
+# recompiles. The demo turns -Werror off so a new compiler's warning cannot stop it, and builds
+# only what it runs (not the tests and benchmarks: `cmake --build build` builds everything).
 gen=()
 if [[ ! -f build/CMakeCache.txt ]] && command -v ninja >/dev/null 2>&1; then gen=(-G Ninja); fi
 cmake -S "${ROOT}" -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGPUQ_BUILD_EXAMPLES=ON \
   -DGPUQ_WERROR=OFF -DGPUQ_SANITIZE=
-cmake --build build -j "${BUILD_JOBS}"
+targets=(gpuqd gpuq-worker gpuqctl gpuq_demo)
+# The GPU worker exists in a build with CUDA, cuBLAS and cuDNN (GPUQ_WITH_CUDA=AUTO); gpuqd runs
+# it for GPU pools when the machine has a GPU.
+if cmake --build build --target help | grep -qw gpuq-gpu-worker; then
+  targets+=(gpuq-gpu-worker)
+fi
+cmake --build build -j "${BUILD_JOBS}" --target "${targets[@]}"
 for bin in "${GPUQD}" "${WORKER}" "${GPUQCTL}" "${DEMO}"; do
   [[ -x "${bin}" ]] || { echo "demo: ${bin} was not built" >&2; exit 1; }
 done
