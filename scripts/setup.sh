@@ -35,6 +35,7 @@ gpuq_setup_packages=(
   libclang-rt-14-dev   # clang's sanitizer and libFuzzer runtimes
   python3              # test helpers, scripts/test.sh result summary
   git                  # scripts/test.sh lists the tracked sources with git ls-files
+  mmdebstrap           # scripts/test.sh fresh stage: a clean Debian 12 root (scripts/fresh.sh)
 )
 
 gpuq_setup_install() (

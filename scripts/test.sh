@@ -3,6 +3,10 @@
 # order and stops at the first failure with a non-zero exit status.
 #
 #   format  clang-format --dry-run -Werror over every tracked (or new, not ignored) C++/CUDA file
+#   fresh   the README's run command on a clean Debian 12 root (scripts/fresh.sh): mmdebstrap
+#           root (base tarball cached outside the tree), a clean clone of HEAD, then inside it
+#           `bash scripts/setup.sh` and `bash scripts/demo.sh`, whose output must hold no warning;
+#           needs root (skipped otherwise)
 #   build   RelWithDebInfo build with -Werror and oneDNN (GPUQ_WITH_ONEDNN=ON) in build/, ctest
 #           for every label (tests labelled `gpu` report Skipped on a machine without a GPU)
 #   package install build/ into a temporary prefix and build and run examples/consumer against it
@@ -15,17 +19,20 @@
 #           build-fuzz/fuzz-corpus/); any crash, leak or timeout fails the stage
 #   tidy    (not run by default) clang-tidy with the root .clang-tidy over build/'s sources
 #
-# The cheap format check runs first so a formatting slip fails in seconds, not after the builds.
+# The cheap format check runs first so a formatting slip fails in seconds, not after the builds;
+# then `fresh`, so that a set-up step missing from scripts/setup.sh (a package installed by hand
+# on the machine that runs CI) fails before this machine's own builds can hide it.
 #
 # Environment:
-#   GPUQ_TEST_STAGES   stages to run, in this order (default "format build package asan tsan
-#                      fuzz");
+#   GPUQ_TEST_STAGES   stages to run, in this order (default "format fresh build package asan
+#                      tsan fuzz");
 #                      "sanitize" stands for "asan tsan", "all" for the default list
 #   GPUQ_BUILD_JOBS    parallel compile jobs (default: nproc)
 #   GPUQ_CTEST_JOBS    parallel tests (default: nproc)
 #   GPUQ_CTEST_TIMEOUT per-test limit in seconds for tests that set none (default 900)
 #   GPUQ_CTEST_ARGS    extra ctest arguments for every stage, e.g. "-R ring"
 #   GPUQ_FUZZ_SECONDS  how long the fuzz stage runs each fuzz target (default 60)
+#   GPUQ_FRESH_*       the fresh stage's settings (scripts/fresh.sh's header)
 #   CXX / CC           compilers, as CMake reads them (a build dir keeps its first choice)
 #   ASAN_OPTIONS, UBSAN_OPTIONS, TSAN_OPTIONS  appended to this script's defaults (later wins)
 set -euo pipefail
@@ -40,7 +47,7 @@ readonly BUILD_JOBS="${GPUQ_BUILD_JOBS:-$(nproc)}"
 readonly CTEST_JOBS="${GPUQ_CTEST_JOBS:-$(nproc)}"
 readonly CTEST_TIMEOUT="${GPUQ_CTEST_TIMEOUT:-900}"
 readonly SANITIZER_LABELS='^(unit|stress|integration)$'
-readonly DEFAULT_STAGES=(format build package asan tsan fuzz)
+readonly DEFAULT_STAGES=(format fresh build package asan tsan fuzz)
 
 # ---- stage selection ---------------------------------------------------------------------------
 stages=()
@@ -48,9 +55,9 @@ for s in ${GPUQ_TEST_STAGES:-${DEFAULT_STAGES[*]}}; do
   case "${s}" in
     all) stages+=("${DEFAULT_STAGES[@]}") ;;
     sanitize) stages+=(asan tsan) ;;
-    format | build | package | asan | tsan | fuzz | tidy) stages+=("${s}") ;;
+    format | fresh | build | package | asan | tsan | fuzz | tidy) stages+=("${s}") ;;
     *)
-      echo "test.sh: unknown stage '${s}' (known: format build package asan tsan fuzz tidy sanitize all)" >&2
+      echo "test.sh: unknown stage '${s}' (known: format fresh build package asan tsan fuzz tidy sanitize all)" >&2
       exit 2
       ;;
   esac
@@ -225,6 +232,21 @@ stage_format() {
     echo "  git ls-files -z '*.cpp' '*.hpp' '*.h' '*.cu' | xargs -0 clang-format -i" >&2
     return 1
   fi
+}
+
+# scripts/fresh.sh: one test, counted as skipped when it exits 77 (not root, no namespaces).
+stage_fresh() {
+  local rc=0
+  bash scripts/fresh.sh || rc=$?
+  case "${rc}" in
+    0) tests_passed=$((tests_passed + 1)) stage_counts="(1 passed, 0 failed, 0 skipped)" ;;
+    77) tests_skipped=$((tests_skipped + 1)) stage_counts="(0 passed, 0 failed, 1 skipped)" ;;
+    *)
+      tests_failed=$((tests_failed + 1))
+      stage_counts="(0 passed, 1 failed, 0 skipped)"
+      return 1
+      ;;
+  esac
 }
 
 stage_build() {
