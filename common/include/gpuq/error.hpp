@@ -2,7 +2,8 @@
 //
 // This header has no dependencies beyond the standard library. It is the lowest layer of the
 // project: the wire format, the shared-memory job slots, the daemon and the client library all
-// speak in these codes, so a status written by a worker reaches the user unchanged.
+// speak in these codes, so a status written by a worker reaches the user unchanged. It lives in
+// common/ and is installed with the client's public headers (<prefix>/include/gpuq/error.hpp).
 #pragma once
 
 #include <cstdint>
