@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -115,8 +117,19 @@ class Error {
   std::string message_;
 };
 
+namespace detail {
+// Result misuse is a bug, not an error: it prints what was misused (and the error a value was
+// asked of) to stderr and aborts. Never returns, never throws.
+[[noreturn]] inline void result_misuse(const char* what, const Error* error) noexcept {
+  std::fprintf(stderr, "gpuq: bug: %s%s%s\n", what, error ? ": " : "",
+               error ? error->to_string().c_str() : "");
+  std::abort();
+}
+}  // namespace detail
+
 // Result<T>: either a T or an Error (a minimal std::expected for C++20).
-// Accessing value() of an error result, or error() of a value, is a bug and aborts.
+// Accessing value() of an error result, or error() of a value, is a bug and aborts
+// (detail::result_misuse); it never throws.
 template <typename T>
 class [[nodiscard]] Result {
  public:
@@ -126,17 +139,34 @@ class [[nodiscard]] Result {
   bool ok() const noexcept { return v_.index() == 0; }
   explicit operator bool() const noexcept { return ok(); }
 
-  T& value() & { return std::get<0>(v_); }
-  const T& value() const& { return std::get<0>(v_); }
-  T&& value() && { return std::get<0>(std::move(v_)); }
-  T* operator->() { return &std::get<0>(v_); }
-  const T* operator->() const { return &std::get<0>(v_); }
-  T& operator*() & { return std::get<0>(v_); }
+  T& value() & { return checked_value(); }
+  const T& value() const& { return checked_value(); }
+  T&& value() && { return std::move(checked_value()); }
+  T* operator->() { return &checked_value(); }
+  const T* operator->() const { return &checked_value(); }
+  T& operator*() & { return checked_value(); }
 
-  const Error& error() const& { return std::get<1>(v_); }
-  Error&& error() && { return std::get<1>(std::move(v_)); }
+  const Error& error() const& { return checked_error(); }
+  Error&& error() && { return std::move(checked_error()); }
 
  private:
+  T& checked_value() noexcept {
+    if (T* v = std::get_if<0>(&v_)) return *v;
+    detail::result_misuse("value of a Result that holds an error", std::get_if<1>(&v_));
+  }
+  const T& checked_value() const noexcept {
+    if (const T* v = std::get_if<0>(&v_)) return *v;
+    detail::result_misuse("value of a Result that holds an error", std::get_if<1>(&v_));
+  }
+  Error& checked_error() noexcept {
+    if (Error* e = std::get_if<1>(&v_)) return *e;
+    detail::result_misuse("error of a Result that holds a value", nullptr);
+  }
+  const Error& checked_error() const noexcept {
+    if (const Error* e = std::get_if<1>(&v_)) return *e;
+    detail::result_misuse("error of a Result that holds a value", nullptr);
+  }
+
   std::variant<T, Error> v_;
 };
 
@@ -149,8 +179,14 @@ class [[nodiscard]] Result<void> {
 
   bool ok() const noexcept { return ok_; }
   explicit operator bool() const noexcept { return ok_; }
-  const Error& error() const& { return error_; }
-  Error&& error() && { return std::move(error_); }
+  const Error& error() const& {
+    if (ok_) detail::result_misuse("error of a Result<void> that succeeded", nullptr);
+    return error_;
+  }
+  Error&& error() && {
+    if (ok_) detail::result_misuse("error of a Result<void> that succeeded", nullptr);
+    return std::move(error_);
+  }
 
  private:
   Error error_;
