@@ -1,0 +1,162 @@
+// The part of gpuqctl that its commands share (cli.hpp).
+#include "cli.hpp"
+
+#include <charconv>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace gpuq::ctl {
+
+const char* const kUsage = R"(usage: gpuqctl [--runtime-dir DIR] COMMAND [ARGS]
+
+Commands:
+  status [--json]         show the daemon's pools and workers (--json: the status document)
+  ready                   readiness probe: exit 0 if the daemon accepts jobs and every available
+                          pool has a live, ready worker (an unavailable gpu pool, one with no
+                          GPU, does not count); else print why and exit 1
+  submit OP [OPTIONS]     run one job (or --count N jobs) and report the result; OP is a
+                          built-in op (echo, checksum...) or a tensor op (conv2d, activation,
+                          softmax, pool2d, batchnorm, gemm: see "Tensor ops" below)
+  stop                    ask the daemon to drain (finish its jobs, accept no new ones) and exit
+
+submit options:
+  --input FILE            the job's input bytes (default: no input); repeatable: the files
+                          are concatenated in order into the one input buffer
+  --output FILE           write the job's output bytes to FILE
+  --output-size BYTES     size of the output buffer (default: a tensor op's result size; for
+                          other ops the larger of the input size and 64)
+  --param KEY=VALUE       a job parameter: integer, float or string by its syntax; repeatable
+  --pool NAME             the pool to run in (default: the daemon's first pool)
+  --count N               run N jobs, then print jobs/s and submit-to-complete latency
+  --concurrency C         with --count: jobs kept in flight (default 1)
+  --timeout-ms MS         limit for each job from submission to completion (default: none)
+
+Tensor ops (docs/ops.md): give each operand as one --input file of raw little-endian
+elements (f32, or f16 with --param dtype=f16), in the op's operand order, and its shape as a
+--param; the files are packed back to back, as the ops expect by default. The output size
+is computed from the shapes, and the shapes are checked against the files before submitting.
+  gpuqctl submit conv2d --input x.bin --input w.bin --input b.bin \
+      --param x=1x3x8x8 --param w=4x3x3x3 --param b=4 --param pad=1x1 --output y.bin
+  gpuqctl submit gemm --input a.bin --input b.bin --param a=64x32 --param b=32x16 \
+      --param alpha=0.5 --output y.bin
+Operand order: conv2d x, w[, b]; activation, softmax, pool2d x; batchnorm x, scale, bias,
+mean, var; gemm a, b[, c]. Shape and pair keys (x, w, b, a, c, stride, pad, dilation,
+window) are sent as text even when they look like a number ("b=4").
+
+Global options:
+  --runtime-dir DIR       the daemon's runtime directory (default: $GPUQ_RUNTIME_DIR, else
+                          $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID,
+                          if a daemon's socket is there; else /run/gpuq, the system service's)
+  -h, --help              show this help
+  --version               show the version
+
+Exit status: 0 success, 1 a daemon or job error, 2 bad usage.
+)";
+
+// ---- Output helpers -------------------------------------------------------------------------
+
+std::string strf(const char* format, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buffer, sizeof buffer, format, args);
+  va_end(args);
+  return buffer;
+}
+
+int usage_error(const std::string& message) {
+  std::cerr << "gpuqctl: " << message << "\nTry 'gpuqctl --help'.\n";
+  return kExitUsage;
+}
+
+int daemon_error(const gpuq::Error& error) {
+  std::cerr << "gpuqctl: " << error.to_string() << '\n';
+  return kExitFailure;
+}
+
+std::string format_ns(uint64_t ns) {
+  if (ns < 1000) return strf("%llu ns", static_cast<unsigned long long>(ns));
+  if (ns < 1000000) return strf("%.1f us", static_cast<double>(ns) / 1e3);
+  if (ns < 1000000000) return strf("%.2f ms", static_cast<double>(ns) / 1e6);
+  return strf("%.3f s", static_cast<double>(ns) / 1e9);
+}
+
+std::string format_uptime(double seconds) {
+  if (seconds < 60) return strf("%.1fs", seconds);
+  auto s = static_cast<long long>(seconds);
+  if (s < 3600) return strf("%lldm%02llds", s / 60, s % 60);
+  if (s < 86400) return strf("%lldh%02lldm%02llds", s / 3600, s / 60 % 60, s % 60);
+  return strf("%lldd%02lldh%02lldm", s / 86400, s / 3600 % 24, s / 60 % 60);
+}
+
+std::string text_field(const Json& object, const char* key, const char* fallback) {
+  if (!object.is_object()) return fallback;
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return fallback;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_boolean()) return it->get<bool>() ? "yes" : "no";
+  return it->dump();
+}
+
+// ---- Argument parsing -----------------------------------------------------------------------
+
+bool ArgCursor::take_value(std::string_view name, std::string& value, std::string& error) {
+  std::string_view arg = peek();
+  if (arg == name) {
+    ++at_;
+    if (done()) {
+      error = "option " + std::string(name) + " needs a value";
+    } else {
+      value = std::string(next());
+    }
+    return true;
+  }
+  if (arg.size() > name.size() && arg.substr(0, name.size()) == name && arg[name.size()] == '=') {
+    ++at_;
+    value = std::string(arg.substr(name.size() + 1));
+    return true;
+  }
+  return false;
+}
+
+std::optional<uint64_t> parse_count(std::string_view name, const std::string& text, uint64_t min,
+                                    uint64_t max, std::string& error) {
+  uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    error = std::string(name) + " '" + text + "' is not a whole number";
+    return std::nullopt;
+  }
+  if (value < min || value > max) {
+    error = std::string(name) + " is " + text + ", must be in [" + std::to_string(min) + ", " +
+            std::to_string(max) + "]";
+    return std::nullopt;
+  }
+  return value;
+}
+
+std::optional<int> parse_no_arguments(ArgCursor& cursor, std::string& runtime_dir,
+                                      const std::string& command) {
+  std::string error;
+  while (!cursor.done()) {
+    std::string_view arg = cursor.peek();
+    if (arg == "-h" || arg == "--help") {
+      std::cout << kUsage;
+      return kExitOk;
+    }
+    if (!cursor.take_value("--runtime-dir", runtime_dir, error)) {
+      return usage_error("unknown argument '" + std::string(arg) + "' for " + command);
+    }
+    if (!error.empty()) return usage_error(error);
+  }
+  return std::nullopt;
+}
+
+}  // namespace gpuq::ctl
