@@ -48,7 +48,7 @@ int run(int argc, char** argv) {
   if (command == "ready") return cmd_ready(cursor, runtime_dir);
   if (command == "stop") return cmd_stop(cursor, runtime_dir);
   if (command == "submit") return cmd_submit(cursor, runtime_dir);
-  return usage_error("unknown command '" + command + "' (expected status, submit or stop)");
+  return usage_error("unknown command '" + command + "' (expected status, ready, submit or stop)");
 }
 
 }  // namespace
