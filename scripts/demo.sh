@@ -83,8 +83,9 @@ cmake -S "${ROOT}" -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGPUQ_BUILD_
   -DGPUQ_WERROR=OFF -DGPUQ_SANITIZE=
 targets=(gpuqd gpuq-worker gpuqctl gpuq_demo)
 # The GPU worker exists in a build with CUDA, cuBLAS and cuDNN (GPUQ_WITH_CUDA=AUTO); gpuqd runs
-# it for GPU pools when the machine has a GPU.
-if cmake --build build --target help | grep -qw gpuq-gpu-worker; then
+# it for GPU pools when the machine has a GPU. grep reads the whole list (no -q): under pipefail
+# an early exit could fail cmake with SIGPIPE and hide the target.
+if cmake --build build --target help | grep -w gpuq-gpu-worker >/dev/null; then
   targets+=(gpuq-gpu-worker)
 fi
 cmake --build build -j "${BUILD_JOBS}" --target "${targets[@]}"
