@@ -3,14 +3,19 @@
 
     common/     building blocks; includes only common/
     libclient/  the client library; common/ and itself
-    daemon/     gpuqd and the workers; common/ and itself, and of libclient/ only the public
-                plug-in ABI (gpuq/plugin.h and the C header it includes), which workers implement
+    daemon/     gpuqd and the workers, by process; of libclient/ only the public plug-in ABI
+                (gpuq/plugin.h and the C header it includes), which workers implement:
+      shared/       what both processes use; common/ and itself
+      supervisor/   gpuqd; common/, daemon/shared/ and itself
+      worker/       the worker runtime and the CPU worker; common/, daemon/shared/ and itself
+      gpu/          the GPU worker; common/, daemon/shared/, daemon/worker/ and itself
     tools/      gpuqctl; common/, libclient/ and itself
 
-daemon/ and libclient/ never include each other otherwise (docs/design/architecture.md). Each
+daemon/ and libclient/ never include each other otherwise, and the supervisor and the workers
+share only daemon/shared/ (docs/design/architecture.md). Each
 #include of a C/C++/CUDA file in those folders is resolved the way the build resolves it: a
 quoted name next to the including file first, then the include roots of every layer
-(common/include, libclient/include, daemon/src, ...); a name found nowhere is a system or
+(common/include, libclient/include, daemon/shared, ...); a name found nowhere is a system or
 third-party header and is not checked.
 
     python3 scripts/check_layers.py [--root DIR]   # exit 0: clean; 1: violations, each printed
@@ -25,14 +30,19 @@ import re
 import sys
 import tempfile
 
-# Layer -> the layers its files may include.
+# Layer (a folder) -> the layers its files may include. A file belongs to the longest layer
+# folder that contains it.
 ALLOWED = {
     "common": {"common"},
     "libclient": {"common", "libclient"},
-    "daemon": {"common", "daemon"},
+    "daemon/shared": {"common", "daemon/shared"},
+    "daemon/supervisor": {"common", "daemon/shared", "daemon/supervisor"},
+    "daemon/worker": {"common", "daemon/shared", "daemon/worker"},
+    "daemon/gpu": {"common", "daemon/shared", "daemon/worker", "daemon/gpu"},
     "tools": {"common", "libclient", "tools"},
 }
 # Single headers of another layer that a layer may include, with the reason.
+# ("daemon" stands for every daemon/ layer.)
 EXCEPTIONS = {
     ("daemon", "libclient/include/gpuq/plugin.h"): "the public plug-in ABI the workers implement",
 }
@@ -41,7 +51,9 @@ INCLUDE_ROOTS = [
     "common/include",
     "libclient/include",
     "libclient/src",
-    "daemon/src",
+    "daemon/shared",
+    "daemon/supervisor",
+    "daemon/worker",
     "daemon/gpu",
     "tools",
 ]
@@ -65,6 +77,16 @@ def resolve(root: pathlib.Path, including: pathlib.Path, name: str, quoted: bool
     return None
 
 
+def layer_of(rel: pathlib.Path):
+    """The layer folder (an ALLOWED key) that holds `rel`, or None."""
+    best = None
+    for layer in ALLOWED:
+        parts = tuple(layer.split("/"))
+        if rel.parts[: len(parts)] == parts and (best is None or len(parts) > len(best.split("/"))):
+            best = layer
+    return best
+
+
 def violations(root: pathlib.Path):
     root = root.resolve()
     found = []
@@ -76,6 +98,8 @@ def violations(root: pathlib.Path):
             if path.suffix not in SOURCE_SUFFIXES or not path.is_file():
                 continue
             rel = path.relative_to(root)
+            if layer_of(rel) != layer:
+                continue  # checked as part of the deeper layer that holds it
             for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
                 m = INCLUDE_RE.match(line)
                 if not m:
@@ -83,10 +107,10 @@ def violations(root: pathlib.Path):
                 target = resolve(root, path, m.group(2), m.group(1) == '"')
                 if target is None:
                     continue
-                target_layer = target.parts[0]
-                if target_layer in allowed or target_layer not in ALLOWED:
+                target_layer = layer_of(target)
+                if target_layer is None or target_layer in allowed:
                     continue
-                if (layer, target.as_posix()) in EXCEPTIONS:
+                if (layer.split("/")[0], target.as_posix()) in EXCEPTIONS:
                     continue
                 found.append(
                     f"{rel}:{lineno}: includes {m.group(2)} ({target.as_posix()}): "
@@ -106,9 +130,15 @@ def self_test() -> int:
             "libclient/include/gpuq/client.hpp": '#include "gpuq/error.hpp"\n',
             "libclient/include/gpuq/plugin.h": "#include <stdint.h>\n",
             "libclient/src/client.cpp": '#include "gpuq/client.hpp"\n#include "supervisor.hpp"\n',
-            "daemon/src/supervisor.hpp": '#include "gpuq/common/ring.hpp"\n',
-            "daemon/src/plugins.cpp": '#include "gpuq/plugin.h"\n#include <vector>\n',
-            "daemon/src/worker.cpp": '#include "../../libclient/src/client.cpp"\n',
+            "daemon/supervisor/supervisor.hpp": '#include "gpuq/common/ring.hpp"\n'
+            '#include "ops.hpp"\n',
+            "daemon/supervisor/main.cpp": '#include "worker_loop.hpp"\n',
+            "daemon/shared/ops.hpp": '#include "gpuq/error.hpp"\n',
+            "daemon/shared/plugins.cpp": '#include "gpuq/plugin.h"\n#include <vector>\n',
+            "daemon/worker/worker_loop.hpp": '#include "ops.hpp"\n',
+            "daemon/worker/worker_loop.cpp": '#include "../../libclient/src/client.cpp"\n',
+            "daemon/gpu/gpu_backend.cpp": '#include "worker_loop.hpp"\n#include "gpuq/plugin.h"\n'
+            '#include "supervisor.hpp"\n',
             "tools/gpuqctl.cpp": '#include "gpuq/client.hpp"\n#include "supervisor.hpp"\n',
         }
         for name, text in files.items():
@@ -117,7 +147,9 @@ def self_test() -> int:
         got = violations(root)
         expected = [
             "common/include/gpuq/common/ring.hpp:2:",  # common -> libclient
-            "daemon/src/worker.cpp:1:",  # daemon -> libclient, by a relative path
+            "daemon/gpu/gpu_backend.cpp:3:",  # gpu -> supervisor
+            "daemon/supervisor/main.cpp:1:",  # supervisor -> worker
+            "daemon/worker/worker_loop.cpp:1:",  # daemon -> libclient, by a relative path
             "libclient/src/client.cpp:2:",  # libclient -> daemon
             "tools/gpuqctl.cpp:2:",  # tools -> daemon
         ]

@@ -18,7 +18,7 @@
 #pragma once
 
 #include "op_backend.hpp"
-#include "worker.hpp"
+#include "worker_loop.hpp"
 
 namespace gpuq::daemon {
 

@@ -1,5 +1,5 @@
 // Fuzz target: a job descriptor written by an untrusted client, through the worker's validation
-// (daemon/src/job_validation.cpp) and, when it validates, through the op itself on a real heap
+// (daemon/worker/job_validation.cpp) and, when it validates, through the op itself on a real heap
 // arena of exactly the validated size. ASan reports any access outside that arena that the
 // validator let through; the checks below report a validated range that overflows or leaves the
 // arena, and an op that claims more output than its buffer holds.

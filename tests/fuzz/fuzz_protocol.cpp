@@ -1,7 +1,7 @@
 // Fuzz target: one datagram received on a control socket, through the frame decoder that
 // receive_message uses (decode_message, common/src/protocol.cpp) and then through the parser of
 // its body, as the receiving side parses it:
-//   Hello                 the supervisor (parse_hello, daemon/src/client_messages.cpp)
+//   Hello                 the supervisor (parse_hello, daemon/shared/client_messages.cpp)
 //   Error                 the client library (error_from_body)
 //   MapClient/UnmapClient the worker (parse_map_client, parse_unmap_client)
 // StatusRequest, StopRequest and WorkerStop are answered without reading the body.

@@ -1,5 +1,5 @@
 // FakeGpuTree: a directory laid out like the parts of /proc and /sys that GPU discovery reads
-// (daemon/src/gpu_discovery.hpp), for tests on machines without a GPU:
+// (daemon/supervisor/gpu_discovery.hpp), for tests on machines without a GPU:
 //   <root>/proc/driver/nvidia/gpus/<bus id>/information
 //   <root>/sys/bus/pci/devices/<bus id>/local_cpulist, numa_node
 // Give the root to read_procfs_gpus()/discover_gpus() (GpuDiscoveryOptions::root), or to gpuqd

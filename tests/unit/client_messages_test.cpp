@@ -1,4 +1,4 @@
-// Unit tests of the control-message body parsers (daemon/src/client_messages.hpp): Hello as the
+// Unit tests of the control-message body parsers (daemon/shared/client_messages.hpp): Hello as the
 // supervisor reads it from an untrusted client, MapClient and UnmapClient as a worker reads them.
 #include "client_messages.hpp"
 

@@ -1,4 +1,4 @@
-// Unit tests of the CPU worker's tensor ops (daemon/src/cpu_tensor_ops.cpp, oneDNN): random
+// Unit tests of the CPU worker's tensor ops (daemon/worker/cpu_tensor_ops.cpp, oneDNN): random
 // shapes and values through OpBackend::run with a real OpContext over one arena, each result
 // compared with the float64 reference (tests/support/reference_ops.hpp). In a build without
 // oneDNN only the "not in this build" case runs; the others report skipped.

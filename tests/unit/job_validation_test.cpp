@@ -1,4 +1,4 @@
-// Unit tests of the worker's descriptor validation (daemon/src/job_validation.cpp): each bad
+// Unit tests of the worker's descriptor validation (daemon/worker/job_validation.cpp): each bad
 // field gets its own error, naming the field; a good descriptor passes.
 #include "job_validation.hpp"
 

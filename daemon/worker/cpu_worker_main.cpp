@@ -1,6 +1,6 @@
 // gpuq-worker: the CPU worker, started by gpuqd (fork+exec), never by hand.
 #include "op_backend.hpp"
-#include "worker.hpp"
+#include "worker_loop.hpp"
 
 int main(int argc, char** argv) {
   return gpuq::daemon::worker_main(

@@ -1,4 +1,4 @@
-#include "worker.hpp"
+#include "worker_loop.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -13,7 +13,7 @@
 #include "op_backend.hpp"
 #include "plugins.hpp"
 #include "test_hooks.hpp"
-#include "worker.hpp"
+#include "worker_loop.hpp"
 
 namespace gpuq::daemon {
 namespace {
