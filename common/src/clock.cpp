@@ -60,7 +60,9 @@ double TscRate::ns_per_tick() const noexcept {
     paired_reading(&tsc, &ns);
     if (ns - ns0_ >= 1'000'000 && tsc > tsc0_) break;
     const timespec pause{0, 200'000};
-    nanosleep(&pause, nullptr);
+    // A short pause between readings: an interrupted or failed one only makes the loop
+    // read again sooner, so the result is ignored.
+    (void)nanosleep(&pause, nullptr);
   }
   return static_cast<double>(ns - ns0_) / static_cast<double>(tsc - tsc0_);
 }

@@ -19,13 +19,19 @@ bool futex_wait(std::atomic<uint32_t>* word, uint32_t expected, uint64_t deadlin
     tsp = &ts;
   }
   // Shared (not FUTEX_PRIVATE_FLAG): waiter and waker may be different processes.
+  // Raw, not GPUQ_POSIX_CALL: this is the hot wait path, and its "failures" are outcomes the
+  // caller handles by re-checking its condition: EAGAIN (the word had already changed), EINTR
+  // (a signal; a spurious wakeup is allowed), ETIMEDOUT (the deadline passed, reported here).
   long r = syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_BITSET, expected, tsp,
                    nullptr, FUTEX_BITSET_MATCH_ANY);
   return !(r == -1 && errno == ETIMEDOUT);
 }
 
 void futex_wake(std::atomic<uint32_t>* word, int count) noexcept {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, count, nullptr, nullptr, 0);
+  // FUTEX_WAKE fails only for a bad address or operation (EFAULT, EINVAL), which would be a
+  // bug that the waiters' FUTEX_WAIT shows as well; the count of woken waiters is not needed.
+  (void)syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, count, nullptr, nullptr,
+                0);
 }
 
 bool EventCount::wait(Key key, uint64_t deadline_ns) noexcept {

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <string>
 
+#include "gpuq/common/posix_call.hpp"
+
 namespace gpuq::fault {
 
 namespace detail {
@@ -66,12 +68,17 @@ void detail::hit(const char* name) noexcept {
     if (a.remaining == 0 || a.name != name) return;
     if (--a.remaining != 0) return;
     if (!a.once_path.empty()) {
-      int fd = ::open(a.once_path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
-      if (fd < 0) return;  // another process took this fault already
-      ::close(fd);
+      // The file claims the fault for one process. EEXIST: another process took it already;
+      // any other failure leaves the fault unclaimed too, so this process does not fire it.
+      auto fd = GPUQ_POSIX_CALL(::open, a.once_path.c_str(),
+                                O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+      if (!fd) return;
+      // Only the file's existence matters; a failed close changes nothing of it.
+      (void)::close(static_cast<int>(*fd));
     }
   }
-  ::raise(SIGKILL);
+  // SIGKILL to itself cannot fail, and does not return.
+  (void)::raise(SIGKILL);
 }
 
 }  // namespace gpuq::fault

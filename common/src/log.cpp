@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "gpuq/common/posix_call.hpp"
+
 namespace gpuq {
 namespace {
 const char* g_program = "gpuq";
@@ -28,8 +30,9 @@ void log_message(LogLevel level, const char* fmt, ...) {
   size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : static_cast<size_t>(m));
   if (len > sizeof line - 2) len = sizeof line - 2;
   line[len++] = '\n';
-  ssize_t w = ::write(STDERR_FILENO, line, len);
-  (void)w;
+  // One write, so that lines of concurrent processes do not interleave (EINTR is retried). A
+  // line that cannot be written has nowhere to be reported: the failure is ignored.
+  (void)GPUQ_POSIX_CALL(::write, STDERR_FILENO, line, len);
 }
 
 }  // namespace gpuq

@@ -65,6 +65,7 @@ Result<void> send_message(int socket, MessageType type, const std::string& body,
   }
   auto r = GPUQ_POSIX_CALL(::sendmsg, socket, &msg, MSG_NOSIGNAL);
   if (!r) {
+    // errno is still sendmsg's: the wrapper keeps it.
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       return Error(ErrorCode::kTimeout, "the peer's receive queue is full");
     }
@@ -87,6 +88,7 @@ Result<Message> receive_message(int socket) {
   msg.msg_controllen = sizeof control;
   auto r = GPUQ_POSIX_CALL(::recvmsg, socket, &msg, MSG_CMSG_CLOEXEC);
   if (!r) {
+    // errno is still recvmsg's: the wrapper keeps it.
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       return Error(ErrorCode::kTimeout, "no message waiting");
     }

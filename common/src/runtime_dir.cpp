@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 
+#include "gpuq/common/posix_call.hpp"
+
 namespace gpuq {
 
 std::string resolve_daemon_runtime_dir(const std::string& explicit_dir) {
@@ -27,14 +29,17 @@ std::string resolve_client_runtime_dir(const std::string& explicit_dir,
   if (!explicit_dir.empty()) return explicit_dir;
   if (const char* g = std::getenv("GPUQ_RUNTIME_DIR"); g != nullptr && *g != '\0') return g;
   std::string own = resolve_daemon_runtime_dir({});
+  // Each stat below is a probe: whatever its failure (ENOENT, EACCES), the path is not used.
   struct stat st {};
   // A socket in the user's own directory: a daemon of this user (or one that died; then the
   // connection error names this path, which is what the user must see).
-  if (::stat((own + "/" + kSocketName).c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return own;
+  const std::string socket = own + "/" + kSocketName;
+  if (GPUQ_POSIX_CALL(::stat, socket.c_str(), &st).ok() && S_ISSOCK(st.st_mode)) return own;
   // Else the system daemon's directory, if there is one. A user outside the daemon's group
   // cannot look inside it (mode 0750), so its existence decides, not the socket's: connecting
   // then fails with PermissionDenied, which says what to fix.
-  if (!system_dir.empty() && ::stat(system_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (!system_dir.empty() && GPUQ_POSIX_CALL(::stat, system_dir.c_str(), &st).ok() &&
+      S_ISDIR(st.st_mode)) {
     return system_dir;
   }
   return own;

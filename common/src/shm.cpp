@@ -31,7 +31,10 @@ Result<QueueSegment> QueueSegment::create(const std::string& name, uint64_t byte
     bip::permissions perm(mode);
     st->object = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write, perm);
     // Boost applies the umask on creation; set the mode explicitly so group access is exact.
-    ::fchmod(st->object.get_mapping_handle().handle, mode);
+    if (auto r = GPUQ_POSIX_CALL(::fchmod, st->object.get_mapping_handle().handle, mode); !r) {
+      return Error(r.error().code(),
+                   "cannot create shared memory segment '" + name + "': " + r.error().message());
+    }
     st->object.truncate(static_cast<bip::offset_t>(bytes));
     st->region = bip::mapped_region(st->object, bip::read_write);
     QueueSegment s;
@@ -69,6 +72,15 @@ uint64_t QueueSegment::size() const noexcept {
   return state_ ? state_->region.get_size() : 0;
 }
 
+namespace {
+// Unmaps a MemfdSegment's mapping, if it has one. munmap of a mapping this class made fails only
+// for an address or length that is not one (a bug); a destructor has no one to report it to, so
+// the result is ignored.
+void unmap(void* address, uint64_t size) noexcept {
+  if (address != nullptr) (void)::munmap(address, size);
+}
+}  // namespace
+
 MemfdSegment::MemfdSegment(MemfdSegment&& o) noexcept
     : fd_(std::move(o.fd_)),
       address_(std::exchange(o.address_, nullptr)),
@@ -76,7 +88,7 @@ MemfdSegment::MemfdSegment(MemfdSegment&& o) noexcept
 
 MemfdSegment& MemfdSegment::operator=(MemfdSegment&& o) noexcept {
   if (this != &o) {
-    if (address_ != nullptr) ::munmap(address_, size_);
+    unmap(address_, size_);
     fd_ = std::move(o.fd_);
     address_ = std::exchange(o.address_, nullptr);
     size_ = std::exchange(o.size_, 0);
@@ -85,7 +97,7 @@ MemfdSegment& MemfdSegment::operator=(MemfdSegment&& o) noexcept {
 }
 
 MemfdSegment::~MemfdSegment() {
-  if (address_ != nullptr) ::munmap(address_, size_);
+  unmap(address_, size_);
 }
 
 Result<MemfdSegment> MemfdSegment::create(const std::string& debug_name, uint64_t bytes) {
@@ -116,11 +128,12 @@ Result<MemfdSegment> MemfdSegment::map(UniqueFd fd, uint64_t expected_bytes) {
   if ((*seals & F_SEAL_SHRINK) == 0) {
     return Error(ErrorCode::kInvalidArgument, "segment is not sealed against shrinking");
   }
-  void* p = ::mmap(nullptr, expected_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return GPUQ_SYSTEM_ERROR("mmap");
+  auto p = GPUQ_MMAP_CALL(::mmap, nullptr, expected_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                          fd.get(), 0);
+  if (!p) return p.error();
   MemfdSegment s;
   s.fd_ = std::move(fd);
-  s.address_ = p;
+  s.address_ = *p;
   s.size_ = expected_bytes;
   return s;
 }

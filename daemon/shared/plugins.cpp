@@ -15,6 +15,9 @@
 #include <variant>
 
 #include "gpuq/common/clock.hpp"
+#include "gpuq/common/log.hpp"
+#include "gpuq/common/posix_call.hpp"
+#include "gpuq/common/unique_fd.hpp"
 #include "gpuq/plugin.h"
 
 namespace gpuq::daemon {
@@ -107,20 +110,16 @@ gpuq_plugin_param_status get_string(const gpuq_plugin_job* job, const char* key,
 }  // namespace
 
 Result<std::vector<PluginOp>> load_plugin(const std::string& path) {
-  dlerror();
-  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* e = dlerror();
-    return plugin_error(path, std::string("dlopen: ") + (e != nullptr ? e : "failed"));
-  }
-  void* sym = ::dlsym(handle, "gpuq_plugin_register");
-  if (sym == nullptr) {
-    return plugin_error(path, "does not export gpuq_plugin_register");
-  }
+  // The library stays loaded, also when it is rejected below: the process that loads a
+  // plug-in either serves its ops or exits.
+  auto handle = GPUQ_DL_CALL(::dlopen, path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) return plugin_error(path, handle.error().message());
+  auto sym = GPUQ_DL_CALL(::dlsym, *handle, "gpuq_plugin_register");
+  if (!sym) return plugin_error(path, "does not export gpuq_plugin_register");
   Collector c;
   c.path = path;
   gpuq_plugin_registrar r{GPUQ_PLUGIN_ABI_VERSION, collect_op, &c};
-  const int code = reinterpret_cast<gpuq_plugin_register_fn>(sym)(&r);
+  const int code = reinterpret_cast<gpuq_plugin_register_fn>(*sym)(&r);
   if (code != 0) {
     return plugin_error(path, "gpuq_plugin_register returned " + std::to_string(code) +
                                   (c.problem.empty() ? std::string() : " (" + c.problem + ")"));
@@ -144,19 +143,22 @@ int list_plugin_ops_main(const std::string& path) {
                    {"has_gpu", op.has_gpu}});
   }
   std::printf("%s\n", out.dump().c_str());
+  // The parent reads the list from the pipe: an unwritten list is this command's failure.
   return std::fflush(stdout) == 0 ? 0 : 1;
 }
 
 Result<std::vector<PluginOp>> list_plugin_ops_isolated(const std::string& worker_path,
                                                        const std::string& plugin_path,
                                                        uint32_t timeout_ms) {
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return plugin_error(plugin_path, "pipe2 failed");
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    return plugin_error(plugin_path, "pipe2 failed");
+  int out_fds[2], err_fds[2];
+  if (auto r = GPUQ_POSIX_CALL(::pipe2, out_fds, O_CLOEXEC); !r) {
+    return plugin_error(plugin_path, r.error().message());
   }
+  UniqueFd out_read(out_fds[0]), out_write(out_fds[1]);
+  if (auto r = GPUQ_POSIX_CALL(::pipe2, err_fds, O_CLOEXEC); !r) {
+    return plugin_error(plugin_path, r.error().message());
+  }
+  UniqueFd err_read(err_fds[0]), err_write(err_fds[1]);
   std::string a0 = worker_path, a1 = "--list-plugin-ops", a2 = plugin_path;
   char* argv[] = {a0.data(), a1.data(), a2.data(), nullptr};
   // The child sees no GPU, as a CPU worker: a plug-in whose register touched CUDA would find
@@ -169,26 +171,29 @@ Result<std::vector<PluginOp>> list_plugin_ops_isolated(const std::string& worker
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    return plugin_error(plugin_path, std::string("fork: ") + std::strerror(errno));
-  }
+  auto forked = GPUQ_POSIX_CALL(::fork);
+  if (!forked) return plugin_error(plugin_path, forked.error().message());
+  const auto pid = static_cast<pid_t>(*forked);
   if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
+    // The child, until execve: the parent may have other threads, so only async-signal-safe
+    // calls, raw (the checked wrappers allocate on failure). A failed dup2 shows as the
+    // worker's output missing; a failed execve as exit status 127.
+    ::dup2(out_write.get(), 1);
+    ::dup2(err_write.get(), 2);
     ::execve(argv[0], argv, envp.data());
     static const char msg[] = "execve of the worker failed\n";
     ssize_t ignored = ::write(2, msg, sizeof msg - 1);
     (void)ignored;
     _exit(127);
   }
-  ::close(out[1]);
-  ::close(err[1]);
+  out_write.reset();
+  err_write.reset();
   std::string answer, errors;
   const uint64_t deadline = monotonic_ns() + uint64_t{timeout_ms} * 1'000'000;
   bool timed_out = false;
-  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  std::string poll_failure;
+  UniqueFd* const streams[2] = {&out_read, &err_read};
+  pollfd fds[2] = {{out_read.get(), POLLIN, 0}, {err_read.get(), POLLIN, 0}};
   int open_fds = 2;
   while (open_fds > 0) {
     const uint64_t now = monotonic_ns();
@@ -196,30 +201,45 @@ Result<std::vector<PluginOp>> list_plugin_ops_isolated(const std::string& worker
       timed_out = true;
       break;
     }
-    const int ready = ::poll(fds, 2, static_cast<int>((deadline - now) / 1'000'000) + 1);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;
+    // EINTR restarts the poll with the same timeout; the deadline check above bounds it.
+    auto ready =
+        GPUQ_POSIX_CALL(::poll, fds, 2, static_cast<int>((deadline - now) / 1'000'000) + 1);
+    if (!ready) {
+      poll_failure = ready.error().message();
+      break;
+    }
+    if (*ready == 0) continue;
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || fds[i].revents == 0) continue;
       char chunk[4096];
-      const ssize_t n = ::read(fds[i].fd, chunk, sizeof chunk);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        ::close(fds[i].fd);
+      // A read error ends that stream as its end does; the child's exit status says the rest.
+      auto n = GPUQ_POSIX_CALL(::read, fds[i].fd, chunk, sizeof chunk);
+      if (!n || *n == 0) {
+        streams[i]->reset();
         fds[i].fd = -1;
         --open_fds;
         continue;
       }
-      (i == 0 ? answer : errors).append(chunk, static_cast<size_t>(n));
+      (i == 0 ? answer : errors).append(chunk, static_cast<size_t>(*n));
     }
   }
-  for (const auto& f : fds) {
-    if (f.fd >= 0) ::close(f.fd);
+  out_read.reset();
+  err_read.reset();
+  if (timed_out || !poll_failure.empty()) {
+    // The child is not reaped yet, so it cannot be missed; a failure would leave waitpid below
+    // waiting for the child to end by itself.
+    if (auto r = GPUQ_POSIX_CALL(::kill, pid, SIGKILL); !r) {
+      GPUQ_LOG_WARN("plug-in %s: %s", plugin_path.c_str(), r.error().message().c_str());
+    }
   }
-  if (timed_out) ::kill(pid, SIGKILL);
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  if (auto r = GPUQ_POSIX_CALL(::waitpid, pid, &status, 0); !r) {
+    // Not this process's child any more (ECHILD: SIGCHLD ignored, or reaped elsewhere): its
+    // status is unknown, and the output alone decides (status 0).
+    GPUQ_LOG_WARN("plug-in %s: %s", plugin_path.c_str(), r.error().message().c_str());
+    status = 0;
   }
+  if (!poll_failure.empty()) return plugin_error(plugin_path, poll_failure);
   if (timed_out) {
     return plugin_error(
         plugin_path, "listing its ops did not finish within " + std::to_string(timeout_ms) + " ms");

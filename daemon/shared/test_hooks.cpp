@@ -3,13 +3,13 @@
 #include <time.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 
 #include "gpuq/common/log.hpp"
+#include "gpuq/common/posix_call.hpp"
 
 namespace gpuq::daemon {
 namespace {
@@ -42,8 +42,9 @@ Result<void> read_u32(const char* name, uint32_t min, uint32_t max, uint32_t& ou
 
 void sleep_ms(uint32_t ms) {
   timespec t{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1'000'000};
-  while (::nanosleep(&t, &t) != 0 && errno == EINTR) {
-  }
+  // After EINTR the wrapper sleeps again for what is left (nanosleep wrote it to t). The only
+  // other failure, EINVAL, cannot happen with the value built above.
+  (void)GPUQ_POSIX_CALL(::nanosleep, &t, &t);
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 #include <set>
 #include <sstream>
 
+#include "gpuq/common/posix_call.hpp"
+
 namespace gpuq::daemon {
 namespace {
 
@@ -97,6 +99,30 @@ Result<std::vector<int>> read_cpus(const json& v, const std::string& path,
   return cpus;
 }
 
+// Looks `name` up with getpwnam_r or getgrnam_r (`lookup`), growing the buffer while the entry
+// does not fit (ERANGE; a group with many members can pass 16 KiB). Finds null in *found when
+// there is no such entry: 0 with no result, or one of the numbers the man page lists for "not
+// found" (ENOENT, ESRCH, EBADF, EPERM, as some NSS modules report it). Other failures (EIO,
+// EMFILE, ENOMEM) are errors naming the lookup.
+template <typename Entry, typename Lookup>
+Result<void> lookup_entry(Lookup lookup, const char* call, const std::string& name, Entry* entry,
+                          std::vector<char>& buf, Entry** found) {
+  constexpr size_t kMaxBuffer = size_t{1} << 24;
+  for (buf.resize(16384);; buf.resize(buf.size() * 2)) {
+    *found = nullptr;
+    // Returns the error number (errno is not set): the GPUQ_ERRNUM_CALL convention.
+    Result<void> r = detail::errnum_call(call, __FILE__, __LINE__, lookup, name.c_str(), entry,
+                                         buf.data(), buf.size(), found);
+    if (r) return {};
+    if (errno == ERANGE && buf.size() < kMaxBuffer) continue;
+    if (errno == ENOENT || errno == ESRCH || errno == EBADF || errno == EPERM) {
+      *found = nullptr;
+      return {};
+    }
+    return r;
+  }
+}
+
 Result<uid_t> resolve_user(const json& v, const std::string& path) {
   if (v.is_number_unsigned() || v.is_number_integer()) {
     auto u = read_uint(v, path, 0, 0xFFFFFFFEu);
@@ -106,10 +132,11 @@ Result<uid_t> resolve_user(const json& v, const std::string& path) {
   if (!v.is_string()) return bad(path, "must be a user name or a numeric uid");
   std::string name = v.get<std::string>();
   passwd pw{}, *res = nullptr;
-  std::vector<char> buf(16384);
-  if (getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &res) != 0 || res == nullptr) {
-    return bad(path, "no user named '" + name + "'");
+  std::vector<char> buf;
+  if (auto r = lookup_entry(getpwnam_r, "getpwnam_r", name, &pw, buf, &res); !r) {
+    return bad(path, "cannot look up user '" + name + "': " + r.error().message());
   }
+  if (res == nullptr) return bad(path, "no user named '" + name + "'");
   return pw.pw_uid;
 }
 
@@ -122,10 +149,11 @@ Result<gid_t> resolve_group(const json& v, const std::string& path) {
   if (!v.is_string()) return bad(path, "must be a group name or a numeric gid");
   std::string name = v.get<std::string>();
   group gr{}, *res = nullptr;
-  std::vector<char> buf(16384);
-  if (getgrnam_r(name.c_str(), &gr, buf.data(), buf.size(), &res) != 0 || res == nullptr) {
-    return bad(path, "no group named '" + name + "'");
+  std::vector<char> buf;
+  if (auto r = lookup_entry(getgrnam_r, "getgrnam_r", name, &gr, buf, &res); !r) {
+    return bad(path, "cannot look up group '" + name + "': " + r.error().message());
   }
+  if (res == nullptr) return bad(path, "no group named '" + name + "'");
   return gr.gr_gid;
 }
 
@@ -374,7 +402,8 @@ const std::vector<Key>& key_table() {
              return bad(at, "must be an absolute path, got " + v[i].dump());
            }
            const std::string path = v[i].get<std::string>();
-           if (::access(path.c_str(), R_OK) != 0) {
+           // The message keeps the form "<path>: <strerror>" (errno is still access's).
+           if (!GPUQ_POSIX_CALL(::access, path.c_str(), R_OK)) {
              return bad(at, path + ": " + std::strerror(errno));
            }
            if (std::find(c.plugins.begin(), c.plugins.end(), path) != c.plugins.end()) {
@@ -405,12 +434,14 @@ std::vector<int> allowed_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+  // Should the affinity be unreadable, every online CPU counts as allowed.
+  if (GPUQ_POSIX_CALL(::sched_getaffinity, 0, sizeof set, &set).ok()) {
     for (int i = 0; i < CPU_SETSIZE; ++i) {
       if (CPU_ISSET(i, &set)) cpus.push_back(i);
     }
   }
   if (cpus.empty()) {
+    // -1 (failure, or no answer) counts as one CPU.
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     for (long i = 0; i < (n > 0 ? n : 1); ++i) cpus.push_back(static_cast<int>(i));
   }

@@ -24,6 +24,9 @@
 #include <tuple>
 
 #include "gpuq/common/clock.hpp"
+#include "gpuq/common/log.hpp"
+#include "gpuq/common/posix_call.hpp"
+#include "gpuq/common/unique_fd.hpp"
 
 namespace gpuq::daemon {
 namespace {
@@ -71,18 +74,19 @@ class NvmlLibrary {
   NvmlLibrary(const NvmlLibrary&) = delete;
   NvmlLibrary& operator=(const NvmlLibrary&) = delete;
   ~NvmlLibrary() {
-    if (initialized_ && shutdown_ != nullptr) shutdown_();
-    if (handle_ != nullptr) dlclose(handle_);
+    // Best effort: a library that cannot be shut down or unloaded leaves nothing to undo.
+    if (initialized_ && shutdown_ != nullptr) (void)shutdown_();
+    if (handle_ != nullptr) (void)dlclose(handle_);
   }
 
   Result<void> load(const std::string& library) {
     // RTLD_LOCAL: NVML's symbols stay out of the global namespace of this process.
-    handle_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle_ == nullptr) {
-      const char* why = dlerror();
+    auto handle = GPUQ_DL_CALL(::dlopen, library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
       return Error(ErrorCode::kNoDevice,
-                   library + " cannot be loaded: " + (why != nullptr ? why : "unknown error"));
+                   library + " cannot be loaded: " + handle.error().message());
     }
+    handle_ = *handle;
     if (auto r = bind(init_, "nvmlInit_v2"); !r) return r;
     if (auto r = bind(shutdown_, "nvmlShutdown"); !r) return r;
     if (auto r = bind(error_string_, "nvmlErrorString"); !r) return r;
@@ -151,11 +155,13 @@ class NvmlLibrary {
  private:
   template <typename Fn>
   Result<void> bind(Fn*& fn, const char* symbol) {
-    fn = reinterpret_cast<Fn*>(dlsym(handle_, symbol));
-    if (fn == nullptr) {
+    auto sym = GPUQ_DL_CALL(::dlsym, handle_, symbol);
+    if (!sym) {
+      fn = nullptr;
       return Error(ErrorCode::kNoDevice,
                    std::string("NVML has no ") + symbol + " (driver too old?)");
     }
+    fn = reinterpret_cast<Fn*>(*sym);
     return {};
   }
 
@@ -187,9 +193,10 @@ std::string join(const std::string& root, const std::string& relative) {
   return root.back() == '/' ? root + relative : root + "/" + relative;
 }
 
+// A probe: whatever stat's failure (ENOENT, EACCES), the path is not a directory to use.
 bool is_directory(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  return GPUQ_POSIX_CALL(::stat, path.c_str(), &st).ok() && S_ISDIR(st.st_mode);
 }
 
 bool read_file(const std::string& path, std::string& out) {
@@ -379,11 +386,14 @@ Result<std::vector<GpuInfo>> read_procfs_gpus(const std::string& root) {
   }
   const std::string gpus_dir = driver + "/gpus";
   std::vector<std::string> entries;
-  if (DIR* d = ::opendir(gpus_dir.c_str()); d != nullptr) {
-    while (const dirent* e = ::readdir(d)) {
+  // No gpus directory (or none readable) is a driver that lists no GPU: the error below says so.
+  if (auto d = GPUQ_NONNULL_CALL(::opendir, gpus_dir.c_str()); d) {
+    // readdir's null is the end of the directory (an error, EBADF, needs a bad stream).
+    while (const dirent* e = ::readdir(*d)) {
       if (e->d_name[0] != '.') entries.emplace_back(e->d_name);
     }
-    ::closedir(d);
+    // A read-only stream: closing it cannot lose anything.
+    (void)::closedir(*d);
   }
   std::vector<GpuInfo> gpus;
   uint32_t excluded = 0;
@@ -459,31 +469,30 @@ GpuDiscovery discover_gpus(const GpuDiscoveryOptions& options) {
 
 GpuDiscovery discover_gpus_isolated(const GpuDiscoveryOptions& options, uint32_t timeout_ms) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    return none(std::string("GPU discovery could not start: pipe2: ") + std::strerror(errno));
+  if (auto r = GPUQ_POSIX_CALL(::pipe2, fds, O_CLOEXEC); !r) {
+    return none("GPU discovery could not start: " + r.error().message());
   }
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int err = errno;
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return none(std::string("GPU discovery could not start: fork: ") + std::strerror(err));
-  }
+  UniqueFd read_end(fds[0]), write_end(fds[1]);
+  auto forked = GPUQ_POSIX_CALL(::fork);
+  if (!forked) return none("GPU discovery could not start: " + forked.error().message());
+  const auto pid = static_cast<pid_t>(*forked);
   if (pid == 0) {
-    // The child: the parent is single-threaded (see the contract), so anything may run here.
-    ::close(fds[0]);
+    // The child: the parent is single-threaded (see the contract), so anything may run here,
+    // the checked wrappers included. It ends with _exit: no destructor of the parent's objects
+    // runs twice.
+    read_end.reset();
     const std::string answer = to_json(discover_gpus(options)).dump();
     size_t at = 0;
     while (at < answer.size()) {
-      const ssize_t n = ::write(fds[1], answer.data() + at, answer.size() - at);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) _exit(1);
-      at += static_cast<size_t>(n);
+      auto n = GPUQ_POSIX_CALL(::write, write_end.get(), answer.data() + at, answer.size() - at);
+      if (!n || *n == 0) _exit(1);  // the parent gave up (EPIPE): nobody to tell
+      at += static_cast<size_t>(*n);
     }
     _exit(0);
   }
-  ::close(fds[1]);
+  write_end.reset();
   std::string answer;
+  std::string poll_failure;
   const uint64_t deadline = monotonic_ns() + uint64_t{timeout_ms} * 1'000'000;
   bool timed_out = false;
   for (;;) {
@@ -492,21 +501,36 @@ GpuDiscovery discover_gpus_isolated(const GpuDiscoveryOptions& options, uint32_t
       timed_out = true;
       break;
     }
-    pollfd p{fds[0], POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>((deadline - now) / 1'000'000) + 1);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;  // the deadline check above ends it
+    // EINTR restarts the poll with the same timeout; the deadline check above bounds it.
+    pollfd p{read_end.get(), POLLIN, 0};
+    auto ready = GPUQ_POSIX_CALL(::poll, &p, 1, static_cast<int>((deadline - now) / 1'000'000) + 1);
+    if (!ready) {
+      poll_failure = ready.error().message();
+      break;
+    }
+    if (*ready == 0) continue;  // the deadline check above ends it
     char chunk[4096];
-    const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    answer.append(chunk, static_cast<size_t>(n));
+    // A read error ends the answer as its end does; the child's exit status says the rest.
+    auto n = GPUQ_POSIX_CALL(::read, read_end.get(), chunk, sizeof chunk);
+    if (!n || *n == 0) break;
+    answer.append(chunk, static_cast<size_t>(*n));
   }
-  ::close(fds[0]);
-  if (timed_out) ::kill(pid, SIGKILL);
+  read_end.reset();
+  if (timed_out || !poll_failure.empty()) {
+    // The child is not reaped yet, so it cannot be missed; a failure would leave waitpid below
+    // waiting for the child to end by itself.
+    if (auto r = GPUQ_POSIX_CALL(::kill, pid, SIGKILL); !r) {
+      GPUQ_LOG_WARN("GPU discovery: %s", r.error().message().c_str());
+    }
+  }
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  if (auto r = GPUQ_POSIX_CALL(::waitpid, pid, &status, 0); !r) {
+    // Not this process's child any more (ECHILD: SIGCHLD ignored, or reaped elsewhere): its
+    // status is unknown, and the answer alone decides (status 0).
+    GPUQ_LOG_WARN("GPU discovery: %s", r.error().message().c_str());
+    status = 0;
   }
+  if (!poll_failure.empty()) return none("GPU discovery failed: " + poll_failure);
   if (timed_out) {
     return none("GPU discovery did not finish within " + std::to_string(timeout_ms) +
                 " ms (a wedged NVIDIA driver?)");

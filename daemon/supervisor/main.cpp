@@ -11,6 +11,7 @@
 #include "config.hpp"
 #include "gpu_discovery.hpp"
 #include "gpuq/common/log.hpp"
+#include "gpuq/common/posix_call.hpp"
 #include "gpuq/common/runtime_dir.hpp"
 #include "plugins.hpp"
 #include "service_notifier.hpp"
@@ -46,14 +47,16 @@ constexpr const char* kUsage =
 // else where `cmake --install` puts it (../libexec/gpuq/ with the default GNUInstallDirs
 // layout); empty if it is in neither place.
 std::string find_worker(const std::string& name) {
+  // Without /proc (readlink fails) there is no directory to look in: not found. Each access is
+  // a probe: whatever its failure, that candidate is not used.
   char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return {};
-  self[n] = '\0';
+  auto n = GPUQ_POSIX_CALL(::readlink, "/proc/self/exe", self, sizeof self - 1);
+  if (!n || *n == 0) return {};
+  self[*n] = '\0';
   std::string dir(self);
   dir = dir.substr(0, dir.rfind('/'));
   for (const std::string& c : {dir + "/" + name, dir + "/" GPUQ_WORKER_RELATIVE_DIR "/" + name}) {
-    if (access(c.c_str(), X_OK) == 0) return c;
+    if (GPUQ_POSIX_CALL(::access, c.c_str(), X_OK).ok()) return c;
   }
   return {};
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gpuq/common/log.hpp"
+#include "gpuq/common/posix_call.hpp"
 #include "service_notifier.hpp"
 
 #if GPUQ_HAVE_SYSTEMD
@@ -31,11 +32,11 @@ class SystemdNotifier final : public ServiceNotifier {
     const char* socket = std::getenv("NOTIFY_SOCKET");
     active_ = socket != nullptr && *socket != '\0';
     uint64_t usec = 0;
-    const int r = sd_watchdog_enabled(0, &usec);
-    if (r < 0) {
+    auto enabled = GPUQ_NEG_ERRNO_CALL(sd_watchdog_enabled, 0, &usec);
+    if (!enabled) {
       GPUQ_LOG_ERROR("WATCHDOG_USEC/WATCHDOG_PID are malformed (%s): no watchdog keep-alives",
-                     std::strerror(-r));
-    } else if (r > 0) {
+                     enabled.error().message().c_str());
+    } else if (*enabled > 0) {
       if (!active_) {
         GPUQ_LOG_WARN("WATCHDOG_USEC is set but NOTIFY_SOCKET is not: no watchdog keep-alives");
       } else {
@@ -66,11 +67,11 @@ class SystemdNotifier final : public ServiceNotifier {
   // the journal when the socket has gone away.
   void send(const char* state, bool& failed_before) {
     if (!active_) return;
-    const int r = sd_notify(0, state);
-    if (r < 0 && !failed_before) {
+    auto sent = GPUQ_NEG_ERRNO_CALL(sd_notify, 0, state);
+    if (!sent && !failed_before) {
       failed_before = true;
-      GPUQ_LOG_ERROR("sd_notify(\"%.*s\"): %s", static_cast<int>(std::strcspn(state, "\n")), state,
-                     std::strerror(-r));
+      GPUQ_LOG_ERROR("%s, sending \"%.*s\"", sent.error().message().c_str(),
+                     static_cast<int>(std::strcspn(state, "\n")), state);
     }
   }
 

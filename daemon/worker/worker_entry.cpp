@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpuq/common/log.hpp"
+#include "gpuq/common/posix_call.hpp"
 #include "op_backend.hpp"
 #include "plugins.hpp"
 #include "test_hooks.hpp"
@@ -75,7 +76,9 @@ int worker_main(int argc, char** argv, const char* program,
       return usage(program);
     }
   }
-  if (o.queue_segment.empty() || o.supervisor_pid == 0 || fcntl(o.control_fd, F_GETFD) == -1) {
+  // F_GETFD is a probe: it fails (EBADF) when the supervisor passed no control socket.
+  if (o.queue_segment.empty() || o.supervisor_pid == 0 ||
+      !GPUQ_POSIX_CALL(::fcntl, o.control_fd, F_GETFD)) {
     return usage(program);
   }
   static char name[48];

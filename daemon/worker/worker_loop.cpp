@@ -16,10 +16,11 @@
 #include <utility>
 #include <vector>
 
-#include "client_messages.hpp"
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/log.hpp"
+#include "gpuq/common/messages.hpp"
+#include "gpuq/common/posix_call.hpp"
 #include "gpuq/common/prefetch.hpp"
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/shm.hpp"
@@ -81,10 +82,14 @@ class Worker {
     }
     self_->pid.store(getpid(), std::memory_order_relaxed);
     self_->state.store(static_cast<uint32_t>(WorkerState::kReady), std::memory_order_release);
-    nlohmann::json ready{{"worker", options_.worker_id},
-                         {"backend", backend_.describe()},
-                         {"plugin_ops", nlohmann::json::parse(plugin_op_list())}};
-    if (auto r = send_message(options_.control_fd, MessageType::kWorkerReady, ready.dump()); !r) {
+    WorkerReadyMessage ready;
+    ready.worker = options_.worker_id;
+    if (const nlohmann::json backend = backend_.describe();
+        backend.is_object() && !backend.empty()) {
+      ready.backend = backend.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
+    ready.plugin_ops = plugin_op_list();
+    if (auto r = send_message(options_.control_fd, WorkerReadyMessage::kType, encode(ready)); !r) {
       GPUQ_LOG_ERROR("cannot report ready: %s", r.error().to_string().c_str());
       return 1;
     }
@@ -160,12 +165,12 @@ class Worker {
         GPUQ_LOG_ERROR("control socket: %s", m.error().to_string().c_str());
         return false;
       }
-      if (m->type == MessageType::kWorkerStop) {
+      if (m->type == WorkerStopMessage::kType) {
         stopping_ = true;
         continue;
       }
-      if (m->type == MessageType::kMapClient && !m->fds.empty()) {
-        auto map = parse_map_client(m->body);
+      if (m->type == MapClientMessage::kType && !m->fds.empty()) {
+        auto map = decode_map_client(m->body);
         if (!map) {
           GPUQ_LOG_ERROR("bad control message from the supervisor: %s",
                          map.error().to_string().c_str());
@@ -183,8 +188,8 @@ class Worker {
         mc.segment = std::move(*seg);
         mc.view = ClientSegmentView(mc.segment.address(), map->geometry, map->slot_count);
         backend_.client_mapped(map->client, mc.segment.address(), mc.segment.size());
-      } else if (m->type == MessageType::kUnmapClient) {
-        auto unmap = parse_unmap_client(m->body);
+      } else if (m->type == UnmapClientMessage::kType) {
+        auto unmap = decode_unmap_client(m->body);
         if (!unmap) {
           GPUQ_LOG_ERROR("bad control message from the supervisor: %s",
                          unmap.error().to_string().c_str());
@@ -299,7 +304,7 @@ class Worker {
     GPUQ_FAULT_POINT("worker.completed");
     // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
     // pinned to its own CPU): give it the core now instead of spinning in front of it.
-    if (slot.done.notify_all_after_rmw()) sched_yield();
+    if (slot.done.notify_all_after_rmw()) (void)sched_yield();  // cannot fail on Linux
     self_->busy.store(0, std::memory_order_relaxed);
     if (final_state == JobState::kDone) {
       // Only this worker writes it while it lives: no locked instruction needed.
@@ -339,7 +344,10 @@ class Worker {
         return;
       }
       pollfd p{options_.control_fd, POLLIN, 0};
-      ::poll(&p, 1, static_cast<int>(std::min<uint64_t>((deadline - now) / 1'000'000 + 1, 50)));
+      // Only a pause: whatever poll says, the loop reads the control sequence and the clock
+      // again.
+      (void)::poll(&p, 1,
+                   static_cast<int>(std::min<uint64_t>((deadline - now) / 1'000'000 + 1, 50)));
       seen_control_ = self_->control_seq.load(std::memory_order_acquire);
       if (!drain_control()) return;
     }
@@ -377,10 +385,28 @@ class Worker {
 
 int run_worker(const WorkerOptions& options, OpBackend& backend) {
   // Die with the supervisor; if it is already gone, do not start.
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (auto r = GPUQ_POSIX_CALL(::prctl, PR_SET_PDEATHSIG, SIGKILL); !r) {
+    GPUQ_LOG_ERROR("cannot tie the worker to the supervisor: %s", r.error().to_string().c_str());
+    return 1;
+  }
   if (getppid() != options.supervisor_pid) return 1;
-  signal(SIGPIPE, SIG_IGN);
-  fcntl(options.control_fd, F_SETFL, fcntl(options.control_fd, F_GETFL) | O_NONBLOCK);
+  // A write to a departed peer fails with EPIPE instead of killing the worker.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  if (auto r = GPUQ_POSIX_CALL(::sigaction, SIGPIPE, &ignore, nullptr); !r) {
+    GPUQ_LOG_ERROR("cannot ignore SIGPIPE: %s", r.error().to_string().c_str());
+    return 1;
+  }
+  // The control socket is read without blocking (drain_control).
+  auto flags = GPUQ_POSIX_CALL(::fcntl, options.control_fd, F_GETFL);
+  if (flags) {
+    flags = GPUQ_POSIX_CALL(::fcntl, options.control_fd, F_SETFL,
+                            static_cast<int>(*flags) | O_NONBLOCK);
+  }
+  if (!flags) {
+    GPUQ_LOG_ERROR("cannot set up the control socket: %s", flags.error().to_string().c_str());
+    return 1;
+  }
   Worker w(options, backend);
   return w.run();
 }

@@ -15,13 +15,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/event_count.hpp"
 #include "gpuq/common/fault_point.hpp"
+#include "gpuq/common/messages.hpp"
 #include "gpuq/common/params.hpp"
+#include "gpuq/common/posix_call.hpp"
 #include "gpuq/common/prefetch.hpp"
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/runtime_dir.hpp"
@@ -30,8 +31,6 @@
 
 namespace gpuq {
 namespace {
-
-using nlohmann::json;
 
 // Bumped in every child after fork(); a ClientImpl made before the fork sees a different value.
 std::atomic<uint64_t> g_fork_generation{0};
@@ -57,10 +56,11 @@ Result<UniqueFd> connect_socket(const std::string& runtime_dir) {
     return Error(ErrorCode::kInvalidArgument, "socket path '" + path + "' is too long");
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return Error(ErrorCode::kSystemError, std::string("socket: ") + strerror(errno));
-  while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    if (errno == EINTR) continue;
+  auto sock = GPUQ_POSIX_CALL(::socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (!sock) return sock.error();
+  UniqueFd fd(static_cast<int>(*sock));
+  // Failures get their own messages (no daemon, no permission); errno is the call's own.
+  if (!GPUQ_POSIX_CALL(::connect, fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr)) {
     if (errno == EACCES || errno == EPERM) {
       return Error(ErrorCode::kPermissionDenied, "no permission to connect to " + path +
                                                      " (is your user in the daemon's group?)");
@@ -71,7 +71,10 @@ Result<UniqueFd> connect_socket(const std::string& runtime_dir) {
   }
   // Replies come within milliseconds; a daemon that says nothing for 10 s is wedged.
   timeval tv{10, 0};
-  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (auto r = GPUQ_POSIX_CALL(::setsockopt, fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      !r) {
+    return r.error();
+  }
   return fd;
 }
 
@@ -99,10 +102,10 @@ Result<void> send_request(int fd, MessageType type, const std::string& body) {
 
 // One request, one reply, on a fresh connection that registers no client.
 Result<Message> control_request(const std::string& runtime_dir, MessageType type,
-                                MessageType reply_type) {
+                                const std::string& body, MessageType reply_type) {
   auto fd = connect_socket(runtime_dir);
   if (!fd) return fd.error();
-  if (auto r = send_request(fd->get(), type, "{}"); !r) return r.error();
+  if (auto r = send_request(fd->get(), type, body); !r) return r.error();
   auto m = receive_reply(fd->get());
   if (!m) {
     if (m.error().code() == ErrorCode::kTimeout) {
@@ -179,7 +182,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   bool daemon_alive() {
     if (disconnected_.load(std::memory_order_relaxed)) return false;
     pollfd p{socket_.get(), POLLRDHUP, 0};
-    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) {
+    // A failed poll (EINTR aside, only a bad descriptor) says nothing either way: alive until
+    // a call on the socket itself fails.
+    auto ready = GPUQ_POSIX_CALL(::poll, &p, 1, 0);
+    if (ready && *ready > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) {
       disconnected_.store(true, std::memory_order_relaxed);
       return false;
     }
@@ -203,11 +209,17 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     auto fd = connect_socket(options.runtime_dir);
     if (!fd) return fd.error();
     socket_ = std::move(*fd);
-    std::string name = options.name;
-    if (name.empty()) name = program_invocation_short_name;
-    if (name.size() > 64) name.resize(64);
-    json hello{{"pid", getpid()}, {"name", name}, {"arena_bytes", options.segment_bytes}};
-    if (auto r = send_request(socket_.get(), MessageType::kHello, hello.dump()); !r) return r;
+    HelloMessage hello;
+    hello.pid = getpid();
+    hello.name = options.name.empty() ? program_invocation_short_name : options.name;
+    if (hello.name.size() > kMaxClientNameBytes) {
+      // Cut at a character boundary: a split UTF-8 sequence would not be valid JSON text.
+      size_t cut = kMaxClientNameBytes;
+      while (cut > 0 && (static_cast<unsigned char>(hello.name[cut]) & 0xC0) == 0x80) --cut;
+      hello.name.resize(cut);
+    }
+    hello.arena_bytes = options.segment_bytes;
+    if (auto r = send_request(socket_.get(), HelloMessage::kType, encode(hello)); !r) return r;
     auto m = receive_reply(socket_.get());
     if (!m) {
       if (m.error().code() == ErrorCode::kTimeout) {
@@ -216,89 +228,66 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       return m.error();
     }
     if (m->type == MessageType::kError) return error_from_body(m->body);
-    if (m->type != MessageType::kWelcome || m->fds.size() != 1) {
+    if (m->type != WelcomeMessage::kType || m->fds.size() != 1) {
       return Error(ErrorCode::kProtocolMismatch, "the daemon's handshake reply is malformed");
     }
-    try {
-      json w = json::parse(m->body);
-      index_ = w.at("client").get<uint32_t>();
-      session_ = w.at("session").get<uint64_t>();
-      epoch_ = w.at("epoch").get<uint64_t>();
-      slot_count_ = w.at("slot_count").get<uint32_t>();
-      ClientSegmentGeometry g{
-          w.at("slots_offset").get<uint64_t>(), w.at("arena_offset").get<uint64_t>(),
-          w.at("arena_bytes").get<uint64_t>(), w.at("segment_bytes").get<uint64_t>()};
-      for (const auto& p : w.at("pools")) {
-        Pool pool;
-        pool.id = p.at("id").get<uint32_t>();
-        pool.info.name = p.at("name").get<std::string>();
-        pool.info.kind = p.at("kind").get<std::string>();
-        pool.info.capacity = p.at("capacity").get<uint32_t>();
-        pool.info.client_share = p.at("client_share").get<uint32_t>();
-        // A daemon from before GPU pools sends no availability: every pool is available.
-        pool.info.available = p.value("available", true);
-        pool.info.unavailable_reason = p.value("reason", std::string());
-        if (!pool.info.available) pool.fallback = p.value("fallback", -1);
-        pools_.push_back(std::move(pool));
-      }
-      for (Pool& pool : pools_) {
-        auto to = std::find_if(pools_.begin(), pools_.end(), [&](const Pool& q) {
-          return static_cast<int>(q.id) == pool.fallback;
-        });
-        if (pool.fallback >= 0 && (to == pools_.end() || !to->info.available)) {
-          return Error(
-              ErrorCode::kProtocolMismatch,
-              "the daemon's handshake names a bad fallback for pool '" + pool.info.name + "'");
-        }
-        pool.info.runs_on = pool.info.available  ? pool.info.name
-                            : to != pools_.end() ? to->info.name
-                                                 : std::string();
-        pool_infos_.push_back(pool.info);
-      }
-      std::vector<std::pair<std::string, uint32_t>> ops;
-      for (const auto& o : w.at("ops")) {
-        ops.emplace_back(o.at("name").get<std::string>(), o.at("id").get<uint32_t>());
-      }
-      ops_ = OpTable(std::move(ops));
-      // What the job stamps count in (clock.hpp, "Job stamps"); a daemon that does not say
-      // uses CLOCK_MONOTONIC.
-      auto clock = parse_stamp_clock(w.value("job_clock", std::string("monotonic")));
-      if (!clock) {
-        return Error(ErrorCode::kProtocolMismatch,
-                     "the daemon's handshake names an " + clock.error().message());
-      }
-      stamps_.clock = *clock;
-      if (stamps_.clock == StampClock::kTsc) {
-        stamps_.ns_per_tick = w.at("tsc_ns_per_tick").get<double>();
-        // Any TSC ticks between 0.01 GHz and 100 GHz.
-        if (!(stamps_.ns_per_tick > 0.01 && stamps_.ns_per_tick < 100.0)) {
-          return Error(ErrorCode::kProtocolMismatch,
-                       "the daemon's handshake gives a bad TSC rate (" +
-                           std::to_string(stamps_.ns_per_tick) + " ns per tick)");
-        }
-      }
-      auto qs = QueueSegment::open(w.at("queue_segment").get<std::string>());
-      if (!qs) return qs.error();
-      queue_segment_ = std::move(*qs);
-      auto view = QueueView::attach(queue_segment_.address(), queue_segment_.size());
-      if (!view) return view.error();
-      queue_ = *view;
-      const QueueHeader& h = queue_.header();
-      if (h.epoch != epoch_ || index_ >= queue_.layout().max_clients ||
-          slot_count_ > kMaxSlotsPerClient || pools_.empty() ||
-          std::any_of(pools_.begin(), pools_.end(),
-                      [&](const Pool& p) { return p.id >= queue_.layout().pool_count; })) {
-        return Error(ErrorCode::kProtocolMismatch,
-                     "the daemon's queue segment does not match its handshake");
-      }
-      auto seg = MemfdSegment::map(std::move(m->fds[0]), g.segment_bytes);
-      if (!seg) return seg.error();
-      segment_ = std::move(*seg);
-      view_ = ClientSegmentView(segment_.address(), g, slot_count_);
-    } catch (const std::exception& e) {
+    // decode_welcome checks the fields, the geometry, the job clock and the pools' fallbacks.
+    auto welcome = decode_welcome(m->body);
+    if (!welcome) {
       return Error(ErrorCode::kProtocolMismatch,
-                   std::string("the daemon's handshake reply is malformed: ") + e.what());
+                   "the daemon's handshake reply is malformed: " + welcome.error().message());
     }
+    WelcomeMessage& w = *welcome;
+    index_ = w.client;
+    session_ = w.session;
+    epoch_ = w.epoch;
+    slot_count_ = w.slot_count;
+    const ClientSegmentGeometry g = w.geometry;
+    for (WelcomePool& p : w.pools) {
+      Pool pool;
+      pool.id = p.id;
+      pool.info.name = std::move(p.name);
+      pool.info.kind = std::move(p.kind);
+      pool.info.capacity = p.capacity;
+      pool.info.client_share = p.client_share;
+      pool.info.available = p.available;
+      pool.info.unavailable_reason = std::move(p.reason);
+      if (!pool.info.available) pool.fallback = p.fallback;
+      pools_.push_back(std::move(pool));
+    }
+    for (Pool& pool : pools_) {
+      auto to = std::find_if(pools_.begin(), pools_.end(), [&](const Pool& q) {
+        return static_cast<int>(q.id) == pool.fallback;
+      });
+      pool.info.runs_on = pool.info.available  ? pool.info.name
+                          : to != pools_.end() ? to->info.name
+                                               : std::string();
+      pool_infos_.push_back(pool.info);
+    }
+    std::vector<std::pair<std::string, uint32_t>> ops;
+    for (WelcomeOp& o : w.ops) ops.emplace_back(std::move(o.name), o.id);
+    ops_ = OpTable(std::move(ops));
+    // What the job stamps count in (clock.hpp, "Job stamps").
+    stamps_.clock = w.job_clock;
+    if (stamps_.clock == StampClock::kTsc) stamps_.ns_per_tick = w.tsc_ns_per_tick;
+    auto qs = QueueSegment::open(w.queue_segment);
+    if (!qs) return qs.error();
+    queue_segment_ = std::move(*qs);
+    auto view = QueueView::attach(queue_segment_.address(), queue_segment_.size());
+    if (!view) return view.error();
+    queue_ = *view;
+    const QueueHeader& h = queue_.header();
+    if (h.epoch != epoch_ || index_ >= queue_.layout().max_clients ||
+        slot_count_ > kMaxSlotsPerClient || pools_.empty() ||
+        std::any_of(pools_.begin(), pools_.end(),
+                    [&](const Pool& p) { return p.id >= queue_.layout().pool_count; })) {
+      return Error(ErrorCode::kProtocolMismatch,
+                   "the daemon's queue segment does not match its handshake");
+    }
+    auto seg = MemfdSegment::map(std::move(m->fds[0]), g.segment_bytes);
+    if (!seg) return seg.error();
+    segment_ = std::move(*seg);
+    view_ = ClientSegmentView(segment_.address(), g, slot_count_);
     for (uint32_t s = 0; s < slot_count_; ++s) free_slots_.push_back(s);
     in_ring_ = std::make_unique<uint8_t[]>(slot_count_);
     free_blocks_.emplace(0, view_.arena_bytes());
@@ -948,7 +937,12 @@ Result<void> Job::cancel() {
 
 Result<Client> Client::connect(const ConnectOptions& options) {
   static std::once_flag atfork_once;
-  std::call_once(atfork_once, [] { pthread_atfork(nullptr, nullptr, on_fork_child); });
+  static Result<void> atfork;
+  std::call_once(atfork_once, [] {
+    atfork = GPUQ_ERRNUM_CALL(::pthread_atfork, nullptr, nullptr, on_fork_child);
+  });
+  // Without the handler a forked child could not tell its parent's connection from its own.
+  if (!atfork) return atfork.error();
   auto impl = std::make_shared<ClientImpl>();
   if (auto r = impl->connect(options); !r) return r.error();
   return Client(std::move(impl));
@@ -1127,13 +1121,15 @@ std::string_view job_status_name(JobStatus s) noexcept {
 }
 
 Result<std::string> daemon_status_json(const std::string& runtime_dir) {
-  auto m = control_request(runtime_dir, MessageType::kStatusRequest, MessageType::kStatusReply);
+  auto m = control_request(runtime_dir, StatusRequestMessage::kType, encode(StatusRequestMessage{}),
+                           MessageType::kStatusReply);
   if (!m) return m.error();
   return std::move(m->body);
 }
 
 Result<void> daemon_stop(const std::string& runtime_dir) {
-  auto m = control_request(runtime_dir, MessageType::kStopRequest, MessageType::kStopReply);
+  auto m = control_request(runtime_dir, StopRequestMessage::kType, encode(StopRequestMessage{}),
+                           StopReplyMessage::kType);
   if (!m) return m.error();
   return {};
 }

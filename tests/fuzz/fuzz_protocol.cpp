@@ -1,22 +1,27 @@
 // Fuzz target: one datagram received on a control socket, through the frame decoder that
-// receive_message uses (decode_message, common/src/protocol.cpp) and then through the parser of
-// its body, as the receiving side parses it:
-//   Hello                 the supervisor (parse_hello, daemon/shared/client_messages.cpp)
+// receive_message uses (decode_message, common/src/protocol.cpp) and then through the decoder of
+// its body (gpuq/common/messages.hpp, common/src/messages.cpp), as the receiving side decodes it:
+//   Hello                 the supervisor (decode_hello)
+//   Welcome, StopReply    the client library (decode_welcome, decode_stop_reply)
 //   Error                 the client library (error_from_body)
-//   MapClient/UnmapClient the worker (parse_map_client, parse_unmap_client)
-// StatusRequest, StopRequest and WorkerStop are answered without reading the body.
+//   WorkerReady           the supervisor (decode_worker_ready)
+//   MapClient/UnmapClient the worker (decode_map_client, decode_unmap_client)
+// StatusRequest, StopRequest and WorkerStop are answered without reading the body; their
+// decoders run all the same. Every body a decoder accepts is encoded again, and must decode to
+// the same message: the two halves of each message agree.
 //
-// The body parser also runs on the bytes after the header of a frame that fails to decode, with
+// The body decoder also runs on the bytes after the header of a frame that fails to decode, with
 // the type its header names: the supervisor never does that, but it lets the fuzzer explore the
 // JSON parsers without keeping body_bytes equal to the datagram size.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
-#include "client_messages.hpp"
 #include "fuzz/fuzz_inputs.hpp"
 #include "gpuq/common/assert.hpp"
+#include "gpuq/common/messages.hpp"
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/shm_layout.hpp"
 
@@ -32,41 +37,82 @@ void check_rejection(const Error& e) {
   GPUQ_ASSERT(!e.message().empty());
 }
 
+// The worker and the client index slots and the arena with this geometry: all of it inside the
+// segment.
+void check_geometry(uint32_t slot_count, const ClientSegmentGeometry& g) {
+  uint64_t slots_end = 0, arena_end = 0;
+  GPUQ_ASSERT(slot_count <= kMaxSlotsPerClient);
+  GPUQ_ASSERT(g.slots_offset >= sizeof(ClientSegmentHeader));
+  GPUQ_ASSERT(g.slots_offset % alignof(JobSlot) == 0);
+  GPUQ_ASSERT(add(g.slots_offset, uint64_t{slot_count} * sizeof(JobSlot), &slots_end));
+  GPUQ_ASSERT(slots_end <= g.arena_offset);
+  GPUQ_ASSERT(add(g.arena_offset, g.arena_bytes, &arena_end));
+  GPUQ_ASSERT(arena_end <= g.segment_bytes);
+}
+
+// Decodes `body` with `decode`; a rejection must be InvalidArgument, and an accepted message must
+// pass `check` and come back unchanged from encode() and decode().
+template <typename Decode, typename Check>
+void decode_and_check(const std::string& body, Decode decode, Check check) {
+  auto m = decode(body);
+  if (!m) return check_rejection(m.error());
+  check(*m);
+  auto again = decode(encode(*m));
+  GPUQ_ASSERT(again.ok());
+  GPUQ_ASSERT(*again == *m);
+}
+
 void parse_body(MessageType type, const std::string& body) {
+  auto none = [](const auto&) {};
   switch (type) {
-    case MessageType::kHello: {
-      auto hello = daemon::parse_hello(body, kFuzzMaxClientSegmentBytes);
-      if (!hello) return check_rejection(hello.error());
-      GPUQ_ASSERT(hello->name.size() <= daemon::kMaxClientNameBytes);
-      GPUQ_ASSERT(hello->arena_bytes <= kFuzzMaxClientSegmentBytes);
-      return;
-    }
+    case MessageType::kHello:
+      return decode_and_check(
+          body, [](const std::string& b) { return decode_hello(b, kFuzzMaxClientSegmentBytes); },
+          [](const HelloMessage& hello) {
+            GPUQ_ASSERT(hello.name.size() <= kMaxClientNameBytes);
+            GPUQ_ASSERT(hello.arena_bytes <= kFuzzMaxClientSegmentBytes);
+          });
+    case MessageType::kWelcome:
+      return decode_and_check(body, decode_welcome, [](const WelcomeMessage& w) {
+        check_geometry(w.slot_count, w.geometry);
+        if (w.job_clock == StampClock::kTsc) {
+          GPUQ_ASSERT(w.tsc_ns_per_tick > 0.01 && w.tsc_ns_per_tick < 100.0);
+        }
+        for (const WelcomePool& p : w.pools) {
+          GPUQ_ASSERT(p.id < kMaxPools);
+          GPUQ_ASSERT(std::count_if(w.pools.begin(), w.pools.end(),
+                                    [&](const WelcomePool& q) { return q.id == p.id; }) == 1);
+          if (p.available || p.fallback < 0) continue;
+          GPUQ_ASSERT(std::any_of(w.pools.begin(), w.pools.end(), [&](const WelcomePool& q) {
+            return static_cast<int64_t>(q.id) == p.fallback && q.available;
+          }));
+        }
+      });
     case MessageType::kError: {
       Error e = error_from_body(body);
       const auto code = static_cast<int32_t>(e.code());
       GPUQ_ASSERT(code > 0 && code <= kMaxErrorCode);
       return;
     }
-    case MessageType::kMapClient: {
-      auto map = daemon::parse_map_client(body);
-      if (!map) return check_rejection(map.error());
-      // The worker indexes slots and the arena with this geometry: all of it inside the segment.
-      const ClientSegmentGeometry& g = map->geometry;
-      uint64_t slots_end = 0, arena_end = 0;
-      GPUQ_ASSERT(map->slot_count <= kMaxSlotsPerClient);
-      GPUQ_ASSERT(g.slots_offset >= sizeof(ClientSegmentHeader));
-      GPUQ_ASSERT(g.slots_offset % alignof(JobSlot) == 0);
-      GPUQ_ASSERT(add(g.slots_offset, uint64_t{map->slot_count} * sizeof(JobSlot), &slots_end));
-      GPUQ_ASSERT(slots_end <= g.arena_offset);
-      GPUQ_ASSERT(add(g.arena_offset, g.arena_bytes, &arena_end));
-      GPUQ_ASSERT(arena_end <= g.segment_bytes);
-      return;
-    }
-    case MessageType::kUnmapClient: {
-      auto unmap = daemon::parse_unmap_client(body);
-      if (!unmap) check_rejection(unmap.error());
-      return;
-    }
+    case MessageType::kStatusRequest:
+      return decode_and_check(body, decode_status_request, none);
+    case MessageType::kStopRequest:
+      return decode_and_check(body, decode_stop_request, none);
+    case MessageType::kStopReply:
+      return decode_and_check(body, decode_stop_reply, none);
+    case MessageType::kWorkerReady:
+      return decode_and_check(body, decode_worker_ready, [](const WorkerReadyMessage& r) {
+        GPUQ_ASSERT(r.backend.empty() || r.backend.front() == '{');
+        GPUQ_ASSERT(!r.plugin_ops.empty() && r.plugin_ops.front() == '[');
+      });
+    case MessageType::kMapClient:
+      return decode_and_check(body, decode_map_client, [](const MapClientMessage& map) {
+        check_geometry(map.slot_count, map.geometry);
+      });
+    case MessageType::kUnmapClient:
+      return decode_and_check(body, decode_unmap_client, none);
+    case MessageType::kWorkerStop:
+      return decode_and_check(body, decode_worker_stop, none);
     default:
       return;
   }

@@ -18,6 +18,7 @@
 
 #include "fuzz/fuzz_inputs.hpp"
 #include "gpuq/common/clock.hpp"
+#include "gpuq/common/messages.hpp"
 #include "gpuq/common/params.hpp"
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/shm_layout.hpp"
@@ -120,6 +121,25 @@ std::vector<Seed> seeds() {
                frame(MessageType::kMapClient, "{\"client\":3,\"session\":7," + geometry + "}")});
   s.push_back({"fuzz_protocol", "unmap_client",
                frame(MessageType::kUnmapClient, R"({"client":3,"session":7})")});
+  // Welcome, WorkerReady and StopReply as their encoders write them (gpuq/common/messages.hpp).
+  WelcomeMessage welcome;
+  welcome.client = 3;
+  welcome.session = 7;
+  welcome.slot_count = 8;
+  welcome.geometry = g;
+  welcome.epoch = 0x5eed;
+  welcome.queue_segment = "/gpuq-queue-seed";
+  welcome.daemon_version = "0.1.0";
+  welcome.job_clock = StampClock::kTsc;
+  welcome.tsc_ns_per_tick = 0.5;
+  welcome.pools = {{"cpu", 0, "cpu", 40, 10, true, "", -1},
+                   {"gpu", 1, "gpu", 20, 5, false, "no GPU found", 0}};
+  welcome.ops = {{"noop", 1}, {"echo", 2}, {"saxpy", 2000}};
+  s.push_back({"fuzz_protocol", "welcome", frame(WelcomeMessage::kType, encode(welcome))});
+  const WorkerReadyMessage ready{2, R"({"device":"GPU-0"})", R"([[2000,"saxpy"]])"};
+  s.push_back({"fuzz_protocol", "worker_ready", frame(WorkerReadyMessage::kType, encode(ready))});
+  s.push_back(
+      {"fuzz_protocol", "stop_reply", frame(StopReplyMessage::kType, encode(StopReplyMessage{}))});
   return s;
 }
 

@@ -1,6 +1,6 @@
-// Unit tests of the control-message body parsers (daemon/shared/client_messages.hpp): Hello as the
+// Unit tests of the control-message body parsers (gpuq/common/messages.hpp): Hello as the
 // supervisor reads it from an untrusted client, MapClient and UnmapClient as a worker reads them.
-#include "client_messages.hpp"
+#include "gpuq/common/messages.hpp"
 
 #include <doctest/doctest.h>
 
@@ -22,9 +22,9 @@ std::string map_body(uint64_t slots_offset, uint64_t arena_offset, uint64_t aren
          ",\"segment_bytes\":" + std::to_string(segment_bytes) + "}";
 }
 
-TEST_CASE("parse_hello reads name and arena_bytes, both optional") {
-  auto full = parse_hello(R"({"pid":12,"name":"app","arena_bytes":65536})", 1 << 20);
-  auto empty = parse_hello("{}", 1 << 20);
+TEST_CASE("decode_hello reads name and arena_bytes, both optional") {
+  auto full = decode_hello(R"({"pid":12,"name":"app","arena_bytes":65536})", 1 << 20);
+  auto empty = decode_hello("{}", 1 << 20);
 
   REQUIRE(full.ok());
   CHECK(full->name == "app");
@@ -34,7 +34,7 @@ TEST_CASE("parse_hello reads name and arena_bytes, both optional") {
   CHECK(empty->arena_bytes == 0);
 }
 
-TEST_CASE("parse_hello rejects bad fields with InvalidArgument naming the field") {
+TEST_CASE("decode_hello rejects bad fields with InvalidArgument naming the field") {
   struct Case {
     const char* body;
     const char* names;
@@ -53,7 +53,7 @@ TEST_CASE("parse_hello rejects bad fields with InvalidArgument naming the field"
   for (const Case& c : cases) {
     CAPTURE(c.body);
 
-    auto r = parse_hello(c.body, 1 << 20);
+    auto r = decode_hello(c.body, 1 << 20);
 
     REQUIRE_FALSE(r.ok());
     CHECK(r.error().code() == ErrorCode::kInvalidArgument);
@@ -61,11 +61,11 @@ TEST_CASE("parse_hello rejects bad fields with InvalidArgument naming the field"
   }
 }
 
-TEST_CASE("parse_map_client accepts the geometry the supervisor computes") {
+TEST_CASE("decode_map_client accepts the geometry the supervisor computes") {
   const auto g = ClientSegmentGeometry::compute(8, 65536);
 
   auto m =
-      parse_map_client(map_body(g.slots_offset, g.arena_offset, g.arena_bytes, g.segment_bytes));
+      decode_map_client(map_body(g.slots_offset, g.arena_offset, g.arena_bytes, g.segment_bytes));
 
   REQUIRE(m.ok());
   CHECK(m->client == 3);
@@ -76,7 +76,7 @@ TEST_CASE("parse_map_client accepts the geometry the supervisor computes") {
   CHECK(m->geometry.segment_bytes == g.segment_bytes);
 }
 
-TEST_CASE("parse_map_client rejects an inconsistent geometry") {
+TEST_CASE("decode_map_client rejects an inconsistent geometry") {
   const auto g = ClientSegmentGeometry::compute(8, 65536);
   const std::string bodies[] = {
       map_body(g.slots_offset, g.arena_offset, g.arena_bytes, g.segment_bytes - 1),  // too small
@@ -91,7 +91,7 @@ TEST_CASE("parse_map_client rejects an inconsistent geometry") {
   for (const auto& body : bodies) {
     CAPTURE(body);
 
-    auto m = parse_map_client(body);
+    auto m = decode_map_client(body);
 
     REQUIRE_FALSE(m.ok());
     CHECK(m.error().code() == ErrorCode::kInvalidArgument);
@@ -99,9 +99,9 @@ TEST_CASE("parse_map_client rejects an inconsistent geometry") {
   }
 }
 
-TEST_CASE("parse_unmap_client reads client and session") {
-  auto ok = parse_unmap_client(R"({"client":3,"session":7})");
-  auto bad = parse_unmap_client(R"({"client":4294967296,"session":7})");
+TEST_CASE("decode_unmap_client reads client and session") {
+  auto ok = decode_unmap_client(R"({"client":3,"session":7})");
+  auto bad = decode_unmap_client(R"({"client":4294967296,"session":7})");
 
   REQUIRE(ok.ok());
   CHECK(ok->client == 3);

@@ -1,5 +1,5 @@
-// Unit tests of GPU discovery without CUDA (daemon/supervisor/gpu_discovery.hpp): the parsers of the
-// NVIDIA driver's /proc files and of sysfs, discovery over a fake /proc + /sys tree
+// Unit tests of GPU discovery without CUDA (daemon/supervisor/gpu_discovery.hpp): the parsers of
+// the NVIDIA driver's /proc files and of sysfs, discovery over a fake /proc + /sys tree
 // (tests/support/fake_gpu_tree.hpp), the choice of a gpu pool's GPUs, and the gpu pool keys of
 // the config (daemon/supervisor/config.hpp), each refused with an error naming the key.
 #include "gpu_discovery.hpp"

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <optional>
@@ -17,32 +17,49 @@
 #include "commands.hpp"
 #include "gpuq/client.hpp"
 #include "gpuq/common/params.hpp"
+#include "gpuq/common/posix_call.hpp"
 #include "gpuq/common/tensor_ops.hpp"
 #include "submit.hpp"
 
 namespace gpuq::ctl {
 namespace {
 
+// The messages read "cannot open '<path>': <strerror>": the errno of the failed call (the
+// wrapper keeps it), without the wrapper's file and line, which say nothing to a user.
 std::optional<std::string> read_file(const std::string& path, std::string& error) {
-  std::ifstream in(path, std::ios::binary);
+  auto in = GPUQ_NONNULL_CALL(std::fopen, path.c_str(), "rb");
   if (!in) {
     error = "cannot open '" + path + "': " + std::strerror(errno);
     return std::nullopt;
   }
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) {
-    error = "cannot read '" + path + "': " + std::strerror(errno);
+  std::string bytes;
+  char chunk[65536];
+  size_t n;
+  while ((n = std::fread(chunk, 1, sizeof chunk, *in)) > 0) bytes.append(chunk, n);
+  const bool failed = std::ferror(*in) != 0;
+  const int err = errno;
+  // Read-only: closing cannot lose data, so its result is ignored.
+  (void)std::fclose(*in);
+  if (failed) {
+    error = "cannot read '" + path + "': " + std::strerror(err);
     return std::nullopt;
   }
   return bytes;
 }
 
 bool write_file(const std::string& path, const std::byte* data, uint64_t size, std::string& error) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (out) out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  if (out) out.close();
+  auto out = GPUQ_NONNULL_CALL(std::fopen, path.c_str(), "wb");
   if (!out) {
     error = "cannot write '" + path + "': " + std::strerror(errno);
+    return false;
+  }
+  // fwrite, then fclose (which flushes): either failing means the file is not all there.
+  const bool written = std::fwrite(data, 1, size, *out) == size;
+  int err = errno;
+  const bool closed = std::fclose(*out) == 0;
+  if (written && !closed) err = errno;
+  if (!written || !closed) {
+    error = "cannot write '" + path + "': " + std::strerror(err);
     return false;
   }
   return true;

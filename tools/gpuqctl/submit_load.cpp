@@ -28,6 +28,7 @@ class LoadRun {
         session_(session),
         total_(*args.count),
         slots_(session.inputs.size()),
+        // A probe: 0 (ENOTTY, EBADF) is "not a terminal", and then no progress line is shown.
         progress_(isatty(STDOUT_FILENO) == 1) {
     for (size_t i = slots_.size(); i-- > 0;) free_.push_back(i);
   }
@@ -161,7 +162,8 @@ class LoadRun {
     const Clock::time_point now = Clock::now();
     if (final_line) {
       std::printf("\r%*s\r", 72, "");
-      std::fflush(stdout);
+      // The progress line is best effort: a terminal that cannot take it loses nothing else.
+      (void)std::fflush(stdout);
       return;
     }
     if (now - last_progress_ < kProgressPeriod) return;
@@ -171,7 +173,7 @@ class LoadRun {
                 static_cast<unsigned long long>(completed_),
                 static_cast<unsigned long long>(total_), static_cast<unsigned long long>(failures_),
                 seconds > 0 ? static_cast<double>(completed_) / seconds : 0.0);
-    std::fflush(stdout);
+    (void)std::fflush(stdout);  // best effort, as above
   }
 
   uint64_t percentile(double p) const {

@@ -31,7 +31,7 @@ enum class MessageType : uint16_t {
   kStopRequest = 6,    // client: {} - drain and exit
   kStopReply = 7,      // daemon: {"draining": true}
   // supervisor <-> worker
-  kWorkerReady = 16,  // worker: {"worker": id}
+  kWorkerReady = 16,  // worker: {"worker": id, "plugin_ops": [...], "backend": {...}}
   kMapClient = 17,    // supervisor: {"client", "session", geometry}; fd: the client segment
   kUnmapClient = 18,  // supervisor: {"client", "session"}
   kWorkerStop = 19,   // supervisor: {} - finish the ring and exit

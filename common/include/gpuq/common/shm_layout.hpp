@@ -356,6 +356,8 @@ class QueueView {
     PoolShm& p = this->pool(pool);
     if (p.sleepers.load(std::memory_order_seq_cst) == 0) return;
     if (p.spinning.load(std::memory_order_seq_cst) != 0) return;  // a spinner will pop it
+    // sched_getcpu's failure (-1, ENOSYS) needs no check: no worker has CPU -1, so the first
+    // pass finds no one and the second looks at every worker.
     if (cpu < 0) cpu = sched_getcpu();
     auto claim = [](WorkerShm& w) {
       uint32_t one = 1;

@@ -23,8 +23,11 @@ class UniqueFd {
   int get() const noexcept { return fd_; }
   bool valid() const noexcept { return fd_ >= 0; }
   int release() noexcept { return std::exchange(fd_, -1); }
+  // Closes the descriptor held, if any, and holds `fd`. close() is called once and its result
+  // ignored: Linux releases the descriptor even when close fails (EINTR, EIO), so neither a
+  // retry nor a report could do anything about it.
   void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) (void)::close(fd_);
     fd_ = fd;
   }
 

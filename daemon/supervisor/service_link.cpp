@@ -1,7 +1,9 @@
 // The supervisor's link to its service manager (docs/service.md): READY=1 once every pool is up,
 // STATUS= lines that follow the pools' capacity, STOPPING=1 when a drain begins, WATCHDOG=1 from
 // the event loop, and the SIGUSR2 stall hook of the watchdog tests. Everything here runs on the
-// event loop's thread; the notifier is options_.notifier (absent: nothing is sent).
+// event loop's thread; the notifier is options_.notifier (absent: nothing is sent). These are
+// Supervisor members: they read the drain state and the status report, and own two of the
+// loop's descriptors.
 #include <sys/signalfd.h>
 #include <sys/timerfd.h>
 #include <time.h>
@@ -36,7 +38,8 @@ Result<void> Supervisor::start_service_link() {
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGUSR2);
-    sigprocmask(SIG_BLOCK, &mask, nullptr);  // workers unblock every signal before exec
+    // Workers unblock every signal before exec (ForkExecLauncher).
+    if (auto r = GPUQ_POSIX_CALL(::sigprocmask, SIG_BLOCK, &mask, nullptr); !r) return r.error();
     auto fd = GPUQ_POSIX_CALL(::signalfd, -1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
     if (!fd) return fd.error();
     test_hook_fd_.reset(static_cast<int>(*fd));
@@ -48,8 +51,8 @@ Result<void> Supervisor::start_service_link() {
 
 void Supervisor::on_watchdog_timer() {
   uint64_t expirations = 0;
-  ssize_t ignored = ::read(watchdog_fd_.get(), &expirations, sizeof expirations);
-  (void)ignored;
+  // EAGAIN: a stale wakeup; the keep-alive goes out all the same.
+  (void)GPUQ_POSIX_CALL(::read, watchdog_fd_.get(), &expirations, sizeof expirations);
   // One keep-alive however many periods passed: a loop that was late is alive again now.
   options_.notifier->watchdog();
 }
@@ -57,7 +60,7 @@ void Supervisor::on_watchdog_timer() {
 void Supervisor::on_test_hook_signal() {
   signalfd_siginfo si;
   bool stall = false;
-  while (::read(test_hook_fd_.get(), &si, sizeof si) == sizeof si) {
+  while (GPUQ_POSIX_CALL(::read, test_hook_fd_.get(), &si, sizeof si)) {  // until EAGAIN
     if (si.ssi_signo == SIGUSR2) stall = true;
   }
   if (!stall) return;
@@ -65,33 +68,17 @@ void Supervisor::on_test_hook_signal() {
   GPUQ_LOG_WARN("test hook: SIGUSR2: stalling the event loop for %u ms", ms);
   // A monotonic deadline, so that no signal can shorten the stall.
   timespec until{};
-  clock_gettime(CLOCK_MONOTONIC, &until);
+  (void)clock_gettime(CLOCK_MONOTONIC, &until);  // cannot fail: a valid clock and pointer
   until.tv_sec += static_cast<time_t>(ms / 1000);
   until.tv_nsec += static_cast<long>(ms % 1000) * 1'000'000;
   if (until.tv_nsec >= 1'000'000'000) {
     until.tv_sec += 1;
     until.tv_nsec -= 1'000'000'000;
   }
+  // clock_nanosleep returns an error number; only EINTR (a signal) ends it early.
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, nullptr) == EINTR) {
   }
   GPUQ_LOG_WARN("test hook: the event loop runs again");
-}
-
-// "cpu 2/2 ready, ring 20; gpu0 1/2 ready, 1 failed, ring 20; gpu1 unavailable"
-std::string Supervisor::pools_summary(const std::vector<PoolHealth>& pools) {
-  std::string s;
-  for (const PoolHealth& p : pools) {
-    if (!s.empty()) s += "; ";
-    if (p.unavailable) {
-      s += p.name + " unavailable";  // the reason is in the log and in gpuqctl status
-      continue;
-    }
-    s += p.name + " " + std::to_string(p.ready) + "/" + std::to_string(p.total) + " ready";
-    if (p.failed > 0) s += ", " + std::to_string(p.failed) + " failed";
-    if (p.settling > 0) s += ", " + std::to_string(p.settling) + " starting";
-    s += ", ring " + std::to_string(p.capacity);
-  }
-  return s;
 }
 
 // READY=1 once no worker is still starting or restarting: every worker is ready, or its pool
@@ -104,7 +91,7 @@ std::string Supervisor::pools_summary(const std::vector<PoolHealth>& pools) {
 void Supervisor::update_service_state() {
   ServiceNotifier* n = options_.notifier.get();
   if (n == nullptr || !n->active() || draining_) return;
-  const std::vector<PoolHealth> pools = pool_health();
+  const std::vector<PoolHealth> pools = status_->pool_health();
   bool settled = true;
   bool unavailable = false;
   uint32_t ready = 0, total = 0;
@@ -135,7 +122,7 @@ void Supervisor::update_service_state() {
 void Supervisor::notify_stopping(const char* reason) {
   ServiceNotifier* n = options_.notifier.get();
   if (n == nullptr || !n->active()) return;
-  n->stopping(std::string("draining (") + reason + "): " + pools_summary(pool_health()));
+  n->stopping(std::string("draining (") + reason + "): " + pools_summary(status_->pool_health()));
 }
 
 }  // namespace gpuq::daemon

@@ -1,0 +1,197 @@
+// The supervisor's recovery of jobs: after a worker's death, and the audit of what clients can
+// overwrite in the queue segment (see docs/design/ring.md, "Repair", and docs/design/faults.md,
+// "Bad input").
+//
+// The rings live in the queue segment, which every allowed client maps read-write, so a client
+// (buggy or hostile) can store words in the cells that no producer or consumer would. Such a
+// word at the head stops every consumer of the pool, at the tail every producer, and a value it
+// replaced is a job that no worker will ever see. While any client is connected, the
+// supervisor looks every kAuditNs:
+//   - at each ring's head and tail hints and cells (RingAudit, gpuq/common/job_ring.hpp):
+//     hints that jumped are moved back, and a cell suspect in two audits in a row, with the
+//     same word, is retired (marked consumed, so both sides step past it);
+//   - at each live client's SUBMITTED jobs: one in no ring for kLostAfterNs, while its client
+//     is not inside submit (`submitting` is up from before the slot turns SUBMITTED until its
+//     reference is in the ring), has lost its entry, and is pushed again;
+// A false "lost" (a job whose entry is in fact about to be pushed or popped) would only cost
+// a duplicate reference, which is harmless: one SUBMITTED -> RUNNING CAS wins, the other pop
+// finds the slot taken and drops it.
+#include "job_recovery.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "gpuq/common/log.hpp"
+
+namespace gpuq::daemon {
+
+void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string& why) {
+  // The dying worker's id is in the state word of the job it ran; fail exactly that job.
+  clients_.for_each([&](const Client& conn) {
+    ClientSegmentView view(conn.segment.address(), conn.geometry, conn.slot_count);
+    for (uint32_t s = 0; s < conn.slot_count; ++s) {
+      JobSlot& slot = view.slot(s);
+      uint64_t word = slot.state.load(std::memory_order_acquire);
+      SlotWord sw = SlotWord::unpack(word);
+      if (sw.state != JobState::kRunning || sw.worker_plus_one != worker + 1) continue;
+      if (retry(conn, s, slot, word, why)) continue;
+      JobOutcome out{};
+      out.code = static_cast<int32_t>(ErrorCode::kWorkerDied);
+      out.worker_id = worker;
+      out.finished_stamp = read_stamp(job_clock_);
+      set_slot_message(slot, why.c_str());
+      std::memcpy(&slot.outcome, &out, sizeof out);
+      SlotWord failed{sw.generation, JobState::kFailed, sw.worker_plus_one};
+      if (slot.state.compare_exchange_strong(word, failed.pack(), std::memory_order_acq_rel)) {
+        slot.done.notify_all();
+        queue_.worker(worker).jobs_failed.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  });
+  requeue_lost(pool);
+}
+
+void JobRecovery::client_left(uint64_t session) {
+  std::erase_if(retried_, [&](const auto& key) { return std::get<0>(key) == session; });
+}
+
+// A retryable job whose worker died: back to SUBMITTED (same generation) and into its pool's
+// ring, once. The count is kept here, not in the client's segment, which the client could
+// rewrite to retry a job that kills every worker forever. False if the job is not retryable,
+// was retried already, or there is no room; the caller then fails it.
+bool JobRecovery::retry(const Client& conn, uint32_t s, JobSlot& slot, uint64_t running_word,
+                        const std::string& why) {
+  const SlotWord sw = SlotWord::unpack(running_word);
+  const uint32_t pool = slot.desc.pool_id;
+  if ((slot.desc.flags & kJobFlagRetryable) == 0 || pool >= config_.pools.size()) {
+    return false;
+  }
+  const auto key = std::make_tuple(conn.session, s, sw.generation);
+  if (retried_.count(key) != 0) {
+    GPUQ_LOG_WARN("job %u/%u is retryable but was retried once already: failing it", conn.index, s);
+    return false;
+  }
+  const SlotWord queued_again{sw.generation, JobState::kSubmitted, 0};
+  if (!slot.state.compare_exchange_strong(running_word, queued_again.pack(),
+                                          std::memory_order_acq_rel)) {
+    return false;
+  }
+  if (!queue_.ring(pool).try_push(JobRef{conn.index, s, sw.generation}.pack())) {
+    // Put it back as it was, for the caller to fail.
+    uint64_t expected = queued_again.pack();
+    slot.state.compare_exchange_strong(expected, running_word, std::memory_order_acq_rel);
+    GPUQ_LOG_WARN("cannot retry job %u/%u: the ring of pool %u is full", conn.index, s, pool);
+    return false;
+  }
+  retried_.insert(key);
+  queue_.wake_worker(pool);
+  GPUQ_LOG_WARN("retrying job %u/%u (retryable): %s", conn.index, s, why.c_str());
+  return true;
+}
+
+// A worker killed between popping a job's reference and claiming the slot took the reference
+// with it: the job is SUBMITTED but in no ring. Put such references back. A reference that is
+// in fact still in flight (a client between storing SUBMITTED and pushing) gets a duplicate,
+// which is harmless: only one SUBMITTED -> RUNNING CAS can win.
+void JobRecovery::requeue_lost(uint32_t pool) {
+  JobRing ring = queue_.ring(pool);
+  for_each_job_in_no_ring(pool, [&](const Client& conn, uint32_t s, uint32_t ref) {
+    if (ring.try_push(ref)) {
+      GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn.index, s);
+      queue_.wake_worker(pool);
+    } else {
+      // Not lost: tried again on every timer tick until there is room.
+      GPUQ_LOG_WARN("cannot requeue job %u/%u yet: ring full; retrying", conn.index, s);
+      requeue_pending_ |= 1u << pool;
+    }
+  });
+}
+
+void JobRecovery::for_each_job_in_no_ring(
+    uint32_t pool, const std::function<void(const Client&, uint32_t slot, uint32_t ref)>& fn) {
+  std::vector<uint32_t> in_ring;
+  queue_.ring(pool).for_each_value([&](uint32_t v) { in_ring.push_back(v); });
+  std::sort(in_ring.begin(), in_ring.end());
+  clients_.for_each([&](const Client& conn) {
+    ClientSegmentView view(conn.segment.address(), conn.geometry, conn.slot_count);
+    for (uint32_t s = 0; s < conn.slot_count; ++s) {
+      JobSlot& slot = view.slot(s);
+      const SlotWord sw = SlotWord::unpack(slot.state.load(std::memory_order_acquire));
+      if (sw.state != JobState::kSubmitted || slot.desc.pool_id != pool) continue;
+      const uint32_t ref = JobRef{conn.index, s, sw.generation}.pack();
+      if (!std::binary_search(in_ring.begin(), in_ring.end(), ref)) fn(conn, s, ref);
+    }
+  });
+}
+
+void JobRecovery::tick(uint64_t now) {
+  // Jobs a dead worker took that found no room in a full ring: try again each tick.
+  if (const uint32_t pending = std::exchange(requeue_pending_, 0); pending != 0) {
+    for (uint32_t p = 0; p < config_.pools.size(); ++p) {
+      if ((pending & (1u << p)) != 0) requeue_lost(p);
+    }
+  }
+  if (now < next_audit_ns_) return;
+  next_audit_ns_ = now + kAuditNs;
+  for (uint32_t p = 0; p < config_.pools.size(); ++p) {
+    audit_ring(p);
+    audit_submitted(p, now);
+  }
+}
+
+void JobRecovery::audit_ring(uint32_t p) {
+  JobRing ring = queue_.ring(p);
+  const RingAudit::Report r = ring_audits_[p].run(ring);
+  const char* pool = config_.pools[p].name.c_str();
+  if (r.head_restored || r.tail_restored) {
+    ++hints_restored_[p];
+    GPUQ_LOG_WARN("pool %s: ring %s position jumped to %" PRIu64
+                  " (a client wrote over the queue segment?): moved it back to %" PRIu64,
+                  pool, r.head_restored ? "head" : "tail",
+                  r.head_restored ? r.head_from : r.tail_from,
+                  r.head_restored ? r.head_to : r.tail_to);
+  }
+  for (const JobRing::Suspect& s : r.retired) {
+    ++cells_retired_[p];
+    GPUQ_LOG_WARN(
+        "pool %s: ring cell %u (position %" PRIu64 ") held 0x%016" PRIx64
+        ", which no producer or consumer writes (a client wrote over the queue segment?): "
+        "retired it",
+        pool, s.index, s.position, s.word);
+  }
+}
+
+void JobRecovery::audit_submitted(uint32_t p, uint64_t now) {
+  JobRing ring = queue_.ring(p);
+  const uint32_t share = queue_.pool(p).client_share;
+  std::map<LostKey, uint64_t> still_lost;
+  std::map<uint64_t, uint32_t> pushed;  // per client session, this audit
+  for_each_job_in_no_ring(p, [&](const Client& conn, uint32_t s, uint32_t ref) {
+    const LostKey key{p, conn.session, s, JobRef::unpack(ref).generation};
+    auto seen = lost_since_.find(key);
+    const uint64_t since = seen == lost_since_.end() ? now : seen->second;
+    // A client inside submit may be about to push it; a client's own scribbling gets at most
+    // its share pushed per audit.
+    const bool submitting =
+        queue_.client(conn.index).submitting.load(std::memory_order_seq_cst) != 0;
+    if (now - since < kLostAfterNs || submitting || pushed[conn.session] >= share ||
+        !ring.try_push(ref)) {
+      still_lost.emplace(key, since);
+      return;
+    }
+    ++pushed[conn.session];
+    ++jobs_requeued_[p];
+    queue_.wake_worker(p);
+    GPUQ_LOG_WARN("pool %s: job %u/%u was SUBMITTED but in no ring for %" PRIu64
+                  " ms (its ring cell was overwritten?): pushed it again",
+                  config_.pools[p].name.c_str(), conn.index, s, (now - since) / 1'000'000);
+  });
+  // Keys of other pools stay; this pool's are replaced by what is still lost.
+  std::erase_if(lost_since_, [p](const auto& e) { return std::get<0>(e.first) == p; });
+  lost_since_.merge(still_lost);
+}
+
+}  // namespace gpuq::daemon

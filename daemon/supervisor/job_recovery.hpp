@@ -1,0 +1,81 @@
+// The supervisor's decisions about jobs that would otherwise be lost (docs/design/faults.md):
+//   - a worker died while running a job: the job is retried once if it is retryable (back to
+//     SUBMITTED and into its ring), else it fails with WorkerDied;
+//   - a worker died between popping a job's reference and claiming the slot: the reference is
+//     pushed again (now, or on a later tick when the ring is full);
+//   - the audit of what clients can overwrite in the queue segment (every kAuditNs while clients
+//     are connected): ring positions that jumped are moved back, cells no producer or consumer
+//     wrote are retired, and a SUBMITTED job in no ring for kLostAfterNs is pushed again.
+// It reads and writes the clients' segments and the rings; it never talks to a process.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "client_registry.hpp"
+#include "config.hpp"
+#include "gpuq/common/clock.hpp"
+#include "gpuq/common/job_ring.hpp"
+#include "gpuq/common/shm_layout.hpp"
+
+namespace gpuq::daemon {
+
+class JobRecovery {
+ public:
+  static constexpr uint64_t kAuditNs = 100'000'000;
+  static constexpr uint64_t kLostAfterNs = 1'000'000'000;
+
+  // `job_clock`: what job stamps count in (decided at start; read when a job is failed).
+  JobRecovery(const Config& config, QueueView& queue, const ClientRegistry& clients,
+              const StampClock& job_clock)
+      : config_(config), queue_(queue), clients_(clients), job_clock_(job_clock) {}
+
+  // Worker `worker` of `pool` has exited (`why` goes into each failed job's message): its
+  // running job is retried or failed, and references it took are pushed again.
+  void worker_died(uint32_t worker, uint32_t pool, const std::string& why);
+  // The client with `session` has left: its retry records go.
+  void client_left(uint64_t session);
+  // On each timer tick: references that found a full ring are pushed again; the audit runs
+  // every kAuditNs.
+  void tick(uint64_t now);
+  // References waiting for room in a full ring (the loop keeps its fast tick while so).
+  bool pending() const { return requeue_pending_ != 0; }
+
+  // Counters for status, by pool (0 in honest traffic).
+  uint64_t cells_retired(uint32_t pool) const { return cells_retired_[pool]; }
+  uint64_t positions_restored(uint32_t pool) const { return hints_restored_[pool]; }
+  uint64_t jobs_requeued(uint32_t pool) const { return jobs_requeued_[pool]; }
+
+ private:
+  bool retry(const Client& client, uint32_t slot_index, JobSlot& slot, uint64_t running_word,
+             const std::string& why);
+  void requeue_lost(uint32_t pool);
+  // Calls fn(client, slot, reference) for every live client's job that is SUBMITTED to `pool`
+  // but whose reference is in no cell of its ring.
+  void for_each_job_in_no_ring(
+      uint32_t pool, const std::function<void(const Client&, uint32_t slot, uint32_t ref)>& fn);
+  void audit_ring(uint32_t pool);
+  void audit_submitted(uint32_t pool, uint64_t now);
+
+  const Config& config_;
+  QueueView& queue_;
+  const ClientRegistry& clients_;
+  const StampClock& job_clock_;
+  // Retryable jobs already run again after a worker death: {client session, slot, generation}.
+  std::set<std::tuple<uint64_t, uint32_t, uint32_t>> retried_;
+  // Pools (bit p) with a job a dead worker took that did not fit back into the full ring yet.
+  uint32_t requeue_pending_ = 0;
+  uint64_t next_audit_ns_ = 0;
+  RingAudit ring_audits_[kMaxPools];
+  using LostKey = std::tuple<uint32_t, uint64_t, uint32_t, uint32_t>;  // pool, session, slot, gen
+  std::map<LostKey, uint64_t> lost_since_;  // SUBMITTED jobs in no ring: first seen (ns)
+  uint64_t cells_retired_[kMaxPools] = {};
+  uint64_t hints_restored_[kMaxPools] = {};
+  uint64_t jobs_requeued_[kMaxPools] = {};
+};
+
+}  // namespace gpuq::daemon

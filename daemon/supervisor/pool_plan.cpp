@@ -1,0 +1,118 @@
+#include "pool_plan.hpp"
+
+#include <algorithm>
+#include <iterator>
+
+#include "gpuq/common/cpu_list.hpp"
+#include "gpuq/common/log.hpp"
+#include "ops.hpp"
+#include "plugins.hpp"
+
+namespace gpuq::daemon {
+namespace {
+
+// NVML's first initialisation without persistence mode takes seconds per GPU; a driver that
+// takes longer than this is wedged, and the gpu pools are unavailable rather than the daemon
+// stuck before READY=1 (systemd's TimeoutStartSec= is 120 s).
+constexpr uint32_t kGpuDiscoveryTimeoutMs = 30'000;
+constexpr uint32_t kPluginListTimeoutMs = 30'000;
+
+}  // namespace
+
+Result<void> learn_plugin_ops(const Config& config, const std::string& worker_path) {
+  for (const std::string& path : config.plugins) {
+    auto ops = list_plugin_ops_isolated(worker_path, path, kPluginListTimeoutMs);
+    if (!ops) return ops.error();
+    for (const PluginOp& op : *ops) {
+      GPUQ_LOG_INFO("plug-in %s: op %s (%s%s%s)", path.c_str(), op.name.c_str(),
+                    op.has_cpu ? "cpu" : "", op.has_cpu && op.has_gpu ? ", " : "",
+                    op.has_gpu ? "gpu" : "");
+    }
+    if (auto r = add_plugin_ops(std::move(*ops)); !r) return r;
+  }
+  return {};
+}
+
+Result<PoolPlan> plan_pools(Config& c, const std::string& gpu_worker_path, bool test_hooks) {
+  PoolPlan plan;
+  plan.pools.assign(c.pools.size(), PoolState{});
+  const bool want_gpus = std::any_of(c.pools.begin(), c.pools.end(),
+                                     [](const PoolConfig& p) { return p.kind == PoolKind::kGpu; });
+  if (want_gpus) {
+    const GpuDiscoveryOptions how = gpu_discovery_options_from_environment(test_hooks);
+    if (how.root != "/") {
+      plan.fake_gpus = true;
+      GPUQ_LOG_WARN(
+          "test hooks: GPUQ_TEST_GPU_ROOT: GPUs are read from %s, NVML is not tried, and gpu "
+          "pools run gpuq-worker",
+          how.root.c_str());
+    }
+    plan.discovery = discover_gpus_isolated(how, kGpuDiscoveryTimeoutMs);
+    plan.discovery_ran = true;
+    for (const GpuInfo& g : plan.discovery.gpus) {
+      GPUQ_LOG_INFO("GPU %u (%s): %s, %s, %llu MiB, cpus %s, numa node %d", g.index,
+                    plan.discovery.source.c_str(), g.uuid.empty() ? "(no UUID)" : g.uuid.c_str(),
+                    g.pci_bus_id.c_str(), static_cast<unsigned long long>(g.memory_bytes >> 20),
+                    g.local_cpus.empty() ? "unknown" : cpu_list_text(g.local_cpus).c_str(),
+                    g.numa_node);
+    }
+  }
+  const std::vector<int> allowed = allowed_cpus();
+  for (uint32_t p = 0; p < c.pools.size(); ++p) {
+    PoolConfig& pool = c.pools[p];
+    if (pool.kind == PoolKind::kCpu) {
+      for (uint32_t i = 0; i < pool.workers; ++i) {
+        plan.placements.push_back({{pool.cpus[i % pool.cpus.size()]}, "-1", -1});
+      }
+      continue;
+    }
+    Result<std::vector<uint32_t>> chosen = select_gpus(pool, plan.discovery);
+    if (chosen && gpu_worker_path.empty() && !plan.fake_gpus) {
+      chosen = Error(ErrorCode::kNoDevice, "this gpuq was built without CUDA (no gpuq-gpu-worker)");
+    }
+    if (!chosen) {
+      // Unavailable, not fatal: the other pools serve, and jobs for this one fail at once with
+      // NoDevice or go to the fallback pool (docs/design/gpu_discovery.md).
+      PoolState& st = plan.pools[p];
+      st.available = false;
+      st.reason = chosen.error().message();
+      pool.workers = 0;
+      GPUQ_LOG_WARN("pool %s is unavailable: %s; %s", pool.name.c_str(), st.reason.c_str(),
+                    pool.fallback_pool >= 0
+                        ? ("its jobs go to pool " + c.pools[pool.fallback_pool].name).c_str()
+                        : "its jobs fail with NoDevice");
+      continue;
+    }
+    plan.pools[p].gpus = *chosen;
+    for (uint32_t g : *chosen) {
+      const GpuInfo& gpu = plan.discovery.gpus[g];
+      // The GPU's local CPUs that this daemon may use; all of its CPUs when the two sets do not
+      // meet (a cgroup or taskset that keeps it off the GPU's node) or locality is unknown.
+      std::vector<int> cpus;
+      std::set_intersection(gpu.local_cpus.begin(), gpu.local_cpus.end(), allowed.begin(),
+                            allowed.end(), std::back_inserter(cpus));
+      if (cpus.empty()) {
+        if (!gpu.local_cpus.empty()) {
+          GPUQ_LOG_WARN(
+              "GPU %u: none of its local CPUs (%s) is available to the daemon; its "
+              "workers run on every available CPU",
+              gpu.index, cpu_list_text(gpu.local_cpus).c_str());
+        }
+        cpus = allowed;
+      }
+      // Without a UUID (a driver that hides it from this user) the index in PCI bus order
+      // names the same GPU, given CUDA_DEVICE_ORDER=PCI_BUS_ID.
+      const std::string visible = gpu.uuid.empty() ? std::to_string(gpu.index) : gpu.uuid;
+      for (uint32_t k = 0; k < pool.workers_per_gpu; ++k) {
+        plan.placements.push_back({cpus, visible, static_cast<int>(g)});
+      }
+    }
+    pool.workers = static_cast<uint32_t>(chosen->size()) * pool.workers_per_gpu;
+  }
+  if (auto r = check_pool_sizes(c); !r) {
+    return Error(r.error().code(), r.error().message() + " (with the GPUs found)");
+  }
+  return plan;
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,52 @@
+// Where each worker runs: the GPUs found (when a gpu pool asks for them), each pool's worker
+// count, each worker's CPUs and CUDA_VISIBLE_DEVICES, and the pools that have nothing to run
+// on. Decided once, at start, before any worker exists (docs/design/gpu_discovery.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "gpu_discovery.hpp"
+#include "gpuq/error.hpp"
+
+namespace gpuq::daemon {
+
+// Where a worker runs (PoolPlan::placements[worker id]).
+struct WorkerPlacement {
+  std::vector<int> cpus;        // its CPU affinity
+  std::string visible_devices;  // CUDA_VISIBLE_DEVICES: "-1" (cpu pool), else the GPU's UUID
+  int gpu = -1;                 // index into PoolPlan::discovery.gpus; -1 in a cpu pool
+};
+
+// A pool at run time (PoolPlan::pools[pool]).
+struct PoolState {
+  bool available = true;       // false: a gpu pool that found no GPU; it has no workers
+  std::string reason;          // why it is unavailable
+  std::vector<uint32_t> gpus;  // a gpu pool's GPUs, indexes into PoolPlan::discovery.gpus
+};
+
+struct PoolPlan {
+  std::vector<WorkerPlacement> placements;  // by worker id
+  std::vector<PoolState> pools;             // by pool
+  GpuDiscovery discovery;                   // what discovery found
+  bool discovery_ran = false;               // only when a gpu pool is configured
+  // GPUs read from a fake tree (test hook GPUQ_TEST_GPU_ROOT): no device stands behind them, so
+  // their pools run gpuq-worker (the CPU backend) instead of gpuq-gpu-worker.
+  bool fake_gpus = false;
+};
+
+// Finds the GPUs (when a gpu pool asks for them), decides each pool's workers and where they
+// run, and sets each gpu pool's worker count in `config`. A gpu pool with no GPU (or a build
+// without CUDA: `gpu_worker_path` empty) is unavailable, not an error. Call while the process
+// is single-threaded (discovery may fork). Errors: InvalidArgument when the GPUs found make a
+// pool too large (check_pool_sizes).
+Result<PoolPlan> plan_pools(Config& config, const std::string& gpu_worker_path, bool test_hooks);
+
+// The plug-ins' ops, from a child per plug-in (`worker_path --list-plugin-ops`): the supervisor
+// never dlopens a plug-in (it may link CUDA). Registers them (ids follow config order, as in
+// the workers). Errors: the plug-in that could not be listed, or a clash of op names.
+Result<void> learn_plugin_ops(const Config& config, const std::string& worker_path);
+
+}  // namespace gpuq::daemon

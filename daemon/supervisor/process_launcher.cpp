@@ -1,0 +1,77 @@
+#include "process_launcher.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
+#include "gpuq/common/log.hpp"
+#include "gpuq/common/posix_call.hpp"
+
+namespace gpuq::daemon {
+
+Result<pid_t> ForkExecLauncher::launch(const LaunchSpec& spec) {
+  if (spec.argv.empty()) return Error(ErrorCode::kInvalidArgument, "launch: no executable");
+  std::vector<std::string> args = spec.argv, env = spec.env;
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int cpu : spec.cpus) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &cpus);
+  }
+  sigset_t empty;
+  sigemptyset(&empty);
+  const char* path = argv.front();
+  const int control = spec.control_fd, out = spec.stdout_fd, err = spec.stderr_fd;
+
+  const pid_t pid = ::fork();
+  if (pid < 0) return GPUQ_SYSTEM_ERROR("fork");
+  if (pid == 0) {
+    // Child: raw async-signal-safe calls only, and nothing to report a failure to but stderr
+    // and the exit status (the supervisor logs the worker's death). Wire fds 1, 2, 3; pin; die
+    // with the supervisor; exec.
+    if (control == 3) {
+      (void)fcntl(3, F_SETFD, 0);  // keep it across exec
+    } else {
+      (void)dup2(control, 3);
+    }
+    (void)dup2(out, 1);
+    (void)dup2(err, 2);
+    (void)sched_setaffinity(0, sizeof cpus, &cpus);  // not pinned beats not running
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+    (void)sigprocmask(SIG_SETMASK, &empty, nullptr);
+    (void)signal(SIGPIPE, SIG_DFL);
+    execve(path, argv.data(), envp.data());
+    static const char msg[] = "gpuq-worker: execve failed\n";
+    (void)!write(2, msg, sizeof msg - 1);
+    _exit(127);
+  }
+  return pid;
+}
+
+void ForkExecLauncher::kill(pid_t pid) {
+  // ESRCH: it has exited already and waits to be reaped; nothing else can fail for a child.
+  if (pid <= 0) return;
+  if (auto r = GPUQ_POSIX_CALL(::kill, pid, SIGKILL); !r && errno != ESRCH) {
+    GPUQ_LOG_WARN("cannot kill pid %d: %s", pid, r.error().to_string().c_str());
+  }
+}
+
+std::optional<ChildExit> ForkExecLauncher::reap() {
+  int status = 0;
+  auto pid = GPUQ_POSIX_CALL(::waitpid, -1, &status, WNOHANG);
+  // 0: children, none exited; ECHILD: no children at all.
+  if (!pid || *pid == 0) return std::nullopt;
+  return ChildExit{static_cast<pid_t>(*pid), status};
+}
+
+}  // namespace gpuq::daemon

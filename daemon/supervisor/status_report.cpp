@@ -1,0 +1,179 @@
+#include "status_report.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "gpuq/common/clock.hpp"
+
+namespace gpuq::daemon {
+namespace {
+
+using nlohmann::json;
+
+json gpu_json(const GpuInfo& g) {
+  return {{"index", g.index},
+          {"uuid", g.uuid},
+          {"pci_bus_id", g.pci_bus_id},
+          {"name", g.name},
+          {"memory_bytes", g.memory_bytes},
+          {"local_cpus", g.local_cpus},
+          {"numa_node", g.numa_node}};
+}
+
+}  // namespace
+
+// "cpu 2/2 ready, ring 20; gpu0 1/2 ready, 1 failed, ring 20; gpu1 unavailable"
+std::string pools_summary(const std::vector<PoolHealth>& pools) {
+  std::string s;
+  for (const PoolHealth& p : pools) {
+    if (!s.empty()) s += "; ";
+    if (p.unavailable) {
+      s += p.name + " unavailable";  // the reason is in the log and in gpuqctl status
+      continue;
+    }
+    s += p.name + " " + std::to_string(p.ready) + "/" + std::to_string(p.total) + " ready";
+    if (p.failed > 0) s += ", " + std::to_string(p.failed) + " failed";
+    if (p.settling > 0) s += ", " + std::to_string(p.settling) + " starting";
+    s += ", ring " + std::to_string(p.capacity);
+  }
+  return s;
+}
+
+std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool draining) const {
+  const Config& c = *s_.config;
+  const QueueView& queue = *s_.queue;
+  const PoolPlan& plan = *s_.plan;
+  json s;
+  s["version"] = GPUQ_VERSION;
+  s["pid"] = getpid();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(epoch));
+  s["epoch"] = hex;
+  s["uptime_s"] = static_cast<double>(monotonic_ns() - start_ns) / 1e9;
+  s["state"] = draining ? "draining" : "running";
+  s["runtime_dir"] = s_.runtime_dir;
+  s["clients"] = s_.clients->registered();
+  // Indexes of departed clients whose last ring entries have not all been popped yet.
+  s["client_indexes_retiring"] = s_.clients->retiring();
+  if (plan.discovery_ran) {
+    s["gpu_discovery"] = {{"source", plan.discovery.source},
+                          {"problem", plan.discovery.problem},
+                          {"gpus", json::array()}};
+    // The executable gpu pools run on real GPUs; null in a build without CUDA.
+    s["gpu_discovery"]["gpu_worker"] =
+        s_.gpu_worker_path.empty() ? json(nullptr) : json(s_.gpu_worker_path);
+    for (const GpuInfo& g : plan.discovery.gpus) s["gpu_discovery"]["gpus"].push_back(gpu_json(g));
+  }
+  s["pools"] = json::array();
+  bool all_pools_serving = true;
+  uint32_t available_pools = 0;
+  for (uint32_t p = 0; p < c.pools.size(); ++p) {
+    const PoolShm& ps = queue.pool(p);
+    json pool{{"name", c.pools[p].name},
+              {"id", p},
+              {"kind", c.pools[p].kind == PoolKind::kGpu ? "gpu" : "cpu"},
+              {"capacity", ps.capacity},
+              {"queue_depth", queue.ring(p).size()},
+              {"client_share", ps.client_share},
+              {"accepting", ps.accepting.load() != 0},
+              {"jobs_submitted", s_.clients->jobs_submitted(p)},
+              {"jobs_completed", jobs_completed(p)},
+              {"cells_held", cells_held(p)},
+              {"ring_cells_retired", s_.recovery->cells_retired(p)},
+              {"ring_positions_restored", s_.recovery->positions_restored(p)},
+              {"jobs_requeued", s_.recovery->jobs_requeued(p)}};
+    const PoolState& st = plan.pools[p];
+    if (c.pools[p].kind == PoolKind::kGpu) {
+      pool["gpus"] = json::array();
+      for (uint32_t g : st.gpus) pool["gpus"].push_back(gpu_json(plan.discovery.gpus[g]));
+      const int fallback = c.pools[p].fallback_pool;
+      pool["fallback"] = fallback >= 0 ? json(c.pools[fallback].name) : json(nullptr);
+    }
+    uint32_t ready = 0, total = 0;
+    pool["workers"] = json::array();
+    for (const auto& w : s_.workers->all()) {
+      if (w->pool != p) continue;
+      const WorkerShm& ws = queue.worker(w->id);
+      ++total;
+      if (w->state == WorkerState::kReady) ++ready;
+      const WorkerPlacement& at = plan.placements[w->id];
+      pool["workers"].push_back({{"id", w->id},
+                                 {"pid", w->pid},
+                                 {"cpus", at.cpus},
+                                 {"state", worker_state_name(w->state)},
+                                 {"busy", ws.busy.load() != 0},
+                                 {"jobs_done", ws.jobs_done.load()},
+                                 {"jobs_failed", ws.jobs_failed.load()},
+                                 {"restarts", ws.restarts.load()}});
+      if (at.gpu >= 0) pool["workers"].back()["gpu"] = plan.discovery.gpus[at.gpu].uuid;
+      if (!w->backend_info.empty()) {
+        pool["workers"].back()["backend"] = json::parse(w->backend_info, nullptr, false);
+      }
+    }
+    pool["workers_ready"] = ready;
+    pool["workers_total"] = total;
+    if (!st.available) {
+      pool["status"] = "unavailable";
+      pool["reason"] = st.reason;
+    } else {
+      ++available_pools;
+      pool["status"] = ready == total ? "ready" : (ready > 0 ? "degraded" : "down");
+      pool["reason"] = ready == total ? ""
+                                      : std::to_string(total - ready) + " of " +
+                                            std::to_string(total) + " workers not ready";
+      if (ready == 0) all_pools_serving = false;
+    }
+    s["pools"].push_back(pool);
+  }
+  // Ready: accepting jobs, and every available pool has at least one live, ready worker. An
+  // unavailable pool (a gpu pool without a GPU) does not count: it will not get better by
+  // waiting, and the daemon serves its other pools (and this pool's fallback); its status says
+  // "unavailable" with the reason. With no available pool at all, nothing can run: not ready.
+  // A readiness probe (gpuqctl ready) answers from this.
+  s["ready"] = !draining && all_pools_serving && available_pools > 0;
+  return s.dump();
+}
+
+// Ring cells of pool `p` whose entries name a client index in use (a connected client, or
+// one that has gone and whose index is still retiring): 0 when idle.
+uint64_t StatusReport::cells_held(uint32_t p) const {
+  uint64_t n = 0;
+  s_.queue->ring(p).for_each_value([&](uint32_t v) {
+    const uint32_t c = JobRef::unpack(v).client;
+    if (s_.clients->index_in_use(c)) ++n;
+  });
+  return n;
+}
+
+// Each pool's workers by state, for the service manager's READY=1 and STATUS= lines.
+std::vector<PoolHealth> StatusReport::pool_health() const {
+  const Config& c = *s_.config;
+  std::vector<PoolHealth> pools(c.pools.size());
+  for (uint32_t p = 0; p < c.pools.size(); ++p) {
+    pools[p].name = c.pools[p].name;
+    pools[p].capacity = s_.queue->pool(p).capacity;
+    pools[p].unavailable = !s_.plan->pools[p].available;
+  }
+  for (const auto& w : s_.workers->all()) {
+    PoolHealth& h = pools[w->pool];
+    ++h.total;
+    if (w->state == WorkerState::kReady) ++h.ready;
+    if (w->state == WorkerState::kFailed) ++h.failed;
+    if (w->state == WorkerState::kStarting || w->state == WorkerState::kRestarting) ++h.settling;
+  }
+  return pools;
+}
+
+// Jobs of pool `p` that reached a terminal state in a worker (or failed with its death).
+uint64_t StatusReport::jobs_completed(uint32_t p) const {
+  uint64_t n = 0;
+  for (const auto& w : s_.workers->all()) {
+    if (w->pool != p) continue;
+    n += s_.queue->worker(w->id).jobs_done.load() + s_.queue->worker(w->id).jobs_failed.load();
+  }
+  return n;
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,53 @@
+// What the daemon says about itself: the status document (gpuqctl status, docs/service.md and
+// docs/design/gpu_discovery.md list its fields), readiness, and each pool's workers by state for
+// the service manager's READY=1 and STATUS= lines. Reads the other components; changes nothing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "client_registry.hpp"
+#include "config.hpp"
+#include "job_recovery.hpp"
+#include "pool_plan.hpp"
+#include "worker_set.hpp"
+
+namespace gpuq::daemon {
+
+struct PoolHealth {
+  std::string name;
+  uint32_t ready = 0, failed = 0, settling = 0, total = 0;  // settling: starting/restarting
+  uint32_t capacity = 0;
+  bool unavailable = false;  // a gpu pool without a GPU (PoolState)
+};
+
+// "cpu 2/2 ready, ring 20; gpu0 1/2 ready, 1 failed, ring 20; gpu1 unavailable"
+std::string pools_summary(const std::vector<PoolHealth>& pools);
+
+class StatusReport {
+ public:
+  struct Sources {
+    const Config* config;
+    const PoolPlan* plan;
+    const QueueView* queue;
+    const WorkerSet* workers;
+    const ClientRegistry* clients;
+    const JobRecovery* recovery;
+    std::string runtime_dir;
+    std::string gpu_worker_path;  // empty in a build without CUDA
+  };
+  explicit StatusReport(Sources s) : s_(std::move(s)) {}
+
+  // The status document (JSON text). `epoch` and `start_ns` identify this daemon's run.
+  std::string document(uint64_t epoch, uint64_t start_ns, bool draining) const;
+  std::vector<PoolHealth> pool_health() const;
+
+ private:
+  uint64_t cells_held(uint32_t pool) const;
+  uint64_t jobs_completed(uint32_t pool) const;
+
+  Sources s_;
+};
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,420 @@
+#include "worker_set.hpp"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+
+#include "gpuq/common/cpu_list.hpp"
+#include "gpuq/common/log.hpp"
+#include "gpuq/common/messages.hpp"
+#include "gpuq/common/posix_call.hpp"
+#include "ops.hpp"
+
+extern char** environ;
+
+namespace gpuq::daemon {
+namespace {
+
+constexpr uint64_t kStableRunNs = 10'000'000'000ull;  // ready this long: back-off resets
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  }
+  return "ended (status " + std::to_string(status) + ")";
+}
+
+Result<void> set_nonblocking(int fd) {
+  auto flags = GPUQ_POSIX_CALL(::fcntl, fd, F_GETFL);
+  if (!flags) return flags.error();
+  if (auto r = GPUQ_POSIX_CALL(::fcntl, fd, F_SETFL, static_cast<int>(*flags) | O_NONBLOCK); !r) {
+    return r.error();
+  }
+  return {};
+}
+
+}  // namespace
+
+const char* worker_state_name(WorkerState s) {
+  switch (s) {
+    case WorkerState::kStarting:
+      return "starting";
+    case WorkerState::kReady:
+      return "ready";
+    case WorkerState::kRestarting:
+      return "restarting";
+    case WorkerState::kFailed:
+      return "failed";
+    case WorkerState::kStopped:
+      return "stopped";
+  }
+  return "unknown";
+}
+
+WorkerSet::WorkerSet(WorkerSetOptions options, QueueView& queue, EventLoop& loop,
+                     ProcessLauncher& launcher)
+    : options_(std::move(options)), queue_(queue), loop_(loop), launcher_(launcher) {}
+
+void WorkerSet::create() {
+  const Config& c = *options_.config;
+  for (uint32_t p = 0; p < c.pools.size(); ++p) {
+    for (uint32_t i = 0; i < c.pools[p].workers; ++i) {
+      auto w = std::make_unique<Worker>();
+      w->id = static_cast<uint32_t>(workers_.size());
+      w->pool = p;
+      w->backoff_ms = c.restart_backoff_initial_ms;
+      workers_.push_back(std::move(w));
+    }
+  }
+}
+
+// The worker's command line and environment: everything it needs is prepared here, before
+// the launcher forks.
+LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
+  const Config& c = *options_.config;
+  const PoolConfig& pool = c.pools[w.pool];
+  const bool gpu_worker = pool.kind == PoolKind::kGpu && !options_.plan->fake_gpus;
+  LaunchSpec spec;
+  spec.argv = {gpu_worker ? options_.gpu_worker_path : options_.worker_path,
+               "--queue-segment",
+               options_.segment_name,
+               "--worker-id",
+               std::to_string(w.id),
+               "--pool-id",
+               std::to_string(w.pool),
+               "--supervisor-pid",
+               std::to_string(getpid()),
+               "--spin-us",
+               std::to_string(c.worker_spin_us),
+               "--job-clock",
+               stamp_clock_name(options_.job_clock)};
+  for (const std::string& plugin : c.plugins)
+    spec.argv.insert(spec.argv.end(), {"--plugin", plugin});
+  if (gpu_worker && pool.memory_limit_bytes > 0) {
+    spec.argv.insert(spec.argv.end(),
+                     {"--memory-limit-bytes", std::to_string(pool.memory_limit_bytes)});
+  } else if (gpu_worker) {
+    char fraction[32];
+    std::snprintf(fraction, sizeof fraction, "%.17g", pool.memory_limit_fraction);
+    spec.argv.insert(spec.argv.end(), {"--memory-limit-fraction", fraction});
+  }
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view v(*e);
+    if (v.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0 || v.rfind("CUDA_DEVICE_ORDER=", 0) == 0 ||
+        v.rfind("NOTIFY_SOCKET=", 0) == 0) {
+      continue;
+    }
+    spec.env.emplace_back(v);
+  }
+  const WorkerPlacement& at = options_.plan->placements[w.id];
+  // A CPU worker must never see a GPU ("-1"); a GPU worker sees its own GPU only, named by
+  // UUID, and PCI bus order makes an index (when there is no UUID) mean what discovery meant.
+  spec.env.emplace_back("CUDA_VISIBLE_DEVICES=" + at.visible_devices);
+  if (at.gpu >= 0) spec.env.emplace_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");
+  spec.env.emplace_back("GPUQ_WORKER_ID=" + std::to_string(w.id));
+  spec.cpus = at.cpus;
+  return spec;
+}
+
+Result<void> WorkerSet::spawn(Worker& w) {
+  // A client may have scribbled over the layout fields; the new worker reads them at start.
+  queue_.restore_shared_layout();
+  int sv[2], out[2], err[2];
+  if (auto r = GPUQ_POSIX_CALL(::socketpair, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv); !r) {
+    return r.error();
+  }
+  UniqueFd control(sv[0]), child_control(sv[1]);
+  if (auto r = GPUQ_POSIX_CALL(::pipe2, out, O_CLOEXEC); !r) return r.error();
+  UniqueFd out_read(out[0]), child_out(out[1]);
+  if (auto r = GPUQ_POSIX_CALL(::pipe2, err, O_CLOEXEC); !r) return r.error();
+  UniqueFd err_read(err[0]), child_err(err[1]);
+  for (int fd : {control.get(), out_read.get(), err_read.get()}) {
+    if (auto r = set_nonblocking(fd); !r) return r.error();
+  }
+  LaunchSpec spec = launch_spec(w);
+  spec.control_fd = child_control.get();
+  spec.stdout_fd = child_out.get();
+  spec.stderr_fd = child_err.get();
+
+  // Reset the worker's shared state before the launch, not after: once started, the worker
+  // stores kReady and busy = 1 itself, and a later store here would overwrite them (the
+  // segment would say "starting" and "idle" for good while the worker serves jobs).
+  WorkerShm& ws = queue_.worker(w.id);
+  ws.busy.store(0, std::memory_order_relaxed);
+  ws.asleep.store(0, std::memory_order_relaxed);
+  ws.state.store(static_cast<uint32_t>(WorkerState::kStarting), std::memory_order_release);
+  auto pid = launcher_.launch(spec);
+  if (!pid) return pid.error();
+  // The child's ends close here (they live on in the child).
+  w.pid = *pid;
+  w.outbox.clear();  // messages for the previous process of this worker
+  w.waiting_writable = false;
+  w.control = std::move(control);
+  w.out = std::move(out_read);
+  w.err = std::move(err_read);
+  w.out_buf.clear();
+  w.err_buf.clear();
+  w.state = WorkerState::kStarting;
+  w.kill_at_ns = 0;
+  // A worker the loop cannot hear from could never report ready or be fed: stop it, and let
+  // its exit count as a failed start (back-off, then max_start_failures).
+  for (auto [fd, tag] :
+       {std::pair{w.control.get(), make_tag(Tag::kWorkerControl, w.id)},
+        std::pair{w.out.get(), make_tag(Tag::kWorkerOut, uint64_t{w.id} << 1)},
+        std::pair{w.err.get(), make_tag(Tag::kWorkerOut, (uint64_t{w.id} << 1) | 1)}}) {
+    if (auto r = loop_.add(fd, tag, EPOLLIN); !r) {
+      GPUQ_LOG_ERROR("worker %u (pid %d): cannot watch its descriptors (%s): stopping it", w.id,
+                     w.pid, r.error().to_string().c_str());
+      launcher_.kill(w.pid);
+      break;
+    }
+  }
+  // Its own pid, the same value the worker stores (the rest was reset before the launch).
+  ws.pid.store(w.pid, std::memory_order_relaxed);
+  const WorkerPlacement& at = options_.plan->placements[w.id];
+  GPUQ_LOG_INFO("worker %u (pool %s, cpus %s%s%s) started as pid %d", w.id,
+                options_.config->pools[w.pool].name.c_str(), cpu_list_text(at.cpus).c_str(),
+                at.gpu >= 0 ? ", GPU " : "", at.gpu >= 0 ? at.visible_devices.c_str() : "", w.pid);
+  if (on_started_) on_started_(w);
+  return {};
+}
+
+void WorkerSet::send(Worker& w, MessageType type, const std::string& body, int fd) {
+  if (!w.control.valid()) return;
+  Worker::Outgoing m{type, body, {}};
+  if (fd >= 0) {
+    auto dup = GPUQ_POSIX_CALL(::fcntl, fd, F_DUPFD_CLOEXEC, 0);
+    if (!dup) {
+      GPUQ_LOG_ERROR("cannot queue a message for worker %u: %s", w.id,
+                     dup.error().to_string().c_str());
+      return;
+    }
+    m.fd.reset(static_cast<int>(*dup));
+  }
+  w.outbox.push_back(std::move(m));
+  flush_outbox(w);
+}
+
+void WorkerSet::send_all(MessageType type, const std::string& body, int fd) {
+  for (auto& w : workers_) send(*w, type, body, fd);
+}
+
+// Sends queued control messages in order until the worker's queue is full (then waits for
+// EPOLLOUT) or the outbox is empty. Each message sent bumps control_seq and wakes the worker.
+void WorkerSet::flush_outbox(Worker& w) {
+  while (!w.outbox.empty() && w.control.valid()) {
+    Worker::Outgoing& m = w.outbox.front();
+    std::vector<int> fds;
+    if (m.fd.valid()) fds.push_back(m.fd.get());
+    auto r = send_message(w.control.get(), m.type, m.body, fds);
+    if (!r && r.error().code() == ErrorCode::kTimeout) break;  // full: EPOLLOUT resumes
+    if (!r) {
+      GPUQ_LOG_WARN("cannot send to worker %u: %s", w.id, r.error().to_string().c_str());
+      w.outbox.clear();  // its exit (SIGCHLD) follows
+      break;
+    }
+    w.outbox.pop_front();
+    queue_.worker(w.id).control_seq.fetch_add(1, std::memory_order_release);
+    queue_.worker(w.id).wake.notify_all();
+  }
+  if (!w.control.valid()) return;
+  const bool want_out = !w.outbox.empty();
+  if (want_out == w.waiting_writable) return;
+  if (auto r = loop_.modify(w.control.get(), make_tag(Tag::kWorkerControl, w.id),
+                            EPOLLIN | (want_out ? EPOLLOUT : 0u));
+      !r) {
+    // Without EPOLLOUT the rest of the outbox would wait for the next message or reply: the
+    // worker would miss a client's segment. Stop it; its replacement gets every segment anew.
+    GPUQ_LOG_ERROR(
+        "worker %u (pid %d): cannot wait for room on its control socket (%s): "
+        "stopping it",
+        w.id, w.pid, r.error().to_string().c_str());
+    launcher_.kill(w.pid);
+    return;
+  }
+  w.waiting_writable = want_out;
+}
+
+void WorkerSet::on_control(uint32_t id) {
+  Worker& w = *workers_[id];
+  flush_outbox(w);  // EPOLLOUT, or room made while reading
+  for (;;) {
+    if (!w.control.valid()) return;
+    auto m = receive_message(w.control.get());
+    if (!m) {
+      if (m.error().code() != ErrorCode::kTimeout) {
+        loop_.remove(w.control.get());
+        w.control.reset();  // the exit itself arrives as SIGCHLD
+        w.outbox.clear();
+        w.waiting_writable = false;
+      }
+      return;
+    }
+    if (m->type == MessageType::kWorkerReady) on_ready(w, *m);
+  }
+}
+
+void WorkerSet::on_ready(Worker& w, const Message& m) {
+  auto ready = decode_worker_ready(m.body);
+  if (!ready || ready->plugin_ops != options_.plugin_ops) {
+    // Its ids would not be the ones clients were given: it would run the wrong ops.
+    GPUQ_LOG_ERROR(
+        "worker %u (pid %d) loaded other plug-in ops (%s) than gpuqd learned at start (%s): "
+        "a plug-in file changed since? stopping it; restart gpuqd to load the new plug-ins",
+        w.id, w.pid, ready ? ready->plugin_ops.c_str() : ready.error().to_string().c_str(),
+        options_.plugin_ops.c_str());
+    launcher_.kill(w.pid);  // reaped as a worker that died before it was ready
+    return;
+  }
+  w.state = WorkerState::kReady;
+  w.start_failures = 0;
+  w.ready_since_ns = monotonic_ns();
+  // "{}" (a backend with nothing to say) is shown as nothing.
+  w.backend_info = ready->backend == "{}" ? std::string() : ready->backend;
+  GPUQ_LOG_INFO("worker %u (pid %d) is ready", w.id, w.pid);
+  if (stopping_) send(w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
+}
+
+void WorkerSet::on_output(uint32_t tag) {
+  Worker& w = *workers_[tag >> 1];
+  const bool is_err = (tag & 1) != 0;
+  UniqueFd& fd = is_err ? w.err : w.out;
+  std::string& buf = is_err ? w.err_buf : w.out_buf;
+  char chunk[4096];
+  for (;;) {
+    auto n = fd.valid() ? GPUQ_POSIX_CALL(::read, fd.get(), chunk, sizeof chunk) : Result<long>(0);
+    if (n && *n > 0) {
+      buf.append(chunk, static_cast<size_t>(*n));
+      continue;
+    }
+    // EAGAIN: all read for now. Another error is as final as the end of the pipe.
+    const bool eof = n ? *n == 0 : (errno != EAGAIN && errno != EWOULDBLOCK);
+    size_t nl;
+    while ((nl = buf.find('\n')) != std::string::npos || (eof && !buf.empty()) ||
+           buf.size() > 4096) {
+      const size_t len = nl == std::string::npos ? buf.size() : nl;
+      GPUQ_LOG_INFO("worker %u (pid %d) %s: %.*s", w.id, w.pid, is_err ? "stderr" : "stdout",
+                    static_cast<int>(len), buf.data());
+      buf.erase(0, nl == std::string::npos ? len : len + 1);
+    }
+    if (eof && fd.valid()) {
+      loop_.remove(fd.get());
+      fd.reset();
+    }
+    return;
+  }
+}
+
+void WorkerSet::close_channels(Worker& w) {
+  // Log what it still had to say, then let go of its descriptors.
+  if (w.out.valid()) on_output(w.id << 1);
+  if (w.err.valid()) on_output((w.id << 1) | 1);
+  for (UniqueFd* fd : {&w.control, &w.out, &w.err}) {
+    if (fd->valid()) loop_.remove(fd->get());
+    fd->reset();
+  }
+  w.outbox.clear();
+  w.waiting_writable = false;
+}
+
+std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
+  auto it = std::find_if(workers_.begin(), workers_.end(),
+                         [pid](const auto& w) { return w->pid == pid; });
+  if (it == workers_.end()) return std::nullopt;
+  Worker& w = **it;
+  close_channels(w);
+  WorkerExit exit{w.id, w.pool, pid, describe_exit(status)};
+  WorkerShm& ws = queue_.worker(w.id);
+  ws.busy.store(0, std::memory_order_relaxed);
+  // A worker that died asleep must not absorb the next wakeup meant for a live one.
+  ws.asleep.store(0, std::memory_order_seq_cst);
+  ws.pid.store(0, std::memory_order_relaxed);
+  w.pid = 0;
+  if (stopping_) {
+    w.state = WorkerState::kStopped;
+    ws.state.store(static_cast<uint32_t>(WorkerState::kStopped), std::memory_order_release);
+    GPUQ_LOG_INFO("worker %u %s", w.id, exit.how.c_str());
+    return exit;
+  }
+  const Config& c = *options_.config;
+  if (w.state != WorkerState::kReady) {
+    ++w.start_failures;
+  } else if (now - w.ready_since_ns > kStableRunNs) {
+    w.backoff_ms = c.restart_backoff_initial_ms;
+  }
+  if (w.start_failures >= c.max_start_failures) {
+    w.state = WorkerState::kFailed;
+    ws.state.store(static_cast<uint32_t>(WorkerState::kFailed), std::memory_order_release);
+    GPUQ_LOG_ERROR(
+        "worker %u %s; it died %u times in a row before becoming ready: marked failed, "
+        "not restarted",
+        w.id, exit.how.c_str(), w.start_failures);
+    return exit;
+  }
+  w.state = WorkerState::kRestarting;
+  ws.state.store(static_cast<uint32_t>(WorkerState::kRestarting), std::memory_order_release);
+  ws.restarts.fetch_add(1, std::memory_order_relaxed);
+  w.respawn_at_ns = now + uint64_t{w.backoff_ms} * 1'000'000;
+  GPUQ_LOG_WARN("worker %u (pid %d) %s; restarting in %u ms", w.id, pid, exit.how.c_str(),
+                w.backoff_ms);
+  w.backoff_ms = std::min(w.backoff_ms * 2, c.restart_backoff_max_ms);
+  return exit;
+}
+
+void WorkerSet::tick(uint64_t now) {
+  for (auto& w : workers_) {
+    if (w->state == WorkerState::kRestarting && !stopping_ && now >= w->respawn_at_ns) {
+      if (auto r = spawn(*w); !r) {
+        GPUQ_LOG_ERROR("cannot respawn worker %u: %s", w->id, r.error().to_string().c_str());
+        w->respawn_at_ns = now + uint64_t{w->backoff_ms} * 1'000'000;
+      }
+    }
+    if (w->pid > 0 && w->kill_at_ns != 0 && now >= w->kill_at_ns) {
+      GPUQ_LOG_WARN("worker %u (pid %d) did not exit in time; killing it", w->id, w->pid);
+      launcher_.kill(w->pid);
+      w->kill_at_ns = 0;
+    }
+  }
+}
+
+void WorkerSet::stop_all(uint64_t now, uint64_t grace_ns) {
+  stopping_ = true;
+  send_all(WorkerStopMessage::kType, encode(WorkerStopMessage{}));
+  for (auto& w : workers_) {
+    if (w->pid > 0) w->kill_at_ns = now + grace_ns;
+    if (w->state == WorkerState::kRestarting) w->state = WorkerState::kStopped;
+  }
+}
+
+void WorkerSet::kill_all() {
+  for (auto& w : workers_) {
+    if (w->pid > 0) launcher_.kill(w->pid);
+  }
+}
+
+bool WorkerSet::any_running() const {
+  return std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->pid > 0; });
+}
+
+bool WorkerSet::any_busy() const {
+  return std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) {
+    return w->pid > 0 && queue_.worker(w->id).busy.load(std::memory_order_acquire) != 0;
+  });
+}
+
+bool WorkerSet::timed() const {
+  return std::any_of(workers_.begin(), workers_.end(), [](const auto& w) {
+    return w->state == WorkerState::kRestarting || w->kill_at_ns != 0;
+  });
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,130 @@
+// The supervisor's worker processes: starting each one where the pool plan put it, its control
+// channel (messages queued while its socket is full), its stdout and stderr copied to the log,
+// its exit (state, back-off, start failures), respawns when the back-off has passed, and the
+// stop at the end of a drain. It knows nothing of clients or jobs: the Supervisor is told when
+// a worker started (to hand it the clients' segments) and gets each exit back from reap() (to
+// recover the jobs the worker had).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "event_loop.hpp"
+#include "gpuq/common/clock.hpp"
+#include "gpuq/common/protocol.hpp"
+#include "gpuq/common/shm_layout.hpp"
+#include "gpuq/common/unique_fd.hpp"
+#include "pool_plan.hpp"
+#include "process_launcher.hpp"
+
+namespace gpuq::daemon {
+
+struct Worker {
+  uint32_t id = 0;
+  uint32_t pool = 0;
+  pid_t pid = 0;  // 0: not running
+  UniqueFd control, out, err;
+  std::string out_buf, err_buf;
+  WorkerState state = WorkerState::kStarting;
+  uint32_t start_failures = 0;  // deaths before ready, in a row
+  uint32_t backoff_ms = 0;
+  uint64_t ready_since_ns = 0;
+  // What the worker's backend said about itself when it reported ready (a JSON object: a GPU
+  // worker's device, compute capability, memory); shown under the worker in status.
+  std::string backend_info;
+  uint64_t respawn_at_ns = 0;
+  uint64_t kill_at_ns = 0;
+  // Control messages that did not fit in the worker's socket queue (a Unix datagram queue
+  // holds net.unix.max_dgram_qlen, 10 by default): sent in order as it drains (EPOLLOUT).
+  struct Outgoing {
+    MessageType type;
+    std::string body;
+    UniqueFd fd;  // a dup of the descriptor to pass, or none
+  };
+  std::deque<Outgoing> outbox;
+  bool waiting_writable = false;  // EPOLLOUT registered on `control`
+};
+
+// What reap() tells the Supervisor about a worker that exited.
+struct WorkerExit {
+  uint32_t worker = 0;
+  uint32_t pool = 0;
+  pid_t pid = 0;
+  std::string how;  // "exited with status 3", "was killed by signal 9 (Killed)"
+};
+
+struct WorkerSetOptions {
+  const Config* config = nullptr;
+  const PoolPlan* plan = nullptr;
+  std::string worker_path;      // gpuq-worker
+  std::string gpu_worker_path;  // gpuq-gpu-worker; empty in a build without CUDA
+  std::string segment_name;     // the queue segment the workers map
+  StampClock job_clock = StampClock::kMonotonic;
+  std::string plugin_ops;  // the plug-in ops gpuqd learned (JSON array); a worker must agree
+};
+
+class WorkerSet {
+ public:
+  WorkerSet(WorkerSetOptions options, QueueView& queue, EventLoop& loop, ProcessLauncher& launcher);
+
+  // Creates the workers of every pool (not started yet), as the plan placed them.
+  void create();
+  // Called with each worker right after it was started, before it can report ready.
+  void set_on_started(std::function<void(Worker&)> fn) { on_started_ = std::move(fn); }
+
+  // Starts worker `w`. Errors: the socketpair, pipe, epoll or fork that failed.
+  Result<void> spawn(Worker& w);
+  // Queues a control message for `w` (and a dup of `fd`, when >= 0) and sends what fits.
+  void send(Worker& w, MessageType type, const std::string& body, int fd = -1);
+  void send_all(MessageType type, const std::string& body, int fd = -1);
+
+  // Event-loop handlers: the control socket of worker `id` is readable or writable; its
+  // stdout or stderr (`tag`: id << 1 | 1 for stderr) has output.
+  void on_control(uint32_t id);
+  void on_output(uint32_t tag);
+  // A child exited: lets go of the worker's descriptors and decides its state (stopped,
+  // restarting after its back-off, or failed after max_start_failures). Nothing when `pid` is
+  // none of the workers.
+  std::optional<WorkerExit> reap(pid_t pid, int status, uint64_t now);
+  // Respawns the workers whose back-off has passed; kills those past their exit deadline.
+  void tick(uint64_t now);
+
+  // The end of a drain: tells every worker to stop, and kills those still running after
+  // `grace_ns` (0: at once). From here on no worker is restarted.
+  void stop_all(uint64_t now, uint64_t grace_ns);
+  bool stopping() const { return stopping_; }
+  // Kills every running worker (the daemon's exit).
+  void kill_all();
+
+  bool any_running() const;
+  bool any_busy() const;  // a running worker in the middle of a job
+  bool timed() const;     // a respawn or a kill deadline pending (the loop needs its tick)
+  const std::vector<std::unique_ptr<Worker>>& all() const { return workers_; }
+  Worker& at(uint32_t id) { return *workers_[id]; }
+
+ private:
+  void flush_outbox(Worker& w);
+  void on_ready(Worker& w, const Message& m);
+  void close_channels(Worker& w);
+  LaunchSpec launch_spec(const Worker& w) const;
+
+  WorkerSetOptions options_;
+  QueueView& queue_;
+  EventLoop& loop_;
+  ProcessLauncher& launcher_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::function<void(Worker&)> on_started_;
+  bool stopping_ = false;
+};
+
+const char* worker_state_name(WorkerState s);
+
+}  // namespace gpuq::daemon

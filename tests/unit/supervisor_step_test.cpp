@@ -1,0 +1,342 @@
+// Unit tests of the supervisor's recovery decisions, stepped one event-loop round at a time with
+// a fake ProcessLauncher: no worker process exists; the test plays each worker on the control
+// socket the supervisor made for it (WorkerReady), decides when a "worker" exits (the launcher
+// queues the exit and raises SIGCHLD, which the supervisor reads from its signalfd as it would
+// a real one), and plays a client on the real control socket (Hello, Welcome, the client
+// segment mapped from the descriptor it brings). Everything but the processes is real: the
+// runtime directory, the queue segment, the rings, the client segment, epoll and signalfd.
+// The kill -9 runs of whole processes stay in tests/fault.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "doctest/doctest.h"
+#include "gpuq/common/protocol.hpp"
+#include "gpuq/common/shm_layout.hpp"
+#include "gpuq/common/unique_fd.hpp"
+#include "supervisor.hpp"
+
+namespace gpuq::daemon {
+namespace {
+
+using nlohmann::json;
+
+// Starts nothing. Each "process" keeps the supervisor's control socket end the child would
+// have had as fd 3, so the test can speak for the worker.
+class FakeLauncher final : public ProcessLauncher {
+ public:
+  struct Proc {
+    uint32_t worker = 0;
+    UniqueFd control;
+    bool exited = false;
+  };
+
+  Result<pid_t> launch(const LaunchSpec& spec) override {
+    const pid_t pid = next_pid_++;
+    Proc p;
+    for (size_t i = 0; i + 1 < spec.argv.size(); ++i) {
+      if (spec.argv[i] == "--worker-id")
+        p.worker = static_cast<uint32_t>(std::stoul(spec.argv[i + 1]));
+    }
+    p.control.reset(::fcntl(spec.control_fd, F_DUPFD_CLOEXEC, 0));
+    // Its own file description: non-blocking, so reading an empty queue returns Timeout.
+    ::fcntl(p.control.get(), F_SETFL, O_NONBLOCK);
+    procs_.emplace(pid, std::move(p));
+    launches_.push_back(pid);
+    return pid;
+  }
+  void kill(pid_t pid) override {
+    killed_.push_back(pid);
+    exit(pid, SIGKILL);
+  }
+  std::optional<ChildExit> reap() override {
+    if (exits_.empty()) return std::nullopt;
+    ChildExit e = exits_.front();
+    exits_.pop_front();
+    return e;
+  }
+
+  // The process ends: killed by `signal`, or exits with `code` (signal 0).
+  void exit(pid_t pid, int signal, int code = 0) {
+    Proc& p = procs_.at(pid);
+    if (p.exited) return;
+    p.exited = true;
+    p.control.reset();
+    // waitpid's encoding: a signal in the low 7 bits, else the status in bits 8-15.
+    exits_.push_back({pid, signal != 0 ? signal : (code & 0xFF) << 8});
+    ::raise(SIGCHLD);  // blocked by the supervisor: pending for its signalfd
+  }
+
+  // The newest process of worker `id` (0 if none).
+  pid_t pid_of(uint32_t id) const {
+    for (auto it = launches_.rbegin(); it != launches_.rend(); ++it) {
+      if (procs_.at(*it).worker == id) return *it;
+    }
+    return 0;
+  }
+  size_t launches_of(uint32_t id) const {
+    size_t n = 0;
+    for (pid_t pid : launches_) n += procs_.at(pid).worker == id ? 1 : 0;
+    return n;
+  }
+  Proc& proc(pid_t pid) { return procs_.at(pid); }
+
+ private:
+  pid_t next_pid_ = 4'000'000;  // above pid_max: never a real process
+  std::map<pid_t, Proc> procs_;
+  std::vector<pid_t> launches_;
+  std::vector<pid_t> killed_;
+  std::deque<ChildExit> exits_;
+};
+
+struct Harness {
+  std::string dir;
+  std::shared_ptr<FakeLauncher> launcher = std::make_shared<FakeLauncher>();
+  std::unique_ptr<Supervisor> sup;
+
+  explicit Harness(uint32_t workers, uint32_t max_start_failures = 5) {
+    char tmpl[] = "/tmp/gpuq-step-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+    SupervisorOptions o;
+    o.runtime_dir = dir + "/run";
+    o.worker_path = "/nonexistent/gpuq-worker";  // never executed: the launcher is fake
+    PoolConfig pool;
+    pool.name = "cpu";
+    pool.workers = workers;
+    for (uint32_t i = 0; i < workers; ++i) pool.cpus.push_back(0);
+    o.config.pools.push_back(pool);
+    o.config.max_clients = 4;
+    o.config.max_jobs_per_client = 8;
+    o.config.client_segment_bytes = 1 << 20;
+    o.config.restart_backoff_initial_ms = 1;
+    o.config.restart_backoff_max_ms = 1;
+    o.config.max_start_failures = max_start_failures;
+    o.config.job_clock = StampClock::kMonotonic;
+    o.launcher = launcher;
+    sup = std::make_unique<Supervisor>(std::move(o));
+    auto r = sup->start();
+    REQUIRE_MESSAGE(static_cast<bool>(r), (r ? std::string() : r.error().to_string()));
+  }
+  ~Harness() {
+    sup.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+
+  // Steps the loop until `done()` holds (at most ~2 s of rounds).
+  template <typename Fn>
+  bool step_until(Fn&& done) {
+    for (int i = 0; i < 400; ++i) {
+      if (done()) return true;
+      auto r = sup->step(5);
+      REQUIRE(static_cast<bool>(r));
+    }
+    return done();
+  }
+
+  json status() const { return json::parse(sup->status_json()); }
+  std::string worker_state(uint32_t id) const {
+    const json s = status();
+    for (const auto& w : s["pools"][0]["workers"]) {
+      if (w["id"] == id) return w["state"];
+    }
+    return "?";
+  }
+
+  // The worker's side: WorkerReady on its control socket.
+  void report_ready(uint32_t id) {
+    FakeLauncher::Proc& p = launcher->proc(launcher->pid_of(id));
+    REQUIRE(send_message(p.control.get(), MessageType::kWorkerReady,
+                         json{{"worker", id}, {"plugin_ops", json::array()}}.dump()));
+    REQUIRE(step_until([&] { return worker_state(id) == "ready"; }));
+  }
+};
+
+// A client on the real socket: Hello, Welcome, its segment mapped.
+struct TestClient {
+  UniqueFd fd;
+  void* base = nullptr;
+  size_t bytes = 0;
+  ClientSegmentView view;
+  uint32_t index = 0;
+
+  explicit TestClient(Harness& h) {
+    fd.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    REQUIRE(fd.valid());
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, h.sup->socket_path().c_str(), sizeof addr.sun_path - 1);
+    REQUIRE(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(send_message(fd.get(), MessageType::kHello, R"({"name":"step-test"})"));
+    REQUIRE(h.step_until([&] { return h.status()["clients"] == 1; }));
+    auto m = receive_message(fd.get());
+    REQUIRE(static_cast<bool>(m));
+    REQUIRE(m->type == MessageType::kWelcome);
+    REQUIRE(m->fds.size() == 1);
+    const json w = json::parse(m->body);
+    ClientSegmentGeometry g{};
+    g.slots_offset = w["slots_offset"];
+    g.arena_offset = w["arena_offset"];
+    g.arena_bytes = w["arena_bytes"];
+    g.segment_bytes = w["segment_bytes"];
+    index = w["client"];
+    bytes = g.segment_bytes;
+    base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0].get(), 0);
+    REQUIRE(base != MAP_FAILED);
+    view = ClientSegmentView(base, g, w["slot_count"]);
+  }
+  ~TestClient() {
+    if (base != nullptr && base != MAP_FAILED) ::munmap(base, bytes);
+  }
+
+  // Puts slot `s` in `state` (generation 1) as a job of pool 0, owned by `worker` if running.
+  void set_job(uint32_t s, JobState state, int worker, bool retryable) {
+    JobSlot& slot = view.slot(s);
+    slot.desc.pool_id = 0;
+    slot.desc.flags = retryable ? kJobFlagRetryable : 0;
+    slot.state.store(
+        SlotWord{1, state, worker >= 0 ? static_cast<uint32_t>(worker) + 1 : 0}.pack());
+  }
+  SlotWord word(uint32_t s) const { return SlotWord::unpack(view.slot(s).state.load()); }
+  uint32_t ref(uint32_t s) const { return JobRef{index, s, 1}.pack(); }
+};
+
+bool ring_holds(const Harness& h, uint32_t ref) {
+  bool found = false;
+  h.sup->queue().ring(0).for_each_value([&](uint32_t v) { found = found || v == ref; });
+  return found;
+}
+
+TEST_CASE("supervisor step: a worker's death retries a retryable job once, then fails it") {
+  Harness h(2);
+  h.report_ready(0);
+  h.report_ready(1);
+  TestClient c(h);
+
+  c.set_job(0, JobState::kRunning, 0, /*retryable=*/true);
+  h.launcher->exit(h.launcher->pid_of(0), SIGKILL);
+  REQUIRE(h.step_until([&] { return c.word(0).state != JobState::kRunning; }));
+  // Retried: SUBMITTED again (same generation, no worker) and its reference back in the ring.
+  CHECK(c.word(0).state == JobState::kSubmitted);
+  CHECK(c.word(0).generation == 1);
+  CHECK(c.word(0).worker_plus_one == 0);
+  CHECK(ring_holds(h, c.ref(0)));
+  // The worker is restarted after its back-off: a second launch of worker 0.
+  REQUIRE(h.step_until([&] { return h.launcher->launches_of(0) == 2; }));
+  CHECK(h.worker_state(0) == "starting");
+  h.report_ready(0);
+
+  // The same job dies with its worker again: retried once already, so it fails.
+  c.set_job(0, JobState::kRunning, 0, true);
+  h.launcher->exit(h.launcher->pid_of(0), SIGKILL);
+  REQUIRE(h.step_until([&] { return c.word(0).state != JobState::kRunning; }));
+  CHECK(c.word(0).state == JobState::kFailed);
+  CHECK(c.view.slot(0).outcome.code == static_cast<int32_t>(ErrorCode::kWorkerDied));
+  CHECK(c.view.slot(0).outcome.worker_id == 0);
+  CHECK(std::string(c.view.slot(0).message).find("worker 0") != std::string::npos);
+  CHECK(std::string(c.view.slot(0).message).find("killed by signal 9") != std::string::npos);
+}
+
+TEST_CASE(
+    "supervisor step: a job that is not retryable fails with WorkerDied; others are untouched") {
+  Harness h(2);
+  h.report_ready(0);
+  h.report_ready(1);
+  TestClient c(h);
+
+  c.set_job(1, JobState::kRunning, 1, /*retryable=*/false);
+  c.set_job(2, JobState::kRunning, 0, false);  // worker 0's job: worker 0 lives on
+  h.launcher->exit(h.launcher->pid_of(1), 0, /*code=*/3);
+  REQUIRE(h.step_until([&] { return c.word(1).state != JobState::kRunning; }));
+  CHECK(c.word(1).state == JobState::kFailed);
+  CHECK(c.view.slot(1).outcome.code == static_cast<int32_t>(ErrorCode::kWorkerDied));
+  CHECK(std::string(c.view.slot(1).message).find("exited with status 3") != std::string::npos);
+  CHECK(c.word(2).state == JobState::kRunning);
+  CHECK(c.word(2).worker_plus_one == 1);
+  CHECK_FALSE(ring_holds(h, c.ref(1)));
+  CHECK(h.status()["pools"][0]["workers"][1]["restarts"] == 1);
+}
+
+TEST_CASE("supervisor step: a reference a dying worker took is pushed again") {
+  Harness h(1);
+  h.report_ready(0);
+  TestClient c(h);
+
+  // SUBMITTED but in no ring: the worker popped the reference and died before claiming it.
+  c.set_job(3, JobState::kSubmitted, -1, false);
+  REQUIRE_FALSE(ring_holds(h, c.ref(3)));
+  h.launcher->exit(h.launcher->pid_of(0), SIGKILL);
+  REQUIRE(h.step_until([&] { return ring_holds(h, c.ref(3)); }));
+  CHECK(c.word(3).state == JobState::kSubmitted);
+}
+
+TEST_CASE("supervisor step: a worker that dies before ready max_start_failures times is failed") {
+  Harness h(1, /*max_start_failures=*/3);
+  for (size_t launch = 1; launch <= 3; ++launch) {
+    REQUIRE(h.step_until([&] { return h.launcher->launches_of(0) == launch; }));
+    h.launcher->exit(h.launcher->pid_of(0), 0, /*code=*/3);
+  }
+  REQUIRE(h.step_until([&] { return h.worker_state(0) == "failed"; }));
+  for (int i = 0; i < 20; ++i) REQUIRE(static_cast<bool>(h.sup->step(5)));
+  CHECK(h.launcher->launches_of(0) == 3);  // not restarted
+  const json s = h.status();
+  CHECK(s["pools"][0]["status"] == "down");
+  CHECK(s["ready"] == false);
+}
+
+TEST_CASE("supervisor step: a worker that loaded other plug-in ops is stopped") {
+  Harness h(1);
+  FakeLauncher::Proc& p = h.launcher->proc(h.launcher->pid_of(0));
+  REQUIRE(send_message(p.control.get(), MessageType::kWorkerReady,
+                       R"({"worker":0,"plugin_ops":[{"name":"surprise"}]})"));
+  REQUIRE(h.step_until([&] { return h.launcher->launches_of(0) == 2; }));
+  CHECK(h.worker_state(0) == "starting");
+}
+
+TEST_CASE("supervisor step: a stop request drains, stops the workers and ends the loop") {
+  Harness h(2);
+  h.report_ready(0);
+  h.report_ready(1);
+  TestClient c(h);
+  REQUIRE(send_message(c.fd.get(), MessageType::kStopRequest, "{}"));
+  // Idle: the workers are told to stop (WorkerStop on their control sockets).
+  for (uint32_t id : {0u, 1u}) {
+    FakeLauncher::Proc& p = h.launcher->proc(h.launcher->pid_of(id));
+    bool stop = false;
+    REQUIRE(h.step_until([&] {
+      auto m = receive_message(p.control.get());
+      while (m && !stop) {
+        stop = m->type == MessageType::kWorkerStop;
+        if (!stop) m = receive_message(p.control.get());
+      }
+      return stop;
+    }));
+  }
+  h.launcher->exit(h.launcher->pid_of(0), 0, 0);
+  h.launcher->exit(h.launcher->pid_of(1), 0, 0);
+  bool more = true;
+  for (int i = 0; i < 100 && more; ++i) {
+    auto r = h.sup->step(5);
+    REQUIRE(static_cast<bool>(r));
+    more = *r;
+  }
+  CHECK_FALSE(more);
+  CHECK(h.worker_state(0) == "stopped");
+}
+
+}  // namespace
+}  // namespace gpuq::daemon
