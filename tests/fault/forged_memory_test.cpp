@@ -388,7 +388,7 @@ TEST_CASE("a client scribbling over its slots and forging references crashes not
 
 // The ring lives in the queue segment, which every allowed client can write. The scribbler
 // overwrites cells (whole words, values) and the head and tail positions; the supervisor's
-// audit (daemon/supervisor/supervisor_audit.cpp) moves the positions back, retires the cells and
+// audit (daemon/supervisor/job_recovery.cpp) moves the positions back, retires the cells and
 // pushes again the bystanders' jobs whose entries were lost, and none of their jobs is lost or
 // stuck.
 TEST_CASE("a client scribbling over ring cells does not lose or stall other clients' jobs") {
