@@ -9,6 +9,10 @@
 #           needs root (skipped otherwise)
 #   build   RelWithDebInfo build with -Werror and oneDNN (GPUQ_WITH_ONEDNN=ON) in build/, ctest
 #           for every label (tests labelled `gpu` report Skipped on a machine without a GPU)
+#   tidy    the clang-tidy ratchet (scripts/tidy.py): clang-tidy with the root .clang-tidy on the
+#           files listed in scripts/tidy-clean.txt, from build/'s compile_commands.json (configured
+#           here if the build stage did not run; nothing is compiled); any finding in a listed
+#           file fails the stage. docs/testing.md
 #   package install build/ into a temporary prefix and build and run examples/consumer against it
 #           (CMake and pkg-config); build the .deb (cpack), dpkg -i it, run the installed
 #           daemon, dpkg -r and -P it (as root; skipped otherwise). tests/package/, docs/service.md
@@ -17,15 +21,16 @@
 #   fuzz    clang libFuzzer build (ASan+UBSan) in build-fuzz/; runs each fuzz target of tests/fuzz
 #           for GPUQ_FUZZ_SECONDS on a copy of its seed corpus and regression inputs (in
 #           build-fuzz/fuzz-corpus/); any crash, leak or timeout fails the stage
-#   tidy    (not run by default) clang-tidy with the root .clang-tidy over build/'s sources
+#   tidy-all  (not run by default) clang-tidy over every C++ file of build/, a report: it fails
+#           only on a file clang cannot parse, and lists clean files not yet in the ratchet
 #
 # The cheap format check runs first so a formatting slip fails in seconds, not after the builds;
 # then `fresh`, so that a set-up step missing from scripts/setup.sh (a package installed by hand
 # on the machine that runs CI) fails before this machine's own builds can hide it.
 #
 # Environment:
-#   GPUQ_TEST_STAGES   stages to run, in this order (default "format fresh build package asan
-#                      tsan fuzz");
+#   GPUQ_TEST_STAGES   stages to run, in this order (default "format fresh build tidy package
+#                      asan tsan fuzz");
 #                      "sanitize" stands for "asan tsan", "all" for the default list
 #   GPUQ_BUILD_JOBS    parallel compile jobs (default: nproc)
 #   GPUQ_CTEST_JOBS    parallel tests (default: nproc)
@@ -47,7 +52,7 @@ readonly BUILD_JOBS="${GPUQ_BUILD_JOBS:-$(nproc)}"
 readonly CTEST_JOBS="${GPUQ_CTEST_JOBS:-$(nproc)}"
 readonly CTEST_TIMEOUT="${GPUQ_CTEST_TIMEOUT:-900}"
 readonly SANITIZER_LABELS='^(unit|stress|integration)$'
-readonly DEFAULT_STAGES=(format fresh build package asan tsan fuzz)
+readonly DEFAULT_STAGES=(format fresh build tidy package asan tsan fuzz)
 
 # ---- stage selection ---------------------------------------------------------------------------
 stages=()
@@ -55,9 +60,9 @@ for s in ${GPUQ_TEST_STAGES:-${DEFAULT_STAGES[*]}}; do
   case "${s}" in
     all) stages+=("${DEFAULT_STAGES[@]}") ;;
     sanitize) stages+=(asan tsan) ;;
-    format | fresh | build | package | asan | tsan | fuzz | tidy) stages+=("${s}") ;;
+    format | fresh | build | tidy | package | asan | tsan | fuzz | tidy-all) stages+=("${s}") ;;
     *)
-      echo "test.sh: unknown stage '${s}' (known: format fresh build package asan tsan fuzz tidy sanitize all)" >&2
+      echo "test.sh: unknown stage '${s}' (known: format fresh build tidy package asan tsan fuzz tidy-all sanitize all)" >&2
       exit 2
       ;;
   esac
@@ -205,6 +210,11 @@ EOF
 # Sanitizer builds leave out CUDA, benchmarks and examples: they test the host code. No -Werror
 # there: GCC's -Wtsan warns that TSan does not model std::atomic_thread_fence (EventCount's
 # Dekker fence), which is worth seeing but not a build failure.
+# The build stage's configuration of build/, which package and tidy reuse. CMakeLists.txt turns
+# on CMAKE_EXPORT_COMPILE_COMMANDS, so build/compile_commands.json is there for tidy.
+readonly BUILD_CMAKE_ARGS=(-DGPUQ_WERROR=ON -DGPUQ_SANITIZE= -DGPUQ_BUILD_TESTS=ON
+  -DGPUQ_BUILD_BENCH=ON -DGPUQ_BUILD_EXAMPLES=ON -DGPUQ_WITH_ONEDNN=ON)
+
 readonly SANITIZER_CMAKE_ARGS=(-DGPUQ_WITH_CUDA=OFF -DGPUQ_BUILD_BENCH=OFF
   -DGPUQ_BUILD_EXAMPLES=OFF -DGPUQ_BUILD_TESTS=ON -DGPUQ_WERROR=OFF)
 
@@ -250,8 +260,7 @@ stage_fresh() {
 }
 
 stage_build() {
-  configure build RelWithDebInfo -DGPUQ_WERROR=ON -DGPUQ_SANITIZE= -DGPUQ_BUILD_TESTS=ON \
-    -DGPUQ_BUILD_BENCH=ON -DGPUQ_BUILD_EXAMPLES=ON -DGPUQ_WITH_ONEDNN=ON
+  configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
   build build
   run_ctest build ""
 }
@@ -261,10 +270,7 @@ stage_build() {
 # after itself; deb_test.sh purges a gpuq package an earlier run left installed, and exits 77
 # (counted as skipped) when not run as root.
 stage_package() {
-  if [[ ! -f build/CMakeCache.txt ]]; then
-    configure build RelWithDebInfo -DGPUQ_WERROR=ON -DGPUQ_SANITIZE= -DGPUQ_BUILD_TESTS=ON \
-      -DGPUQ_BUILD_BENCH=ON -DGPUQ_BUILD_EXAMPLES=ON -DGPUQ_WITH_ONEDNN=ON
-  fi
+  [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
   build build
   local t rc passed=0 skipped=0
   for t in install_test deb_test; do
@@ -362,12 +368,18 @@ stage_fuzz() {
   ((failed == 0))
 }
 
+# The clang-tidy ratchet (scripts/tidy.py, docs/testing.md "Lint"). Reuses build/ as the build
+# stage left it (a file added since is picked up by the configure); makes it without building
+# when that stage did not run. Findings in files outside scripts/tidy-clean.txt do not count.
 stage_tidy() {
-  [[ -f build/compile_commands.json ]] || configure build RelWithDebInfo -DGPUQ_WERROR=ON
-  # Generated headers, if any, must exist before clang-tidy reads the sources.
-  build build
-  run-clang-tidy -quiet -p build -j "${BUILD_JOBS}" \
-    "^${ROOT}/(common|daemon|libclient|tools|examples|bench|tests)/.*\\.cpp\$"
+  configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
+  python3 scripts/tidy.py --no-configure -p build -j "${BUILD_JOBS}"
+}
+
+# The whole tree (every .cpp of build/'s compile_commands.json), as a report.
+stage_tidy-all() {
+  configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
+  python3 scripts/tidy.py --all --no-configure -p build -j "${BUILD_JOBS}"
 }
 
 # ---- main --------------------------------------------------------------------------------------

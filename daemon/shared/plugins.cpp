@@ -23,7 +23,7 @@
 namespace gpuq::daemon {
 namespace {
 
-using json = nlohmann::json;
+using nlohmann::json;
 
 Error plugin_error(const std::string& path, const std::string& why) {
   return Error(ErrorCode::kInvalidArgument, "plug-in " + path + ": " + why);
@@ -169,6 +169,7 @@ Result<std::vector<PluginOp>> list_plugin_ops_isolated(const std::string& worker
   }
   env.emplace_back("CUDA_VISIBLE_DEVICES=-1");
   std::vector<char*> envp;
+  envp.reserve(env.size() + 1);
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   auto forked = GPUQ_POSIX_CALL(::fork);
@@ -181,8 +182,8 @@ Result<std::vector<PluginOp>> list_plugin_ops_isolated(const std::string& worker
     ::dup2(out_write.get(), 1);
     ::dup2(err_write.get(), 2);
     ::execve(argv[0], argv, envp.data());
-    static const char msg[] = "execve of the worker failed\n";
-    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+    static const char kMsg[] = "execve of the worker failed\n";
+    ssize_t ignored = ::write(2, kMsg, sizeof kMsg - 1);
     (void)ignored;
     _exit(127);
   }

@@ -241,7 +241,7 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
   const bool gpu = p.kind == PoolKind::kGpu;
   bool have_workers = false;
   for (auto it = v.begin(); it != v.end(); ++it) {
-    const std::string key = it.key();
+    const std::string& key = it.key();
     const std::string kp = path + "." + key;
     const json& val = it.value();
     if (key == "kind") continue;
@@ -333,7 +333,7 @@ Key uint_key(const char* name, T Config::*field, uint64_t min, uint64_t max) {
 
 // Every config key, one row each (redis's config table habit).
 const std::vector<Key>& key_table() {
-  static const std::vector<Key> keys = {
+  static const std::vector<Key> kKeys = {
       uint_key("queue_factor", &Config::queue_factor, 1, 1024),
       uint_key("max_clients", &Config::max_clients, 1, kMaxClients - 1),
       uint_key("max_jobs_per_client", &Config::max_jobs_per_client, 1, kMaxSlotsPerClient),
@@ -415,17 +415,17 @@ const std::vector<Key>& key_table() {
        }},
       {"log_level",
        [](Config& c, const json& v, const std::string& p) -> Result<void> {
-         static const std::map<std::string, LogLevel> levels = {{"debug", LogLevel::kDebug},
-                                                                {"info", LogLevel::kInfo},
-                                                                {"warning", LogLevel::kWarn},
-                                                                {"error", LogLevel::kError}};
-         auto it = v.is_string() ? levels.find(v.get<std::string>()) : levels.end();
-         if (it == levels.end()) return bad(p, "must be one of debug, info, warning, error");
+         static const std::map<std::string, LogLevel> kLevels = {{"debug", LogLevel::kDebug},
+                                                                 {"info", LogLevel::kInfo},
+                                                                 {"warning", LogLevel::kWarn},
+                                                                 {"error", LogLevel::kError}};
+         auto it = v.is_string() ? kLevels.find(v.get<std::string>()) : kLevels.end();
+         if (it == kLevels.end()) return bad(p, "must be one of debug, info, warning, error");
          c.log_level = it->second;
          return {};
        }},
   };
-  return keys;
+  return kKeys;
 }
 
 }  // namespace

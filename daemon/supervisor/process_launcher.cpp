@@ -51,8 +51,8 @@ Result<pid_t> ForkExecLauncher::launch(const LaunchSpec& spec) {
     (void)sigprocmask(SIG_SETMASK, &empty, nullptr);
     (void)signal(SIGPIPE, SIG_DFL);
     execve(path, argv.data(), envp.data());
-    static const char msg[] = "gpuq-worker: execve failed\n";
-    (void)!write(2, msg, sizeof msg - 1);
+    static const char kMsg[] = "gpuq-worker: execve failed\n";
+    (void)!write(2, kMsg, sizeof kMsg - 1);
     _exit(127);
   }
   return pid;
