@@ -75,6 +75,22 @@ grep -q '^gpuqd ' <<<"$("${PREFIX}/bin/gpuqd" --version)" || fail "installed gpu
 # would fail the pipeline through SIGPIPE.)
 members=$(ar t "${LIBDIR}/libgpuq.a")
 grep -qx 'runtime_dir.cpp.o' <<<"${members}" || fail "libgpuq.a lacks gpuq_common's objects"
+# The GPU binaries (component gpu, in a build with CUDA) find CUDA, cuBLAS and cuDNN through
+# their own RUNPATH, not through the build tree or an ld.so.conf entry this machine happens to
+# have: each CUDA library they need is in one of their RUNPATH folders.
+for f in "${LIBEXECDIR}/gpuq/gpuq-gpu-worker" "${PREFIX}/bin/gpuq-gpu-probe"; do
+  [[ -e "${f}" ]] || continue
+  dyn=$(readelf -d "${f}")
+  runpath=$(sed -n 's/.*Library runpath: \[\(.*\)\]/\1/p' <<<"${dyn}")
+  while read -r lib; do
+    found=0
+    IFS=: read -ra dirs <<<"${runpath}"
+    for d in "${dirs[@]}"; do
+      [[ -n "${d}" && -e "${d}/${lib}" ]] && found=1
+    done
+    ((found)) || fail "installed ${f##*/} needs ${lib}, in none of its RUNPATH folders (${runpath:-none})"
+  done < <(sed -n 's/.*Shared library: \[\(lib\(cudart\|cublas\|cublasLt\|cudnn\)[^]]*\)\]/\1/p' <<<"${dyn}")
+done
 step "layout ok"
 
 # ---- 2. build the consumer against the installed package -------------------------------------
