@@ -278,8 +278,7 @@ void WorkerSet::on_ready(Worker& w, const Message& m) {
   w.state = WorkerState::kReady;
   w.start_failures = 0;
   w.ready_since_ns = monotonic_ns();
-  // "{}" (a backend with nothing to say) is shown as nothing.
-  w.backend_info = ready->backend == "{}" ? std::string() : ready->backend;
+  w.backend_info = ready->backend;  // empty when the backend had nothing to say
   GPUQ_LOG_INFO("worker %u (pid %d) is ready", w.id, w.pid);
   if (stopping_) send(w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
 }

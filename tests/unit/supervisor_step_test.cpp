@@ -93,6 +93,7 @@ class FakeLauncher final : public ProcessLauncher {
     return n;
   }
   Proc& proc(pid_t pid) { return procs_.at(pid); }
+  const std::vector<pid_t>& killed() const { return killed_; }
 
  private:
   pid_t next_pid_ = 4'000'000;  // above pid_max: never a real process
@@ -300,11 +301,14 @@ TEST_CASE("supervisor step: a worker that dies before ready max_start_failures t
 
 TEST_CASE("supervisor step: a worker that loaded other plug-in ops is stopped") {
   Harness h(1);
-  FakeLauncher::Proc& p = h.launcher->proc(h.launcher->pid_of(0));
+  const pid_t first = h.launcher->pid_of(0);
+  FakeLauncher::Proc& p = h.launcher->proc(first);
+  // A well-formed list that differs from gpuqd's (none): its op ids would mean other ops.
   REQUIRE(send_message(p.control.get(), MessageType::kWorkerReady,
-                       R"({"worker":0,"plugin_ops":[{"name":"surprise"}]})"));
+                       R"({"worker":0,"plugin_ops":[[7,"surprise"]]})"));
   REQUIRE(h.step_until([&] { return h.launcher->launches_of(0) == 2; }));
-  CHECK(h.worker_state(0) == "starting");
+  CHECK(h.launcher->killed() == std::vector<pid_t>{first});
+  CHECK(h.worker_state(0) == "starting");  // never "ready"; started again after its back-off
 }
 
 TEST_CASE("supervisor step: a stop request drains, stops the workers and ends the loop") {
