@@ -31,7 +31,7 @@ gpuq_setup_packages=(
   file                 # CPack's DEB generator finds the ELF files with it
   clang                # second compiler, sanitizers and fuzzers
   clang-format         # scripts/test.sh format stage
-  clang-tidy           # lint (.clang-tidy), run-clang-tidy
+  clang-tidy           # scripts/test.sh tidy stage (scripts/tidy.py, .clang-tidy)
   libclang-rt-14-dev   # clang's sanitizer and libFuzzer runtimes
   python3              # test helpers, scripts/test.sh result summary
   git                  # scripts/test.sh lists the tracked sources with git ls-files
