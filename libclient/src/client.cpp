@@ -855,7 +855,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   uint32_t slot_count_ = 0;
   uint64_t segment_bytes() const { return segment_.size(); }
   // The payload arena: where Buffer offsets count from, and its size.
-  const std::byte* arena() const { return reinterpret_cast<const std::byte*>(view_.arena()); }
+  std::byte* arena() const { return reinterpret_cast<std::byte*>(view_.arena()); }
   uint64_t arena_bytes() const { return view_.arena_bytes(); }
 
  private:
@@ -1095,6 +1095,12 @@ uint64_t Client::segment_bytes() const noexcept {
 }
 uint32_t Client::slot_count() const noexcept {
   return impl_->slot_count_;
+}
+std::byte* Client::arena() const noexcept {
+  return impl_->arena();
+}
+uint64_t Client::arena_bytes() const noexcept {
+  return impl_->arena_bytes();
 }
 uint64_t Client::daemon_epoch() const noexcept {
   return impl_->epoch_;

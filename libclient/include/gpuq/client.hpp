@@ -261,6 +261,13 @@ class GPUQ_API Client {
   uint32_t slot_count() const noexcept;
   uint64_t daemon_epoch() const noexcept;
 
+  // The payload arena, where Buffer offsets count from: this process's address of its first
+  // byte, and its size. Memory at [arena() + offset, arena() + offset + size) with
+  // offset + size <= arena_bytes() is Buffer{offset, size, arena() + offset}: how a binding
+  // finds whether an array it was given lies in the segment (and needs no copy).
+  std::byte* arena() const noexcept;
+  uint64_t arena_bytes() const noexcept;
+
  private:
   explicit Client(std::shared_ptr<ClientImpl> impl) noexcept;
   std::shared_ptr<ClientImpl> impl_;

@@ -1,0 +1,452 @@
+"""gpuq.Client: one connection to the daemon, its shared-memory arrays and its jobs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _errors, _native
+from ._future import Future, Watcher
+
+_native.set_error_factory(_errors.error_for)
+
+ArrayLike = Any
+Shape = Union[int, Sequence[int]]
+Pair = Union[int, Tuple[int, int]]
+
+# ---- fork ---------------------------------------------------------------------------------------
+# A child of fork() must not use its parent's connection (the parent owns its job slots). Every
+# Client notices the fork on its next call and connects anew, transparently; the parent's jobs
+# and arrays are left to the parent.
+_fork_generation = 0
+_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+    for c in list(_clients):
+        c._lock = threading.Lock()  # a parent thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_NO_PARAMS: List[Any] = []  # passed to the native submit, never changed
+_TENSOR_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+
+
+def _seconds_to_ns(value: Optional[float], what: str) -> int:
+    if value is None:
+        return -1
+    if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        raise _errors.InvalidArgument(f"{what}: must be a number of seconds >= 0, not {value!r}")
+    return int(value * 1e9) if math.isfinite(value) else -1
+
+
+def _shape_tuple(shape: Shape) -> Tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    return tuple(int(d) for d in shape)
+
+
+class _Connection:
+    """One native connection and what belongs to it (this process's only)."""
+
+    __slots__ = ("native", "base", "end", "watcher", "pools", "__weakref__")
+
+    def __init__(self, native: Any) -> None:
+        self.native = native
+        self.base = native.arena_address
+        self.end = self.base + native.arena_bytes
+        self.watcher = Watcher()
+        self.pools = {p[0]: p for p in native.pools()}
+
+
+class Client:
+    """A connection to the gpuq daemon.
+
+    ``Client()`` connects (``runtime_dir``: the daemon's runtime directory, default as the C++
+    client finds it; ``segment_bytes``: the size of this client's shared-memory segment, 0 for
+    the daemon's default; ``name``: shown in ``gpuqctl status``). Thread-safe. Use it as a
+    context manager, or call :meth:`close`.
+
+    After ``fork()`` the child gets a connection of its own on its first call, by itself; the
+    parent's jobs and arrays stay the parent's. A Client pickles as its connect arguments, so
+    one passed to a ``spawn``/``forkserver`` child connects anew there.
+    """
+
+    def __init__(self, runtime_dir: Optional[str] = None, segment_bytes: int = 0,
+                 name: Optional[str] = None, spin_us: float = 50.0) -> None:
+        if segment_bytes < 0:
+            raise _errors.InvalidArgument(f"segment_bytes: must be >= 0, not {segment_bytes}")
+        self._runtime_dir = runtime_dir or ""
+        self._segment_bytes = int(segment_bytes)
+        self._name = name or ""
+        self._spin_ns = int(spin_us * 1000)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._conn: Optional[_Connection] = None
+        self._generation = _fork_generation
+        self._conn = self._connect()
+        _clients.add(self)
+
+    def _connect(self) -> _Connection:
+        return _Connection(_native.Connection.connect(self._runtime_dir, self._segment_bytes,
+                                                      self._name, self._spin_ns))
+
+    def _c(self) -> _Connection:
+        """This process's connection (a new one after a fork)."""
+        conn = self._conn
+        if self._generation != _fork_generation or conn is None:
+            if self._closed:
+                raise _errors.ClientClosed("this gpuq client is closed")
+            with self._lock:
+                if self._generation != _fork_generation:
+                    # The parent's native connection is not closed here: arrays this child
+                    # inherited still point into its mapping, which their bases keep alive.
+                    self._conn = self._connect()
+                    self._generation = _fork_generation
+                conn = self._conn
+            assert conn is not None
+        return conn
+
+    def __reduce__(self) -> Any:
+        return (Client, (self._runtime_dir or None, self._segment_bytes, self._name or None,
+                         self._spin_ns / 1000))
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the client: later calls raise :class:`gpuq.ClientClosed`. Jobs in flight run
+        on, and arrays in its segment stay valid; the connection ends when the last of them is
+        gone."""
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None and self._generation == _fork_generation:
+            conn.native.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"epoch {self._conn.native.epoch}" if self._conn else ""
+        return f"<gpuq.Client {self._runtime_dir or '(default)'} {state}>"
+
+    # ---- facts ---------------------------------------------------------------------------------
+
+    @property
+    def pools(self) -> List[Dict[str, Any]]:
+        """The daemon's pools: name, kind, capacity, client_share, available, unavailable_reason
+        and runs_on (gpuq::PoolInfo)."""
+        keys = ("name", "kind", "capacity", "client_share", "available", "unavailable_reason",
+                "runs_on")
+        return [dict(zip(keys, p)) for p in self._c().native.pools()]
+
+    @property
+    def ops(self) -> List[str]:
+        """The names of the ops the daemon serves."""
+        return list(self._c().native.ops())
+
+    @property
+    def segment_bytes(self) -> int:
+        """The size of this client's shared-memory segment."""
+        return int(self._c().native.segment_bytes)
+
+    @property
+    def slot_count(self) -> int:
+        """How many jobs this client may have unfinished at once."""
+        return int(self._c().native.slot_count)
+
+    def status(self) -> Dict[str, Any]:
+        """The daemon's status document (``gpuqctl status --json``) as a dict."""
+        if self._closed:
+            raise _errors.ClientClosed("this gpuq client is closed")
+        return json.loads(_native.status_json(self._runtime_dir))
+
+    # ---- arrays in the segment -----------------------------------------------------------------
+
+    def empty(self, shape: Shape, dtype: Any = np.float32) -> np.ndarray:
+        """A new uninitialised array in this client's shared-memory segment: jobs read and
+        write it in place, with no copy. Its memory returns to the segment when the last array
+        (or view) of it and the last job using it are gone. Raises :class:`gpuq.OutOfMemory`
+        when the segment is full."""
+        shape_t = _shape_tuple(shape)
+        if any(d < 0 for d in shape_t):
+            raise _errors.InvalidArgument(f"shape: dimensions must be >= 0, not {shape_t}")
+        dt = np.dtype(dtype)
+        if dt.hasobject:
+            raise _errors.InvalidArgument(f"dtype: {dt} holds Python objects; gpuq arrays hold "
+                                          "plain numbers")
+        nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
+        raw = self._c().native.allocate(max(nbytes, 1))
+        return raw[:nbytes].view(dt).reshape(shape_t)
+
+    def zeros(self, shape: Shape, dtype: Any = np.float32) -> np.ndarray:
+        """Like :meth:`empty`, filled with zeros."""
+        a = self.empty(shape, dtype)
+        a.fill(0)
+        return a
+
+    def empty_like(self, a: np.ndarray) -> np.ndarray:
+        """:meth:`empty` of ``a``'s shape and dtype."""
+        return self.empty(a.shape, a.dtype)
+
+    def array(self, obj: ArrayLike, dtype: Any = None) -> np.ndarray:
+        """A copy of ``obj`` (anything ``numpy.asarray`` takes) in this client's segment."""
+        src = np.asarray(obj, dtype=dtype)
+        a = self.empty(src.shape, src.dtype)
+        np.copyto(a, src, casting="no")
+        return a
+
+    def in_segment(self, a: np.ndarray) -> bool:
+        """Whether the array's memory lies in this client's segment (no copy when submitted)."""
+        conn = self._c()
+        return self._offset(conn, a) is not None
+
+    @staticmethod
+    def _offset(conn: _Connection, a: np.ndarray) -> Optional[int]:
+        addr = a.__array_interface__["data"][0]
+        if conn.base <= addr and addr + a.nbytes <= conn.end:
+            return addr - conn.base
+        return None
+
+    def _operand(self, conn: _Connection, a: Any, what: str, keep: list,
+                 dtype: Optional[np.dtype] = None) -> Tuple[int, np.ndarray]:
+        """(offset, array in the segment) for a job's input, copying it in if needed."""
+        if not isinstance(a, np.ndarray):
+            if isinstance(a, (bytes, bytearray, memoryview)):
+                a = np.frombuffer(a, dtype=np.uint8)
+            else:
+                a = np.asarray(a, dtype=dtype)
+        if dtype is not None and a.dtype != dtype:
+            raise _errors.InvalidArgument(
+                f"{what}: dtype is {a.dtype}, must be {dtype} (the dtype of the op's first "
+                "operand)")
+        if not a.flags.c_contiguous:
+            raise _errors.InvalidArgument(
+                f"{what}: the array is not C-contiguous (strides {a.strides}); pass "
+                "numpy.ascontiguousarray(...) of it")
+        off = self._offset(conn, a)
+        if off is None:
+            copy = self.empty(a.shape, a.dtype)
+            np.copyto(copy, a, casting="no")
+            a = copy
+            off = self._offset(conn, a)
+            assert off is not None
+        keep.append(a)
+        return off, a
+
+    def _out(self, conn: _Connection, out: np.ndarray, what: str = "out") -> int:
+        if not isinstance(out, np.ndarray):
+            raise _errors.InvalidArgument(f"{what}: must be a numpy array, not "
+                                          f"{type(out).__name__}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise _errors.InvalidArgument(f"{what}: must be a writeable C-contiguous array")
+        off = self._offset(conn, out)
+        if off is None:
+            raise _errors.InvalidArgument(
+                f"{what}: the array is not in this client's segment (workers write outputs in "
+                "place); make it with client.empty(), zeros() or array()")
+        return off
+
+    # ---- jobs ----------------------------------------------------------------------------------
+
+    def submit(self, op: str, *inputs: ArrayLike, out: Optional[np.ndarray] = None,
+               pool: Optional[str] = None, timeout: Optional[float] = None,
+               expire_after: Optional[float] = None, retryable: bool = False,
+               **params: Union[int, float, str]) -> Future:
+        """Submits op ``op`` and returns its :class:`gpuq.Future`.
+
+        ``inputs``: at most one array or bytes-like object, the job's input bytes (an array
+        outside this client's segment is copied in first). ``out``: the array the op writes,
+        which must be in the segment (:meth:`empty`). ``pool``: the pool's name (default: the
+        first). ``timeout``: seconds to wait for room in the pool's queue (None: as long as it
+        takes; :class:`gpuq.Timeout` after). ``expire_after``: seconds after which a job still
+        queued ends :class:`gpuq.Expired` without running. ``retryable``: run it again if its
+        worker dies. ``params``: the op's parameters (int, float or str).
+
+        The future's result is ``out`` when given, else the op's scalar ``value``.
+        """
+        if inputs or out is not None or params or timeout is not None or expire_after is not None:
+            return self._submit(op, inputs, out, pool, timeout, expire_after, retryable, params,
+                                False)
+        # No buffers, no params: the short path (a no-op's round trip is a few microseconds).
+        conn = self._conn
+        if conn is None or self._generation != _fork_generation:
+            conn = self._c()
+        job = conn.native.submit(op, 0, 0, 0, 0, pool or "", _NO_PARAMS, -1, bool(retryable), -1,
+                                 False)
+        return Future(job, None, None, conn.watcher)
+
+    def try_submit(self, op: str, *inputs: ArrayLike, out: Optional[np.ndarray] = None,
+                   pool: Optional[str] = None, expire_after: Optional[float] = None,
+                   retryable: bool = False, **params: Union[int, float, str]) -> Future:
+        """Like :meth:`submit`, but raises :class:`gpuq.QueueFull` at once when the queue has
+        no room, instead of waiting."""
+        return self._submit(op, inputs, out, pool, None, expire_after, retryable, params, True)
+
+    def _submit(self, op: str, inputs: Tuple[Any, ...], out: Optional[np.ndarray],
+                pool: Optional[str], timeout: Optional[float], expire_after: Optional[float],
+                retryable: bool, params: Dict[str, Any], try_only: bool) -> Future:
+        conn = self._c()
+        keep: list = []
+        in_off = in_len = out_off = out_len = 0
+        if inputs:
+            if len(inputs) > 1:
+                raise _errors.InvalidArgument(
+                    f"submit: op {op!r} takes one input (the job's input bytes), not "
+                    f"{len(inputs)}; the tensor helpers (conv2d, gemm...) take several")
+            in_off, a = self._operand(conn, inputs[0], "input", keep)
+            in_len = a.nbytes
+        if out is not None:
+            out_off = self._out(conn, out)
+            out_len = out.nbytes
+            keep.append(out)
+            convert = lambda info, out=out: out  # noqa: E731
+        else:
+            convert = None  # the op's value
+        timeout_ns = -1 if timeout is None else _seconds_to_ns(timeout, "timeout")
+        expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
+        job = conn.native.submit(op, in_off, in_len, out_off, out_len, pool or "",
+                                 list(params.items()) if params else [], expire_ns,
+                                 bool(retryable), timeout_ns, try_only)
+        return Future(job, keep or None, convert, conn.watcher)
+
+    def run(self, op: str, *inputs: ArrayLike, timeout: Optional[float] = None,
+            **kwargs: Any) -> Any:
+        """``submit(...)`` and wait for its result (``timeout``: seconds for the whole call)."""
+        return self.submit(op, *inputs, **kwargs).result(timeout)
+
+    # ---- tensor ops ----------------------------------------------------------------------------
+
+    def _tensor(self, op: str, named: Sequence[Tuple[str, Any]], y_shape_of: Any,
+                opts: Dict[str, Any], out: Optional[np.ndarray], pool: Optional[str],
+                timeout: Optional[float], expire_after: Optional[float], retryable: bool,
+                try_only: bool) -> Future:
+        conn = self._c()
+        keep: list = []
+        operands: List[Optional[Tuple[int, Tuple[int, ...]]]] = []
+        dtype: Optional[np.dtype] = None
+        for what, a in named:
+            if a is None:
+                operands.append(None)
+                continue
+            if dtype is None:
+                a = a if isinstance(a, np.ndarray) else np.asarray(a, dtype=np.float32)
+                dtype = a.dtype
+                if dtype not in _TENSOR_DTYPES:
+                    raise _errors.InvalidArgument(
+                        f"{op}: {what}: dtype is {dtype}; the tensor ops take float32 or "
+                        "float16")
+            off, arr = self._operand(conn, a, f"{op}: {what}", keep, dtype)
+            operands.append((off, arr.shape))
+        assert dtype is not None
+        shapes = [o[1] if o is not None else None for o in operands]
+        y_shape = tuple(y_shape_of(shapes))
+        if out is None:
+            out = self.empty(y_shape, dtype)
+        else:
+            if out.dtype != dtype:
+                raise _errors.InvalidArgument(f"{op}: out: dtype is {out.dtype}, must be {dtype}")
+            if tuple(out.shape) != y_shape:
+                raise _errors.InvalidArgument(
+                    f"{op}: out: shape is {tuple(out.shape)}, the result's is {y_shape}")
+        y_off = self._out(conn, out, f"{op}: out")
+        keep.append(out)
+        timeout_ns = -1 if timeout is None else _seconds_to_ns(timeout, "timeout")
+        expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
+        job = conn.native.tensor(op, operands, (y_off, y_shape), _TENSOR_DTYPES[dtype], opts,
+                                 pool or "", expire_ns, bool(retryable), timeout_ns, try_only)
+        return Future(job, keep, lambda info, out=out: out, conn.watcher)
+
+    def conv2d(self, x: ArrayLike, w: ArrayLike, b: Optional[ArrayLike] = None, *,
+               stride: Pair = 1, padding: Pair = 0, dilation: Pair = 1, groups: int = 1,
+               relu: bool = False, out: Optional[np.ndarray] = None, pool: Optional[str] = None,
+               timeout: Optional[float] = None, expire_after: Optional[float] = None,
+               retryable: bool = False, try_only: bool = False) -> Future:
+        """2-D convolution (NCHW): x N x C x H x W, w K x C/groups x R x S, b K. The future's
+        result is y, N x K x OH x OW, a new array in the segment (or ``out``). docs/ops.md."""
+        opts = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
+                "relu": relu}
+        return self._tensor("conv2d", (("x", x), ("w", w), ("b", b)),
+                            lambda s: _native.conv2d_shape(s[0], s[1], opts), opts, out, pool,
+                            timeout, expire_after, retryable, try_only)
+
+    def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
+             trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
+             out: Optional[np.ndarray] = None, pool: Optional[str] = None,
+             timeout: Optional[float] = None, expire_after: Optional[float] = None,
+             retryable: bool = False, try_only: bool = False) -> Future:
+        """y = alpha op(a) op(b) + beta c (row-major; c only when beta != 0). Result: y, M x N."""
+        opts = {"trans_a": trans_a, "trans_b": trans_b, "alpha": float(alpha),
+                "beta": float(beta)}
+        return self._tensor("gemm", (("a", a), ("b", b), ("c", c)),
+                            lambda s: _native.gemm_shape(s[0], s[1], opts), opts, out, pool,
+                            timeout, expire_after, retryable, try_only)
+
+    def activation(self, x: ArrayLike, mode: str = "relu", *, out: Optional[np.ndarray] = None,
+                   pool: Optional[str] = None, timeout: Optional[float] = None,
+                   expire_after: Optional[float] = None, retryable: bool = False,
+                   try_only: bool = False) -> Future:
+        """Elementwise ``mode``: "relu", "sigmoid" or "tanh". Result: y, x's shape."""
+        return self._tensor("activation", (("x", x),), lambda s: s[0], {"mode": mode}, out, pool,
+                            timeout, expire_after, retryable, try_only)
+
+    def softmax(self, x: ArrayLike, *, log: bool = False, out: Optional[np.ndarray] = None,
+                pool: Optional[str] = None, timeout: Optional[float] = None,
+                expire_after: Optional[float] = None, retryable: bool = False,
+                try_only: bool = False) -> Future:
+        """Softmax (or log-softmax) over dimension 1 of a 2-D to 4-D x. Result: x's shape."""
+        return self._tensor("softmax", (("x", x),), lambda s: s[0], {"log": log}, out, pool,
+                            timeout, expire_after, retryable, try_only)
+
+    def pool2d(self, x: ArrayLike, window: Pair, *, mode: str = "max",
+               stride: Optional[Pair] = None, padding: Pair = 0, count_pad: bool = False,
+               out: Optional[np.ndarray] = None, pool: Optional[str] = None,
+               timeout: Optional[float] = None, expire_after: Optional[float] = None,
+               retryable: bool = False, try_only: bool = False) -> Future:
+        """Max or average pooling (NCHW); ``stride`` defaults to the window. Result: y."""
+        opts = {"mode": mode, "window": window, "stride": stride, "padding": padding,
+                "count_pad": count_pad}
+        return self._tensor("pool2d", (("x", x),), lambda s: _native.pool2d_shape(s[0], opts),
+                            opts, out, pool, timeout, expire_after, retryable, try_only)
+
+    def batchnorm(self, x: ArrayLike, scale: ArrayLike, bias: ArrayLike, mean: ArrayLike,
+                  var: ArrayLike, *, eps: float = 1e-5, relu: bool = False,
+                  out: Optional[np.ndarray] = None, pool: Optional[str] = None,
+                  timeout: Optional[float] = None, expire_after: Optional[float] = None,
+                  retryable: bool = False, try_only: bool = False) -> Future:
+        """Inference batch norm per channel: scale (x - mean) / sqrt(var + eps) + bias."""
+        opts = {"eps": float(eps), "relu": relu}
+        return self._tensor("batchnorm", (("x", x), ("scale", scale), ("bias", bias),
+                                          ("mean", mean), ("var", var)),
+                            lambda s: s[0], opts, out, pool, timeout, expire_after, retryable,
+                            try_only)
+
+
+def status(runtime_dir: Optional[str] = None) -> Dict[str, Any]:
+    """The daemon's status document as a dict, without connecting a client."""
+    return json.loads(_native.status_json(runtime_dir or ""))
+
+
+def default_runtime_dir() -> str:
+    """The runtime directory a client without ``runtime_dir`` connects to."""
+    return str(_native.default_runtime_dir())
+
+
+__all__ = ["Client", "status", "default_runtime_dir"]

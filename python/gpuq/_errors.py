@@ -1,0 +1,224 @@
+"""gpuq's exceptions: one class per ``gpuq::ErrorCode``, all under :class:`gpuq.Error`.
+
+Each carries the daemon's (or the library's) message as ``str(e)`` and ``e.message``, and the
+numeric code as ``e.code``. Where a built-in exception means the same thing, the class derives
+from it too, so ``except ValueError`` catches :class:`InvalidArgument` and ``except
+TimeoutError`` catches :class:`Timeout`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Dict, Type
+
+__all__ = [
+    "Error",
+    "InvalidArgument",
+    "UnknownOp",
+    "UnknownPool",
+    "QueueFull",
+    "Timeout",
+    "Cancelled",
+    "Expired",
+    "WorkerDied",
+    "Disconnected",
+    "ProtocolMismatch",
+    "PermissionDenied",
+    "OutOfMemory",
+    "NotFound",
+    "ShuttingDown",
+    "ForkedClient",
+    "NoDevice",
+    "Internal",
+    "NotCancellable",
+    "TooManyClients",
+    "OpFailed",
+    "ClientClosed",
+]
+
+
+class Error(Exception):
+    """Base class of every gpuq error. ``code`` is the ``gpuq::ErrorCode`` value (0 for the
+    Python-only :class:`ClientClosed`), ``code_name`` its name, ``message`` the text."""
+
+    code: int = -1
+    code_name: str = "Error"
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(Error, ValueError):
+    """A field of a request is malformed; the message names it."""
+
+    code, code_name = 1, "InvalidArgument"
+
+
+class UnknownOp(Error, LookupError):
+    """No op of that name is registered in the daemon."""
+
+    code, code_name = 2, "UnknownOp"
+
+
+class UnknownPool(Error, LookupError):
+    """No pool of that name."""
+
+    code, code_name = 3, "UnknownPool"
+
+
+class QueueFull(Error):
+    """``try_submit``: the pool's ring, or this client's share of it, is full."""
+
+    code, code_name = 4, "QueueFull"
+
+
+class Timeout(Error, TimeoutError):
+    """A deadline passed before the call could complete (``submit(timeout=)``)."""
+
+    code, code_name = 5, "Timeout"
+
+
+class Cancelled(Error, concurrent.futures.CancelledError):
+    """The job was cancelled (also a ``concurrent.futures.CancelledError``)."""
+
+    code, code_name = 6, "Cancelled"
+
+
+class Expired(Error):
+    """The job's ``expire_after`` passed while it was still queued; it did not run."""
+
+    code, code_name = 7, "Expired"
+
+
+class WorkerDied(Error):
+    """The worker running the job exited (it is replaced; the job is not run again unless it
+    was submitted ``retryable=True``)."""
+
+    code, code_name = 8, "WorkerDied"
+
+
+class Disconnected(Error, ConnectionError):
+    """The daemon is gone, or restarted; make a new client."""
+
+    code, code_name = 9, "Disconnected"
+
+
+class ProtocolMismatch(Error):
+    """This client and the daemon speak different protocol versions."""
+
+    code, code_name = 10, "ProtocolMismatch"
+
+
+class PermissionDenied(Error, PermissionError):
+    """This user is not one the daemon serves."""
+
+    code, code_name = 11, "PermissionDenied"
+
+
+class OutOfMemory(Error, MemoryError):
+    """No room in the payload segment (or device memory), or every job slot is in use."""
+
+    code, code_name = 12, "OutOfMemory"
+
+
+class NotFound(Error, LookupError):
+    """No such job, buffer or object."""
+
+    code, code_name = 13, "NotFound"
+
+
+class ShuttingDown(Error):
+    """The daemon is draining and accepts no new jobs."""
+
+    code, code_name = 14, "ShuttingDown"
+
+
+class ForkedClient(Error):
+    """The connection belongs to the parent of a fork (the package reconnects by itself; this
+    reaches you only from a job the parent submitted)."""
+
+    code, code_name = 15, "ForkedClient"
+
+
+class NoDevice(Error):
+    """The pool has no usable device and no fallback."""
+
+    code, code_name = 16, "NoDevice"
+
+
+class Internal(Error):
+    """A bug in gpuq; the message says where."""
+
+    code, code_name = 17, "Internal"
+
+
+class SystemError(Error, OSError):  # noqa: A001 - the code's name; gpuq.SystemError
+    """A system call failed; the message names it and errno."""
+
+    code, code_name = 18, "SystemError"
+
+
+class NotCancellable(Error):
+    """``cancel``: the job has already finished."""
+
+    code, code_name = 19, "NotCancellable"
+
+
+class TooManyClients(Error):
+    """The daemon serves its configured maximum of clients."""
+
+    code, code_name = 20, "TooManyClients"
+
+
+class OpFailed(Error):
+    """The op itself reported failure; the message says why."""
+
+    code, code_name = 21, "OpFailed"
+
+
+class ClientClosed(Error):
+    """The client was closed (``Client.close()`` or the end of its ``with`` block)."""
+
+    code, code_name = 0, "ClientClosed"
+
+
+_BY_CODE: Dict[int, Type[Error]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        UnknownOp,
+        UnknownPool,
+        QueueFull,
+        Timeout,
+        Cancelled,
+        Expired,
+        WorkerDied,
+        Disconnected,
+        ProtocolMismatch,
+        PermissionDenied,
+        OutOfMemory,
+        NotFound,
+        ShuttingDown,
+        ForkedClient,
+        NoDevice,
+        Internal,
+        SystemError,
+        NotCancellable,
+        TooManyClients,
+        OpFailed,
+    )
+}
+
+
+def error_for(code: int, message: str) -> Error:
+    """The exception for a ``gpuq::ErrorCode`` value (an unknown code gives :class:`Error`)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        err = Error(message)
+        err.code = code
+        return err
+    return cls(message)

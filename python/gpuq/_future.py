@@ -1,0 +1,406 @@
+"""gpuq.Future: a submitted job as a ``concurrent.futures.Future``.
+
+How a job's end reaches its future, without a thread per job:
+
+* ``result()`` / ``exception()`` on a future nobody else watches wait on the job itself, in the
+  calling thread, with the GIL released (spin, then a futex sleep): the fast path.
+* Anything that needs to be told of the end from elsewhere (``add_done_callback``, asyncio's
+  ``await``, ``concurrent.futures.wait`` and ``as_completed``, which add a waiter to the future)
+  hands the future to its client's one watcher thread, which polls the jobs it watches and
+  sleeps on the oldest of them, and finishes each future as its job ends.
+
+Either way the future is finished once, under its condition, with exactly one outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import weakref
+from typing import Any, Callable, List, Optional, Tuple
+
+from . import _errors
+
+# gpuq::JobStatus values (the native layer's ints).
+QUEUED, RUNNING, DONE, FAILED, CANCELLED, EXPIRED = range(6)
+_STATUS_NAMES = ("queued", "running", "done", "failed", "cancelled", "expired")
+
+# concurrent.futures' state names (module constants of concurrent.futures._base).
+_PENDING = "PENDING"
+_FINISHED = "FINISHED"
+_CANCELLED = "CANCELLED"
+_CANCELLED_AND_NOTIFIED = "CANCELLED_AND_NOTIFIED"
+
+
+class JobInfo:
+    """What the daemon reported for a finished job: ``status`` ("done", "failed",
+    "cancelled", "expired"), ``code`` and ``message`` of a failure, ``output_size`` (bytes
+    written), ``value`` (the op's scalar result), ``worker_id``, ``queued_ns`` and ``run_ns``."""
+
+    __slots__ = ("status", "code", "message", "output_size", "value", "worker_id",
+                 "queued_ns", "run_ns")
+
+    def __init__(self, t: Tuple[int, int, str, int, int, int, int, int]) -> None:
+        (status, self.code, self.message, self.output_size, self.value, self.worker_id,
+         self.queued_ns, self.run_ns) = t
+        self.status = _STATUS_NAMES[status]
+
+    def __repr__(self) -> str:
+        return (f"JobInfo(status={self.status!r}, code={self.code}, message={self.message!r}, "
+                f"output_size={self.output_size}, value={self.value}, worker_id={self.worker_id}, "
+                f"queued_ns={self.queued_ns}, run_ns={self.run_ns})")
+
+
+class _Waiters(list):
+    """The future's ``_waiters`` list: concurrent.futures.wait() and as_completed() append
+    their waiter to it, which must start the watching, or, when the future finished between
+    their look at its state and the append, tell the waiter at once. Holds its future weakly,
+    so that a future is freed (and its job slot with it) by reference counting alone."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: "Future") -> None:
+        super().__init__()
+        self._future = weakref.ref(future)
+
+    def append(self, waiter: Any) -> None:
+        f = self._future()
+        with _finish_lock:
+            super().append(waiter)
+            pending = f is not None and f._state == _PENDING
+        if f is None:
+            return
+        if pending:
+            f._watch()
+        else:
+            f._tell(waiter)
+
+
+# Guards each future's one PENDING -> finished transition and its lists of waiters and
+# callbacks. One lock for all: held for a few attribute writes, never while waiting or calling
+# out, and cheaper than a Condition per future (which is made only when a thread waits on one).
+_finish_lock = threading.Lock()
+
+
+class Future(concurrent.futures.Future):
+    """A job submitted to gpuq. Works with ``concurrent.futures.wait``, ``as_completed``,
+    ``add_done_callback`` and ``result(timeout)``, and is awaitable in asyncio.
+
+    ``result()`` returns what the call that made it documents (the output array of a tensor
+    helper, ``out`` or the op's scalar ``value`` for ``submit``); a failed job raises the
+    :class:`gpuq.Error` subclass of its code with the daemon's message. ``info`` holds the
+    job's :class:`JobInfo` once it has ended.
+
+    The future keeps the job's input and output arrays alive until the job has ended, so
+    their memory stays valid while a worker uses it.
+    """
+
+    # Instance state that most futures never change lives on the class (a no-op job's round
+    # trip is a few microseconds; every attribute set in __init__ costs a little of it).
+    _watched = False
+    _cond: Optional[threading.Condition] = None
+    _state = _PENDING
+    _result: Any = None
+    _exception: Optional[BaseException] = None
+    _w: Optional["_Waiters"] = None
+    _done_callbacks: Optional[List[Callable[[concurrent.futures.Future], Any]]] = None
+    _t: Optional[Tuple[int, int, str, int, int, int, int, int]] = None
+
+    # Built in Client; never by users.
+    def __init__(self, job: Any, keep: Any, convert: Optional[Callable[[JobInfo], Any]],
+                 watcher: "Watcher") -> None:
+        # Not concurrent.futures.Future.__init__: its Condition alone would cost a microsecond.
+        # What it sets is on the class above, or made on first use (_condition, _waiters).
+        self._job = job
+        self._keep = keep
+        self._convert = convert  # None: the result is the op's value
+        self._watcher = watcher
+
+    @property
+    def info(self) -> Optional[JobInfo]:
+        """The finished job's :class:`JobInfo` (None while it runs, or when the client failed
+        to reach it, e.g. Disconnected)."""
+        return None if self._t is None else JobInfo(self._t)
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        c = self._cond
+        if c is None:
+            with _finish_lock:
+                if self._cond is None:
+                    self._cond = threading.Condition()
+                c = self._cond
+        return c
+
+    @property
+    def _waiters(self) -> _Waiters:  # type: ignore[override]
+        w = self._w
+        if w is None:
+            with _finish_lock:
+                if self._w is None:
+                    self._w = _Waiters(self)
+                w = self._w
+        return w
+
+    def __repr__(self) -> str:
+        return f"<gpuq.Future state={self._state.lower()}>"
+
+    # ---- finishing ---------------------------------------------------------------------------
+
+    def _finish(self, t: Tuple[int, int, str, int, int, int, int, int]) -> None:
+        """Records the job's outcome once; later calls do nothing."""
+        status = t[0]
+        result: Any = None
+        exc: Optional[BaseException] = None
+        if status == DONE:
+            if self._convert is None:
+                result = t[4]
+            else:
+                try:
+                    result = self._convert(JobInfo(t))
+                except BaseException as e:  # a conversion bug must still end the future
+                    exc = e
+        elif status == CANCELLED:
+            exc = _errors.Cancelled(t[2] or "the job was cancelled")
+        else:
+            exc = _errors.error_for(t[1], t[2] or _STATUS_NAMES[status])
+        self._end(_CANCELLED_AND_NOTIFIED if status == CANCELLED else _FINISHED, result, exc, t)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._end(_FINISHED, None, exc, None)
+
+    def _end(self, state: str, result: Any, exc: Optional[BaseException],
+             t: Optional[Tuple[int, int, str, int, int, int, int, int]]) -> None:
+        with _finish_lock:
+            if self._state != _PENDING:
+                return
+            self._result = result
+            self._exception = exc
+            self._t = t
+            self._state = state
+            self._job = None  # frees the job's slot in the client
+            self._keep = None
+            cond = self._cond
+            waiters = list(self._w) if self._w else None
+            callbacks = self._done_callbacks
+            self._done_callbacks = None
+        if cond is not None:
+            with cond:
+                cond.notify_all()
+        if waiters:
+            for w in waiters:
+                self._tell(w)
+        if callbacks:
+            for fn in callbacks:
+                self._call(fn)
+
+    def _tell(self, waiter: Any) -> None:
+        if self._state == _FINISHED:
+            if self._exception is None:
+                waiter.add_result(self)
+            else:
+                waiter.add_exception(self)
+        else:
+            waiter.add_cancelled(self)
+
+    def _call(self, fn: Callable[[concurrent.futures.Future], Any]) -> None:
+        try:
+            fn(self)
+        except Exception:
+            concurrent.futures._base.LOGGER.exception("exception calling callback for %r", self)
+
+    def _watch(self) -> None:
+        """Has the client's watcher finish this future."""
+        with _finish_lock:
+            if self._watched or self._state != _PENDING:
+                return
+            self._watched = True
+        self._watcher.add(self)
+
+    # ---- concurrent.futures.Future ----------------------------------------------------------
+
+    def cancel(self) -> bool:
+        """Cancels the job. A queued job ends cancelled at once and this returns True. A
+        running job is asked to stop (ops that look at their cancel flag end it cancelled) and
+        this returns False, as ``concurrent.futures`` does for a running call; its result or
+        :class:`gpuq.Cancelled` comes later. A finished job: False."""
+        job = self._job
+        if self._state != _PENDING or job is None:
+            return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
+        try:
+            job.cancel()
+        except _errors.NotCancellable:
+            return False
+        except _errors.Error as e:
+            self._fail(e)
+            return False
+        if job.poll() == CANCELLED:
+            t = job.wait(0)
+            if t is not None:
+                self._finish(t)
+        return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
+
+    def cancelled(self) -> bool:
+        return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
+
+    def running(self) -> bool:
+        job = self._job
+        return self._state == _PENDING and job is not None and job.poll() == RUNNING
+
+    def done(self) -> bool:
+        job = self._job
+        if self._state != _PENDING or job is None:
+            return True
+        try:
+            status = job.poll()
+        except _errors.Error as e:
+            self._fail(e)
+            return True
+        if status >= DONE:
+            self._wait(0)
+            return True
+        return False
+
+    def _wait(self, timeout: Optional[float]) -> bool:
+        """Waits for the end; True once the future is finished."""
+        job = self._job
+        if self._state != _PENDING or job is None:
+            return self._state != _PENDING or self._wait_finished(timeout)
+        if self._watched:
+            with self._condition:
+                return self._condition.wait_for(lambda: self._state != _PENDING, timeout)
+        try:
+            t = job.wait(-1 if timeout is None else max(0, int(timeout * 1e9)))
+        except _errors.Error as e:
+            self._fail(e)
+            return True
+        if t is None:
+            return self._state != _PENDING
+        self._finish(t)
+        return True
+
+    def _wait_finished(self, timeout: Optional[float]) -> bool:
+        # The job was dropped by a finish in progress in another thread: wait for its end.
+        with self._condition:
+            return self._condition.wait_for(lambda: self._state != _PENDING, timeout)
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        """The job's result, waiting up to ``timeout`` seconds (None: no limit) with the GIL
+        released. Raises ``concurrent.futures.TimeoutError`` when it is still pending then
+        (the job goes on), the job's :class:`gpuq.Error` when it failed, and
+        :class:`gpuq.Cancelled` when it was cancelled."""
+        if self._state == _PENDING:
+            job = self._job
+            if job is not None and not self._watched and timeout is None:
+                # The common case, inline: wait on the job in this thread.
+                try:
+                    t = job.wait(-1)
+                except _errors.Error as e:
+                    self._fail(e)
+                else:
+                    if t is not None:
+                        self._finish(t)
+            if self._state == _PENDING and not self._wait(timeout):
+                raise concurrent.futures.TimeoutError()
+        if self._state == _FINISHED:
+            if self._exception is not None:
+                raise self._exception
+            return self._result
+        raise self._exception or _errors.Cancelled("the job was cancelled")
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        if self._state == _PENDING and not self._wait(timeout):
+            raise concurrent.futures.TimeoutError()
+        if self._state != _FINISHED:
+            raise self._exception or _errors.Cancelled("the job was cancelled")
+        return self._exception
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future], Any]) -> None:
+        """Calls ``fn(future)`` when the job ends (in the client's watcher thread), or now if
+        it has ended."""
+        with _finish_lock:
+            pending = self._state == _PENDING
+            if pending:
+                if self._done_callbacks is None:
+                    self._done_callbacks = []
+                self._done_callbacks.append(fn)
+        if pending:
+            self._watch()
+        else:
+            self._call(fn)
+
+    def set_running_or_notify_cancel(self) -> bool:
+        raise RuntimeError("a gpuq.Future is run by the daemon, not by an executor")
+
+    def set_result(self, result: Any) -> None:
+        raise RuntimeError("a gpuq.Future's result comes from its job")
+
+    def set_exception(self, exception: Optional[BaseException]) -> None:
+        raise RuntimeError("a gpuq.Future's result comes from its job")
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        """``await future`` in a coroutine: no thread per job (the client's watcher)."""
+        return asyncio.wrap_future(self).__await__()
+
+
+class Watcher:
+    """One per connection: a daemon thread that finishes the futures handed to it."""
+
+    # How long the thread sleeps on its oldest job before it polls the others again.
+    _SLICE_NS = 2_000_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._futures: List[Future] = []
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, f: Future) -> None:
+        with self._lock:
+            self._futures.append(f)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="gpuq-watcher",
+                                                daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._futures:
+                    if not self._wake.wait(timeout=5.0) and not self._futures:
+                        self._thread = None  # idle: a later add() starts a new one
+                        return
+                futures = list(self._futures)
+            ended = []
+            for f in futures:
+                job = f._job
+                if f._state != _PENDING or job is None:
+                    ended.append(f)
+                    continue
+                try:
+                    status = job.poll()
+                    if status >= DONE:
+                        t = job.wait(0)
+                        if t is not None:
+                            f._finish(t)
+                            ended.append(f)
+                except _errors.Error as e:
+                    f._fail(e)
+                    ended.append(f)
+            if ended:
+                with self._lock:
+                    gone = set(map(id, ended))
+                    self._futures = [f for f in self._futures if id(f) not in gone]
+                continue
+            oldest = futures[0]
+            job = oldest._job
+            if job is None:
+                continue
+            try:
+                t = job.wait(self._SLICE_NS)
+                if t is not None:
+                    oldest._finish(t)
+            except _errors.Error as e:
+                oldest._fail(e)

@@ -1,0 +1,460 @@
+// gpuq._native: the Python package's binding of libgpuq (gpuq/client.hpp), with nanobind.
+//
+// Deliberately thin: the Python layer (gpuq/_client.py) owns the public API, argument checks and
+// futures; this file turns its calls into the C++ client's and back. What lives here:
+//   Connection  one gpuq::Client (shared: Blocks and Jobs keep its mapping alive)
+//   Block       one allocation in the client's payload segment; numpy arrays made by
+//               Connection.allocate() keep it alive (as their base), and it returns the bytes
+//               to the segment when the last of them is gone
+//   Job         one gpuq::Job; wait() releases the GIL and is serialised by a mutex (a Job is
+//               used by one thread at a time); poll() is lock-free, as in C++
+// Every gpuq::Error becomes the Python exception the package registered for its code
+// (set_error_factory), with the daemon's message.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "gpuq/client.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// The package's factory: (code: int, message: str) -> an exception instance. A leaked
+// reference: it must outlive every call, including those made while the interpreter exits.
+PyObject* g_error_factory = nullptr;
+
+[[noreturn]] void raise_error(const gpuq::Error& e) {
+  if (g_error_factory != nullptr) {
+    nb::object exc = nb::borrow(g_error_factory)(static_cast<int>(e.code()), e.message());
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    throw nb::python_error();
+  }
+  throw std::runtime_error(e.to_string());
+}
+
+template <typename T>
+T take(gpuq::Result<T>&& r) {
+  if (!r) raise_error(r.error());
+  return std::move(*r);
+}
+
+void check(const gpuq::Result<void>& r) {
+  if (!r) raise_error(r.error());
+}
+
+std::chrono::nanoseconds ns(int64_t v) {
+  return std::chrono::nanoseconds(v);
+}
+
+struct Block {
+  std::shared_ptr<gpuq::Client> client;
+  gpuq::Buffer buffer;
+
+  Block(std::shared_ptr<gpuq::Client> c, gpuq::Buffer b) : client(std::move(c)), buffer(b) {}
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  ~Block() { client->release(buffer); }  // ignored by the library in a forked child
+};
+
+// (status, code, message, output_size, value, worker_id, queued_ns, run_ns)
+using ResultTuple =
+    std::tuple<int, int, std::string, uint64_t, uint64_t, uint32_t, uint64_t, uint64_t>;
+
+ResultTuple to_tuple(const gpuq::JobResult& r) {
+  return {static_cast<int>(r.status), static_cast<int>(r.code), r.message, r.output_size,
+          r.value, r.worker_id, r.queued_ns, r.run_ns};
+}
+
+class Job {
+ public:
+  explicit Job(gpuq::Job job) : job_(std::move(job)) {}
+
+  // The result, or None when `timeout_ns` passed first (negative: no limit).
+  std::optional<ResultTuple> wait(int64_t timeout_ns) {
+    gpuq::Result<gpuq::JobResult> r = gpuq::Error(gpuq::ErrorCode::kInternal, "not waited");
+    {
+      nb::gil_scoped_release unlocked;
+      std::lock_guard<std::mutex> lock(mutex_);
+      r = job_.wait(ns(timeout_ns));
+    }
+    if (!r) {
+      if (r.error().code() == gpuq::ErrorCode::kTimeout) return std::nullopt;
+      raise_error(r.error());
+    }
+    return to_tuple(*r);
+  }
+
+  int poll() const { return static_cast<int>(take(job_.poll())); }
+
+  void cancel() { check(job_.cancel()); }
+
+ private:
+  std::mutex mutex_;
+  gpuq::Job job_;
+};
+
+std::vector<gpuq::JobParam> to_params(const nb::list& params) {
+  std::vector<gpuq::JobParam> out;
+  out.reserve(params.size());
+  for (nb::handle item : params) {
+    auto kv = nb::cast<std::tuple<std::string, nb::object>>(item);
+    std::string key = std::move(std::get<0>(kv));
+    nb::handle v = std::get<1>(kv);
+    if (nb::isinstance<nb::bool_>(v) || nb::isinstance<nb::int_>(v)) {
+      out.push_back(gpuq::JobParam::integer(std::move(key), nb::cast<int64_t>(v)));
+    } else if (nb::isinstance<nb::float_>(v)) {
+      out.push_back(gpuq::JobParam::real(std::move(key), nb::cast<double>(v)));
+    } else if (nb::isinstance<nb::str>(v)) {
+      out.push_back(gpuq::JobParam::text(std::move(key), nb::cast<std::string>(v)));
+    } else {
+      raise_error(gpuq::Error(gpuq::ErrorCode::kInvalidArgument,
+                              "param " + key + ": must be an int, float or str, not " +
+                                  nb::cast<std::string>(nb::str(v.type().attr("__name__")))));
+    }
+  }
+  return out;
+}
+
+// ---- tensor ops ---------------------------------------------------------------------------------
+
+gpuq::DType to_dtype(const std::string& name) {
+  if (name == "f32") return gpuq::DType::kF32;
+  if (name == "f16") return gpuq::DType::kF16;
+  raise_error(gpuq::Error(gpuq::ErrorCode::kInvalidArgument, "dtype: '" + name + "' is not f32 or f16"));
+}
+
+std::array<int64_t, 2> pair(const nb::dict& opts, const char* key, std::array<int64_t, 2> dflt) {
+  if (!opts.contains(key)) return dflt;
+  nb::object v = opts[key];
+  if (nb::isinstance<nb::int_>(v)) {
+    const auto x = nb::cast<int64_t>(v);
+    return {x, x};
+  }
+  auto t = nb::cast<std::tuple<int64_t, int64_t>>(v);
+  return {std::get<0>(t), std::get<1>(t)};
+}
+
+template <typename T>
+T opt(const nb::dict& opts, const char* key, T dflt) {
+  return opts.contains(key) ? nb::cast<T>(opts[key]) : dflt;
+}
+
+gpuq::Conv2dOptions conv2d_options(const nb::dict& o) {
+  gpuq::Conv2dOptions c;
+  c.stride = pair(o, "stride", c.stride);
+  c.pad = pair(o, "padding", c.pad);
+  c.dilation = pair(o, "dilation", c.dilation);
+  c.groups = opt<int64_t>(o, "groups", c.groups);
+  c.relu = opt<bool>(o, "relu", c.relu);
+  return c;
+}
+
+gpuq::Pool2dOptions pool2d_options(const nb::dict& o) {
+  gpuq::Pool2dOptions p;
+  const std::string mode = opt<std::string>(o, "mode", "max");
+  if (mode == "max") {
+    p.mode = gpuq::PoolMode::kMax;
+  } else if (mode == "avg") {
+    p.mode = gpuq::PoolMode::kAvg;
+  } else {
+    raise_error(gpuq::Error(gpuq::ErrorCode::kInvalidArgument,
+                            "pool2d: mode: '" + mode + "' is not max or avg"));
+  }
+  p.window = pair(o, "window", p.window);
+  if (o.contains("stride") && !o["stride"].is_none()) p.stride = pair(o, "stride", p.window);
+  p.pad = pair(o, "padding", p.pad);
+  p.count_pad = opt<bool>(o, "count_pad", p.count_pad);
+  return p;
+}
+
+gpuq::GemmOptions gemm_options(const nb::dict& o) {
+  gpuq::GemmOptions g;
+  g.trans_a = opt<bool>(o, "trans_a", g.trans_a);
+  g.trans_b = opt<bool>(o, "trans_b", g.trans_b);
+  g.alpha = opt<double>(o, "alpha", g.alpha);
+  g.beta = opt<double>(o, "beta", g.beta);
+  return g;
+}
+
+gpuq::ActivationMode activation_mode(const nb::dict& o) {
+  const std::string mode = opt<std::string>(o, "mode", "relu");
+  if (mode == "relu") return gpuq::ActivationMode::kRelu;
+  if (mode == "sigmoid") return gpuq::ActivationMode::kSigmoid;
+  if (mode == "tanh") return gpuq::ActivationMode::kTanh;
+  raise_error(gpuq::Error(gpuq::ErrorCode::kInvalidArgument,
+                          "activation: mode: '" + mode + "' is not relu, sigmoid or tanh"));
+}
+
+using Operand = std::optional<std::tuple<uint64_t, gpuq::Shape>>;  // (offset, shape) or None
+
+class Connection {
+ public:
+  static std::unique_ptr<Connection> connect(const std::string& runtime_dir,
+                                             uint64_t segment_bytes, const std::string& name,
+                                             int64_t spin_ns) {
+    gpuq::ConnectOptions o;
+    o.runtime_dir = runtime_dir;
+    o.segment_bytes = segment_bytes;
+    o.name = name;
+    o.spin = ns(spin_ns);
+    gpuq::Result<gpuq::Client> c = gpuq::Error(gpuq::ErrorCode::kInternal, "not connected");
+    {
+      nb::gil_scoped_release unlocked;
+      c = gpuq::Client::connect(o);
+    }
+    return std::make_unique<Connection>(std::make_shared<gpuq::Client>(take(std::move(c))));
+  }
+
+  explicit Connection(std::shared_ptr<gpuq::Client> c) : client_(std::move(c)) {}
+
+  gpuq::Client& client() const {
+    if (!client_) {
+      raise_error(gpuq::Error(gpuq::ErrorCode::kDisconnected, "this client is closed"));
+    }
+    return *client_;
+  }
+
+  // A 1-D uint8 array over `size` new bytes of the segment; its base owns them.
+  nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> allocate(uint64_t size) {
+    gpuq::Buffer b = take(client().allocate(size));
+    auto* block = new Block(client_, b);
+    nb::object owner = nb::cast(block, nb::rv_policy::take_ownership);
+    const size_t shape[1] = {static_cast<size_t>(size)};
+    return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(b.ptr, 1, shape, owner);
+  }
+
+  Job* submit(const std::string& op, uint64_t in_off, uint64_t in_len, uint64_t out_off,
+              uint64_t out_len, const std::string& pool, const nb::list& params,
+              int64_t expire_ns, bool retryable, int64_t timeout_ns, bool try_only) {
+    gpuq::Client& c = client();
+    gpuq::JobSpec spec;
+    spec.op = op;
+    spec.pool = pool;
+    std::byte* arena = c.arena();
+    if (in_len != 0) spec.input = gpuq::Buffer{in_off, in_len, arena + in_off};
+    if (out_len != 0) spec.output = gpuq::Buffer{out_off, out_len, arena + out_off};
+    spec.params = to_params(params);
+    spec.expire_after = ns(expire_ns);
+    spec.retryable = retryable;
+    return run(c, spec, timeout_ns, try_only);
+  }
+
+  Job* tensor(const std::string& op, const std::vector<Operand>& operands,
+              const std::tuple<uint64_t, gpuq::Shape>& y, const std::string& dtype_name,
+              const nb::dict& opts, const std::string& pool, int64_t expire_ns, bool retryable,
+              int64_t timeout_ns, bool try_only) {
+    gpuq::Client& c = client();
+    const gpuq::DType dtype = to_dtype(dtype_name);
+    auto tensor_of = [&](const Operand& o) -> std::optional<gpuq::Tensor> {
+      if (!o) return std::nullopt;
+      const auto& [off, shape] = *o;
+      const uint64_t bytes = gpuq::shape_bytes(shape, dtype);
+      return take(gpuq::Tensor::make(gpuq::Buffer{off, bytes, c.arena() + off}, shape, dtype));
+    };
+    std::vector<std::optional<gpuq::Tensor>> t;
+    t.reserve(operands.size());
+    for (const Operand& o : operands) t.push_back(tensor_of(o));
+    const gpuq::Tensor out = *tensor_of(y);
+    auto need = [&](size_t i) -> const gpuq::Tensor& {
+      if (i >= t.size() || !t[i]) {
+        raise_error(gpuq::Error(gpuq::ErrorCode::kInvalidArgument,
+                                op + ": operand " + std::to_string(i) + " is missing"));
+      }
+      return *t[i];
+    };
+    auto maybe = [&](size_t i) { return i < t.size() ? t[i] : std::nullopt; };
+    gpuq::Result<gpuq::JobSpec> spec = gpuq::Error(gpuq::ErrorCode::kUnknownOp, op);
+    if (op == "conv2d") {
+      spec = gpuq::conv2d_job(need(0), need(1), maybe(2), out, conv2d_options(opts));
+    } else if (op == "activation") {
+      spec = gpuq::activation_job(need(0), out, activation_mode(opts));
+    } else if (op == "softmax") {
+      gpuq::SoftmaxOptions s;
+      s.log = opt<bool>(opts, "log", false);
+      spec = gpuq::softmax_job(need(0), out, s);
+    } else if (op == "pool2d") {
+      spec = gpuq::pool2d_job(need(0), out, pool2d_options(opts));
+    } else if (op == "batchnorm") {
+      gpuq::BatchNormOptions b;
+      b.eps = opt<double>(opts, "eps", b.eps);
+      b.relu = opt<bool>(opts, "relu", b.relu);
+      spec = gpuq::batchnorm_job(need(0), need(1), need(2), need(3), need(4), out, b);
+    } else if (op == "gemm") {
+      spec = gpuq::gemm_job(need(0), need(1), maybe(2), out, gemm_options(opts));
+    }
+    gpuq::JobSpec s = take(std::move(spec));
+    s.pool = pool;
+    s.expire_after = ns(expire_ns);
+    s.retryable = retryable;
+    return run(c, s, timeout_ns, try_only);
+  }
+
+  std::vector<std::tuple<std::string, std::string, uint32_t, uint32_t, bool, std::string,
+                         std::string>>
+  pools() const {
+    std::vector<std::tuple<std::string, std::string, uint32_t, uint32_t, bool, std::string,
+                           std::string>>
+        out;
+    for (const gpuq::PoolInfo& p : client().pools()) {
+      out.emplace_back(p.name, p.kind, p.capacity, p.client_share, p.available,
+                       p.unavailable_reason, p.runs_on);
+    }
+    return out;
+  }
+
+  std::vector<std::string> ops() const { return client().ops(); }
+  uint64_t segment_bytes() const { return client().segment_bytes(); }
+  uint32_t slot_count() const { return client().slot_count(); }
+  uint64_t epoch() const { return client().daemon_epoch(); }
+  uintptr_t arena_address() const { return reinterpret_cast<uintptr_t>(client().arena()); }
+  uint64_t arena_bytes() const { return client().arena_bytes(); }
+  bool closed() const { return !client_; }
+  // Drops this handle's reference: the connection ends once the arrays and jobs that still
+  // use it are gone too (their memory stays valid until then).
+  void close() { client_.reset(); }
+
+ private:
+  static Job* run(gpuq::Client& c, const gpuq::JobSpec& spec, int64_t timeout_ns, bool try_only) {
+    // try_submit never blocks: with room in the ring (the common case) the GIL stays held.
+    gpuq::Result<gpuq::Job> job = c.try_submit(spec);
+    if (!job && job.error().code() == gpuq::ErrorCode::kQueueFull && !try_only) {
+      nb::gil_scoped_release unlocked;
+      job = c.submit(spec, ns(timeout_ns));
+    }
+    return new Job(take(std::move(job)));
+  }
+
+  std::shared_ptr<gpuq::Client> client_;
+};
+
+std::vector<int64_t> shape_or_raise(gpuq::Result<gpuq::Shape>&& s) {
+  return take(std::move(s));
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+  // Objects alive when the interpreter exits (a module-level client, its arrays) are normal.
+  nb::set_leak_warnings(false);
+  m.doc() = "gpuq's native binding of libgpuq; use the gpuq package, not this module.";
+
+  m.def(
+      "set_error_factory",
+      [](nb::object f) {
+        Py_XDECREF(g_error_factory);
+        g_error_factory = f.release().ptr();
+      },
+      "factory"_a, "Registers (code, message) -> exception used for every gpuq error.");
+
+  nb::class_<Block>(m, "Block", "An allocation in a client's payload segment (array base).");
+
+  nb::class_<Job>(m, "Job", "A submitted job (gpuq::Job).")
+      .def("wait", &Job::wait, "timeout_ns"_a,
+           "Waits for the result (GIL released); None if timeout_ns passed first.")
+      .def("poll", &Job::poll, "The job's status as an int (gpuq::JobStatus), lock-free.")
+      .def("cancel", &Job::cancel, "Cancels the job (gpuq::Job::cancel).");
+
+  nb::class_<Connection>(m, "Connection", "One connection to the daemon (gpuq::Client).")
+      .def_static("connect", &Connection::connect, "runtime_dir"_a, "segment_bytes"_a, "name"_a,
+                  "spin_ns"_a, "Connects (GIL released).")
+      .def("allocate", &Connection::allocate, "size"_a,
+           "A uint8 array over new bytes of the segment.")
+      .def("submit", &Connection::submit, "op"_a, "in_off"_a, "in_len"_a, "out_off"_a,
+           "out_len"_a, "pool"_a, "params"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a,
+           "try_only"_a, nb::rv_policy::take_ownership, "Submits a job (GIL released).")
+      .def("tensor", &Connection::tensor, "op"_a, "operands"_a, "y"_a, "dtype"_a, "opts"_a,
+           "pool"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a, "try_only"_a,
+           nb::rv_policy::take_ownership, "Submits a tensor op (GIL released).")
+      .def("pools", &Connection::pools,
+           "(name, kind, capacity, client_share, available, reason, runs_on) per pool.")
+      .def("ops", &Connection::ops, "The op names the daemon serves.")
+      .def_prop_ro("segment_bytes", &Connection::segment_bytes)
+      .def_prop_ro("slot_count", &Connection::slot_count)
+      .def_prop_ro("epoch", &Connection::epoch)
+      .def_prop_ro("arena_address", &Connection::arena_address)
+      .def_prop_ro("arena_bytes", &Connection::arena_bytes)
+      .def_prop_ro("closed", &Connection::closed)
+      .def("close", &Connection::close, "Drops this handle's reference to the connection.");
+
+  m.def(
+      "status_json",
+      [](const std::string& runtime_dir) {
+        gpuq::Result<std::string> r = gpuq::Error(gpuq::ErrorCode::kInternal, "");
+        {
+          nb::gil_scoped_release unlocked;
+          r = gpuq::daemon_status_json(runtime_dir);
+        }
+        return take(std::move(r));
+      },
+      "runtime_dir"_a, "The daemon's status document (JSON text).");
+  m.def(
+      "stop",
+      [](const std::string& runtime_dir) {
+        gpuq::Result<void> r;
+        {
+          nb::gil_scoped_release unlocked;
+          r = gpuq::daemon_stop(runtime_dir);
+        }
+        check(r);
+      },
+      "runtime_dir"_a, "Asks the daemon to drain and exit.");
+  m.def(
+      "cpp_noop_round_trips",
+      [](Connection& c, uint32_t n) {
+        // The C++ client's own loop, for bench/python: n no-op round trips (submit, then wait
+        // for the result) on this connection, each timed alone; nanoseconds, in order.
+        std::vector<uint64_t> ns_each(n);
+        gpuq::Client& client = c.client();
+        gpuq::JobSpec spec;
+        spec.op = "noop";
+        nb::gil_scoped_release unlocked;
+        for (uint32_t i = 0; i < n; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto job = client.submit(spec);
+          if (!job) break;
+          if (!job->wait()) break;
+          const auto t1 = std::chrono::steady_clock::now();
+          ns_each[i] = static_cast<uint64_t>(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+        }
+        return ns_each;
+      },
+      "connection"_a, "n"_a, "Benchmark helper: n timed C++ no-op round trips.");
+  m.def("default_runtime_dir", &gpuq::default_runtime_dir);
+  m.def("version", [] { return std::string(gpuq::version()); });
+  m.def(
+      "conv2d_shape",
+      [](const gpuq::Shape& x, const gpuq::Shape& w, const nb::dict& opts) {
+        return shape_or_raise(gpuq::conv2d_result_shape(x, w, conv2d_options(opts)));
+      },
+      "x"_a, "w"_a, "opts"_a);
+  m.def(
+      "pool2d_shape",
+      [](const gpuq::Shape& x, const nb::dict& opts) {
+        return shape_or_raise(gpuq::pool2d_result_shape(x, pool2d_options(opts)));
+      },
+      "x"_a, "opts"_a);
+  m.def(
+      "gemm_shape",
+      [](const gpuq::Shape& a, const gpuq::Shape& b, const nb::dict& opts) {
+        return shape_or_raise(gpuq::gemm_result_shape(a, b, gemm_options(opts)));
+      },
+      "a"_a, "b"_a, "opts"_a);
+}
