@@ -54,9 +54,9 @@ class JobInfo:
 
 class _Waiters(list):
     """The future's ``_waiters`` list: concurrent.futures.wait() and as_completed() append
-    their waiter to it, which must start the watching, or, when the future finished between
-    their look at its state and the append, tell the waiter at once. Holds its future weakly,
-    so that a future is freed (and its job slot with it) by reference counting alone."""
+    their waiter to it (holding the future's condition, which its end also takes), and that
+    must start the watching. Holds its future weakly, so that a future is freed (and its job
+    slot with it) by reference counting alone."""
 
     __slots__ = ("_future",)
 
@@ -65,16 +65,10 @@ class _Waiters(list):
         self._future = weakref.ref(future)
 
     def append(self, waiter: Any) -> None:
+        super().append(waiter)
         f = self._future()
-        with _finish_lock:
-            super().append(waiter)
-            pending = f is not None and f._state == _PENDING
-        if f is None:
-            return
-        if pending:
+        if f is not None and f._state == _PENDING:
             f._watch()
-        else:
-            f._tell(waiter)
 
 
 # Guards each future's one PENDING -> finished transition and its lists of waiters and
@@ -172,25 +166,39 @@ class Future(concurrent.futures.Future):
 
     def _end(self, state: str, result: Any, exc: Optional[BaseException],
              t: Optional[Tuple[int, int, str, int, int, int, int, int]]) -> None:
-        with _finish_lock:
-            if self._state != _PENDING:
-                return
-            self._result = result
-            self._exception = exc
-            self._t = t
-            self._state = state
-            self._job = None  # frees the job's slot in the client
-            self._keep = None
-            cond = self._cond
-            waiters = list(self._w) if self._w else None
-            callbacks = self._done_callbacks
-            self._done_callbacks = None
-        if cond is not None:
-            with cond:
-                cond.notify_all()
-        if waiters:
-            for w in waiters:
-                self._tell(w)
+        # The end happens under the future's condition when it has one, as in
+        # concurrent.futures: wait() and as_completed() look at the state and add their waiter
+        # under it, so a waiter is told of an end exactly when it saw the future pending.
+        cond = self._cond
+        while True:
+            if cond is not None:
+                cond.acquire()
+            try:
+                with _finish_lock:
+                    made = self._cond
+                    if made is cond:
+                        if self._state != _PENDING:
+                            return
+                        self._result = result
+                        self._exception = exc
+                        self._t = t
+                        self._state = state
+                        self._job = None  # frees the job's slot in the client
+                        self._keep = None
+                        waiters = list(self._w) if self._w else None
+                        callbacks = self._done_callbacks
+                        self._done_callbacks = None
+                if made is cond:
+                    if waiters:
+                        for w in waiters:
+                            self._tell(w)
+                    if cond is not None:
+                        cond.notify_all()
+                    break
+            finally:
+                if cond is not None:
+                    cond.release()
+            cond = made  # made meanwhile (once at most): take it and try again
         if callbacks:
             for fn in callbacks:
                 self._call(fn)

@@ -1,0 +1,117 @@
+"""A private gpuq daemon for tests and benchmarks: ``with gpuq.testing.Daemon() as d:``.
+
+Starts ``gpuqd`` (from ``gpuqd=``, else ``$GPUQ_GPUQD``, else ``gpuqd`` on ``PATH``) in the
+foreground with a temporary runtime directory and, when ``config`` is given, that config (a
+dict, written as JSON), waits until it answers ``status``, and stops it (drain, then SIGKILL
+after ``stop_timeout``) at the end. ``d.runtime_dir`` is what clients connect to:
+``gpuq.connect(d.runtime_dir)``, or ``d.env()`` for child processes (``GPUQ_RUNTIME_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Any, Dict, Optional
+
+from . import _errors, _native
+
+__all__ = ["Daemon", "find_gpuqd"]
+
+
+def find_gpuqd(gpuqd: Optional[str] = None) -> str:
+    """The gpuqd binary: ``gpuqd``, else ``$GPUQ_GPUQD``, else ``gpuqd`` on ``PATH``."""
+    path = gpuqd or os.environ.get("GPUQ_GPUQD") or shutil.which("gpuqd")
+    if not path or not os.access(path, os.X_OK):
+        raise FileNotFoundError(
+            f"gpuqd not found (given {gpuqd!r}, $GPUQ_GPUQD={os.environ.get('GPUQ_GPUQD')!r}, "
+            "and none on PATH); build it (cmake --build build --target gpuqd gpuq-worker) and "
+            "set GPUQ_GPUQD=build/daemon/gpuqd")
+    return path
+
+
+class Daemon:
+    """A gpuqd process of this test's own (see the module's docstring)."""
+
+    def __init__(self, config: Optional[Dict[str, Any]] = None, gpuqd: Optional[str] = None,
+                 start_timeout: float = 60.0, stop_timeout: float = 30.0) -> None:
+        self.gpuqd = find_gpuqd(gpuqd)
+        self.config = config
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        # A short path: the socket's must fit in sockaddr_un (108 bytes).
+        self.tmp = tempfile.mkdtemp(prefix="gpuq-py.", dir="/tmp")
+        self.runtime_dir = os.path.join(self.tmp, "run")
+        self.log_path = os.path.join(self.tmp, "gpuqd.log")
+        self.proc: Optional[subprocess.Popen] = None
+
+    def env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """An environment whose clients reach this daemon (``GPUQ_RUNTIME_DIR``)."""
+        e = dict(os.environ if base is None else base)
+        e["GPUQ_RUNTIME_DIR"] = self.runtime_dir
+        return e
+
+    def start(self) -> "Daemon":
+        args = [self.gpuqd, "--runtime-dir", self.runtime_dir]
+        if self.config is not None:
+            path = os.path.join(self.tmp, "gpuqd.json")
+            with open(path, "w") as f:
+                json.dump(self.config, f)
+            args += ["--config", path]
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gpuqd exited with status {self.proc.returncode} before it "
+                                   f"answered; its log:\n{self.log()}")
+            try:
+                doc = json.loads(_native.status_json(self.runtime_dir))
+                # Every worker up (a gpu pool without a GPU stays "unavailable").
+                if doc.get("ready") and all(p.get("status") in ("ready", "unavailable")
+                                            for p in doc.get("pools", [])):
+                    return self
+            except _errors.Error:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"gpuqd did not become ready within {self.start_timeout} s; "
+                                   f"its log:\n{self.log()}")
+            time.sleep(0.02)
+
+    def status(self) -> Dict[str, Any]:
+        return json.loads(_native.status_json(self.runtime_dir))
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def stop(self) -> Optional[int]:
+        """Stops the daemon (SIGTERM: drain; SIGKILL after stop_timeout); its exit status."""
+        p, self.proc = self.proc, None
+        rc = None
+        if p is not None:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(self.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            rc = p.returncode
+        return rc
+
+    def __enter__(self) -> "Daemon":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)

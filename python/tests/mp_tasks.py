@@ -1,0 +1,22 @@
+"""Functions that pool children run (a module of its own, so spawn children can import it)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+import gpuq
+
+
+def echo_task(i: int) -> tuple:
+    """In any child: jobs through the module's default client; returns what the worker wrote."""
+    x = np.full(1000, i, dtype=np.int64)
+    out = gpuq.empty(1000, np.int64)
+    gpuq.submit("echo", x, out=out).result(30)
+    assert gpuq.submit("sleep", us=100).result(30) == 100
+    return os.getpid(), int(out.sum())
+
+
+def checksum_of(a: np.ndarray) -> int:
+    return gpuq.submit("checksum", a).result(30)

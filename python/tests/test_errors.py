@@ -1,0 +1,128 @@
+"""Every gpuq error class, raised where it should be."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import gpuq
+import gpuq.testing
+from gpuq import _errors
+
+CODES = {
+    "InvalidArgument": 1, "UnknownOp": 2, "UnknownPool": 3, "QueueFull": 4, "Timeout": 5,
+    "Cancelled": 6, "Expired": 7, "WorkerDied": 8, "Disconnected": 9, "ProtocolMismatch": 10,
+    "PermissionDenied": 11, "OutOfMemory": 12, "NotFound": 13, "ShuttingDown": 14,
+    "ForkedClient": 15, "NoDevice": 16, "Internal": 17, "SystemError": 18,
+    "NotCancellable": 19, "TooManyClients": 20, "OpFailed": 21,
+}
+
+
+def test_one_class_per_error_code():
+    for name, code in CODES.items():
+        cls = getattr(gpuq, name)
+        assert issubclass(cls, gpuq.Error) and cls.code == code and cls.code_name == name
+        e = _errors.error_for(code, "the daemon's words")
+        assert type(e) is cls and str(e) == "the daemon's words" and e.message == str(e)
+    assert type(_errors.error_for(999, "x")) is gpuq.Error
+    assert issubclass(gpuq.InvalidArgument, ValueError)
+    assert issubclass(gpuq.Timeout, TimeoutError)
+    assert issubclass(gpuq.OutOfMemory, MemoryError)
+
+
+def test_unknown_op_and_pool(client):
+    with pytest.raises(gpuq.UnknownOp, match="'nope' is not registered"):
+        client.submit("nope")
+    with pytest.raises(gpuq.UnknownPool, match="gpu7"):
+        client.submit("noop", pool="gpu7")
+
+
+def test_invalid_argument(client):
+    with pytest.raises(gpuq.InvalidArgument, match="param us: must be an int, float or str"):
+        client.submit("sleep", us=[1])
+    with pytest.raises(gpuq.InvalidArgument, match="timeout"):
+        client.submit("noop", timeout=-1)
+    with pytest.raises(gpuq.InvalidArgument, match="takes one input"):
+        client.submit("echo", b"a", b"b")
+    # Checked by the worker: the job fails with the worker's message.
+    with pytest.raises(gpuq.InvalidArgument, match="us"):
+        client.submit("sleep", us=-5).result(10)
+    with pytest.raises(gpuq.InvalidArgument, match="output buffer"):
+        client.submit("echo", b"0123456789", out=client.empty(4, np.uint8)).result(10)
+
+
+def busy_worker_pid(daemon, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for w in daemon.status()["pools"][0]["workers"]:
+            if w["busy"]:
+                return w["pid"]
+        time.sleep(0.01)
+    raise AssertionError("no worker became busy")
+
+
+def test_worker_died(client, daemon):
+    f = client.submit("sleep", us=5_000_000)
+    os.kill(busy_worker_pid(daemon), signal.SIGKILL)
+    with pytest.raises(gpuq.WorkerDied):
+        f.result(30)
+    # The worker comes back, and the daemon serves on.
+    assert client.submit("noop").result(30) == 0
+
+
+def test_forked_client_job_in_child(client):
+    f = client.submit("sleep", us=200_000)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's job is not its own
+        code = 1
+        try:
+            f.result(10)
+        except gpuq.ForkedClient:
+            code = 0
+        except BaseException:  # noqa: BLE001
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert f.result(10) == 200_000  # the parent's job is untouched
+
+
+def test_no_device():
+    config = {"pools": [{"name": "cpu", "kind": "cpu", "workers": 1},
+                        {"name": "gpu", "kind": "gpu", "gpus": [0]}]}
+    with gpuq.testing.Daemon(config) as d, gpuq.connect(d.runtime_dir) as c:
+        gpu = [p for p in c.pools if p["name"] == "gpu"][0]
+        if gpu["available"]:
+            pytest.skip("this machine has a GPU")
+        with pytest.raises(gpuq.NoDevice, match="gpu"):
+            c.submit("noop", pool="gpu")
+
+
+def test_too_many_clients():
+    with gpuq.testing.Daemon({"max_clients": 1, "pools": [{"name": "cpu", "workers": 1}]}) as d:
+        with gpuq.connect(d.runtime_dir):
+            with pytest.raises(gpuq.TooManyClients):
+                gpuq.connect(d.runtime_dir)
+
+
+def test_shutting_down_and_disconnected():
+    with gpuq.testing.Daemon({"pools": [{"name": "cpu", "workers": 1}]}) as d:
+        c = gpuq.connect(d.runtime_dir)
+        running = c.submit("sleep", us=1_000_000)
+        busy_worker_pid(d)
+        d.proc.send_signal(signal.SIGTERM)  # drain: the running job finishes, no new ones
+        deadline = time.monotonic() + 10
+        with pytest.raises(gpuq.ShuttingDown):
+            while time.monotonic() < deadline:
+                c.submit("noop").result(10)
+                time.sleep(0.01)
+        assert running.result(30) == 1_000_000
+        assert d.proc.wait(30) == 0
+        with pytest.raises(gpuq.Disconnected):
+            c.submit("noop").result(10)
+        with pytest.raises(gpuq.Disconnected):
+            gpuq.connect(d.runtime_dir)

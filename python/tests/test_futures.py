@@ -1,0 +1,149 @@
+"""gpuq.Future with concurrent.futures and asyncio; backpressure, timeouts, expiry, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import threading
+import time
+
+import pytest
+
+import gpuq
+
+LONG_US = 400_000  # a sleep job that keeps a worker busy long enough to fill the queue
+
+
+def test_future_is_a_concurrent_future(client):
+    f = client.submit("sleep", us=1000)
+    assert isinstance(f, cf.Future)
+    assert f.result(10) == 1000 and f.done() and not f.cancelled() and not f.running()
+
+
+def test_wait_and_as_completed(client):
+    fs = [client.submit("sleep", us=us) for us in (30_000, 1_000, 20_000, 2_000)]
+    done, pending = cf.wait(fs, timeout=30, return_when=cf.FIRST_COMPLETED)
+    assert done and all(f.done() for f in done)
+    done, pending = cf.wait(fs, timeout=30)
+    assert len(done) == 4 and not pending
+    fs = [client.submit("sleep", us=us) for us in (40_000, 1_000, 20_000)]
+    order = [f.result() for f in cf.as_completed(fs, timeout=30)]
+    assert sorted(order) == [1_000, 20_000, 40_000]
+    assert order[0] == 1_000
+
+
+def test_as_completed_with_finished_futures(client):
+    fs = [client.submit("noop") for _ in range(10)]
+    fs[0].result(10)
+    assert len(list(cf.as_completed(fs, timeout=30))) == 10
+
+
+def test_add_done_callback(client):
+    seen = []
+    ev = threading.Event()
+    f = client.submit("sleep", us=5000)
+    f.add_done_callback(lambda fut: (seen.append(fut.result()), ev.set()))
+    assert ev.wait(10) and seen == [5000]
+    # On a finished future the callback runs at once, in this thread.
+    f.add_done_callback(lambda fut: seen.append("again"))
+    assert seen == [5000, "again"]
+
+
+def test_asyncio(client):
+    async def main():
+        one = await client.submit("sleep", us=2000)
+        many = await asyncio.gather(*[client.submit("sleep", us=100 * i) for i in range(50)])
+        return one, many
+
+    threads_before = threading.active_count()
+    one, many = asyncio.run(main())
+    assert one == 2000 and many == [100 * i for i in range(50)]
+    # One watcher thread for the connection, not one per job.
+    assert threading.active_count() <= threads_before + 1
+
+
+def test_asyncio_wait_for_timeout(client):
+    async def main():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.ensure_future(client.submit("sleep", us=LONG_US)), 0.05)
+
+    asyncio.run(main())
+
+
+def test_result_timeout_leaves_job_running(client):
+    f = client.submit("sleep", us=200_000)
+    with pytest.raises(cf.TimeoutError):
+        f.result(timeout=0.01)
+    assert f.result(10) == 200_000
+
+
+def fill(client, n_long=2, queued=8):
+    """Both workers busy with long sleeps and the ring (4 x 2 cells) full of queued jobs."""
+    busy = [client.submit("sleep", us=LONG_US) for _ in range(n_long)]
+    time.sleep(0.05)
+    waiting = [client.submit("sleep", us=1) for _ in range(queued)]
+    return busy, waiting
+
+
+def test_queue_full_and_blocked_submit_resumes(client):
+    busy, waiting = fill(client)
+    with pytest.raises(gpuq.QueueFull):
+        client.try_submit("noop")
+    with pytest.raises(gpuq.Timeout):
+        client.submit("noop", timeout=0.05)
+    got = []
+    t = threading.Thread(target=lambda: got.append(client.submit("noop").result(30)))
+    t0 = time.monotonic()
+    t.start()
+    t.join(30)
+    assert got == [0]
+    assert time.monotonic() - t0 > 0.1  # it waited for room (the long sleeps to end)
+    for f in busy + waiting:
+        f.result(30)
+
+
+def test_expire_after(client):
+    busy = [client.submit("sleep", us=LONG_US) for _ in range(2)]
+    time.sleep(0.05)
+    f = client.submit("noop", expire_after=0.02)
+    with pytest.raises(gpuq.Expired):
+        f.result(30)
+    assert f.info.status == "expired"
+    for b in busy:
+        b.result(30)
+
+
+def test_cancel_queued_and_running(client):
+    busy = [client.submit("sleep", us=LONG_US) for _ in range(2)]
+    time.sleep(0.05)
+    queued = client.submit("sleep", us=1)
+    assert queued.cancel() is True
+    assert queued.cancelled() and queued.done()
+    with pytest.raises(gpuq.Cancelled):
+        queued.result()
+    with pytest.raises(cf.CancelledError):
+        queued.result()
+    # A running job: asked to stop; its end (Cancelled, the sleep op looks at its flag) comes later.
+    assert busy[0].cancel() is False
+    with pytest.raises(gpuq.Cancelled):
+        busy[0].result(10)
+    busy[1].result(30)
+    assert busy[1].cancel() is False  # finished
+
+
+def test_many_threads_share_a_client(client):
+    errors = []
+
+    def work():
+        try:
+            for _ in range(200):
+                assert client.submit("noop").result(30) == 0
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=work) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors
