@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # gpuq's run command (README): installs what is missing (scripts/setup.sh), builds gpuqd, its
 # workers, gpuqctl and the demo client (Release, in build/), starts the daemon with its built-in
-# defaults (no config file) in a private runtime directory, runs the demo client, shows the
-# daemon's status, stops the daemon and checks that it exited cleanly.
+# defaults (no config file) in a private runtime directory, runs the demo client, installs the
+# Python client into a new venv (build/python-venv: pip install ./python, from PyPI nanobind,
+# scikit-build-core and numpy) and runs examples/python/quickstart.py, shows the daemon's
+# status, stops the daemon and checks that it exited cleanly.
 #
 #   bash scripts/demo.sh
 #
@@ -12,6 +14,8 @@
 #                            create their CUDA contexts before the daemon is ready)
 #   GPUQ_DEMO_STOP_TIMEOUT   seconds to wait for the daemon to drain and exit (default 60)
 #   GPUQ_BUILD_JOBS          parallel compile jobs (default: nproc)
+#   GPUQ_DEMO_PYTHON         the interpreter of the Python client's venv (default /usr/bin/python3,
+#                            else python3 on PATH); "none" skips the Python part
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -124,6 +128,19 @@ echo "gpuqd is up (pid ${daemon_pid})"
 # ---- use it ------------------------------------------------------------------------------------
 step "gpuq_demo --jobs ${JOBS}"
 "${DEMO}" --runtime-dir "${runtime_dir}" --jobs "${JOBS}"
+
+python="${GPUQ_DEMO_PYTHON:-}"
+if [[ -z "${python}" ]]; then
+  if [[ -x /usr/bin/python3 ]]; then python=/usr/bin/python3; else python=python3; fi
+fi
+if [[ "${python}" != none ]]; then
+  step "the Python client: pip install ./python into build/python-venv, then examples/python/quickstart.py"
+  venv="${ROOT}/build/python-venv"
+  [[ -x "${venv}/bin/python" ]] || "${python}" -m venv "${venv}"
+  CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    "${venv}/bin/python" -m pip install -q "${ROOT}/python"
+  GPUQ_RUNTIME_DIR="${runtime_dir}" "${venv}/bin/python" "${ROOT}/examples/python/quickstart.py"
+fi
 
 step "gpuqctl status"
 "${ctl[@]}" status

@@ -34,6 +34,8 @@ gpuq_setup_packages=(
   clang-tidy           # scripts/test.sh tidy stage (scripts/tidy.py, .clang-tidy)
   libclang-rt-14-dev   # clang's sanitizer and libFuzzer runtimes
   python3              # test helpers, scripts/test.sh result summary
+  python3-venv         # the Python client's venvs (scripts/demo.sh, test.sh stage python)
+  python3-dev          # Python.h for the Python client's native module (pip install ./python)
   git                  # scripts/test.sh lists the tracked sources with git ls-files
   mmdebstrap           # scripts/test.sh fresh stage: a clean Debian 12 root (scripts/fresh.sh)
 )

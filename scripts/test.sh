@@ -16,6 +16,11 @@
 #   package install build/ into a temporary prefix and build and run examples/consumer against it
 #           (CMake and pkg-config); build the .deb (cpack), dpkg -i it, run the installed
 #           daemon, dpkg -r and -P it (as root; skipped otherwise). tests/package/, docs/service.md
+#   python  the Python client: a venv in build-python/venv (the system python3 -m venv),
+#           `pip install ./python[test]` into it (pip's own isolated build, nanobind and
+#           scikit-build-core from PyPI), then pytest python/tests against the daemon of build/
+#           (gpuqd and gpuq-worker built here if the build stage did not run); the tests also run
+#           every script of examples/python. docs/python.md
 #   asan    ASan+UBSan build in build-asan/, ctest labels unit|stress|integration
 #   tsan    TSan build in build-tsan/, ctest labels unit|stress|integration
 #   fuzz    clang libFuzzer build (ASan+UBSan) in build-fuzz/; runs each fuzz target of tests/fuzz
@@ -30,13 +35,16 @@
 #
 # Environment:
 #   GPUQ_TEST_STAGES   stages to run, in this order (default "format fresh build tidy package
-#                      asan tsan fuzz");
+#                      python asan tsan fuzz");
 #                      "sanitize" stands for "asan tsan", "all" for the default list
 #   GPUQ_BUILD_JOBS    parallel compile jobs (default: nproc)
 #   GPUQ_CTEST_JOBS    parallel tests (default: nproc)
 #   GPUQ_CTEST_TIMEOUT per-test limit in seconds for tests that set none (default 900)
 #   GPUQ_CTEST_ARGS    extra ctest arguments for every stage, e.g. "-R ring"
 #   GPUQ_FUZZ_SECONDS  how long the fuzz stage runs each fuzz target (default 60)
+#   GPUQ_PYTHON        the interpreter the python stage makes its venv with (default
+#                      /usr/bin/python3, else python3 on PATH)
+#   GPUQ_PYTEST_ARGS   extra pytest arguments for the python stage, e.g. "-k fork"
 #   GPUQ_FRESH_*       the fresh stage's settings (scripts/fresh.sh's header)
 #   CXX / CC           compilers, as CMake reads them (a build dir keeps its first choice)
 #   ASAN_OPTIONS, UBSAN_OPTIONS, TSAN_OPTIONS  appended to this script's defaults (later wins)
@@ -52,7 +60,7 @@ readonly BUILD_JOBS="${GPUQ_BUILD_JOBS:-$(nproc)}"
 readonly CTEST_JOBS="${GPUQ_CTEST_JOBS:-$(nproc)}"
 readonly CTEST_TIMEOUT="${GPUQ_CTEST_TIMEOUT:-900}"
 readonly SANITIZER_LABELS='^(unit|stress|integration)$'
-readonly DEFAULT_STAGES=(format fresh build tidy package asan tsan fuzz)
+readonly DEFAULT_STAGES=(format fresh build tidy package python asan tsan fuzz)
 
 # ---- stage selection ---------------------------------------------------------------------------
 stages=()
@@ -60,9 +68,9 @@ for s in ${GPUQ_TEST_STAGES:-${DEFAULT_STAGES[*]}}; do
   case "${s}" in
     all) stages+=("${DEFAULT_STAGES[@]}") ;;
     sanitize) stages+=(asan tsan) ;;
-    format | fresh | build | tidy | package | asan | tsan | fuzz | tidy-all) stages+=("${s}") ;;
+    format | fresh | build | tidy | package | python | asan | tsan | fuzz | tidy-all) stages+=("${s}") ;;
     *)
-      echo "test.sh: unknown stage '${s}' (known: format fresh build tidy package asan tsan fuzz tidy-all sanitize all)" >&2
+      echo "test.sh: unknown stage '${s}' (known: format fresh build tidy package python asan tsan fuzz tidy-all sanitize all)" >&2
       exit 2
       ;;
   esac
@@ -148,10 +156,13 @@ count_results() {
   local counts
   counts=$(python3 - "$1" <<'EOF'
 import sys, xml.etree.ElementTree as ET
-s = ET.parse(sys.argv[1]).getroot()
-n = lambda k: int(s.get(k, "0") or 0)
+root = ET.parse(sys.argv[1]).getroot()
+# ctest's root is the <testsuite>; pytest's is <testsuites> around one or more of them.
+suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+n = lambda k: sum(int(s.get(k, "0") or 0) for s in suites)
 skipped = n("skipped") + n("disabled")
-print(n("tests") - n("failures") - skipped, n("failures"), skipped)
+failed = n("failures") + n("errors")
+print(n("tests") - failed - skipped, failed, skipped)
 EOF
   ) || return 0
   local p f k
@@ -292,6 +303,33 @@ stage_package() {
   tests_passed=$((tests_passed + passed))
   tests_skipped=$((tests_skipped + skipped))
   stage_counts="(${passed} passed, 0 failed, ${skipped} skipped)"
+}
+
+# The Python client (python/, docs/python.md), installed as a user would: `pip install` of the
+# source folder into a new venv, the package's build isolated by pip. Its pytest suite runs
+# against the real daemon of build/; JUnit counts go to the totals.
+stage_python() {
+  [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
+  cmake --build build -j "${BUILD_JOBS}" --target gpuqd gpuq-worker
+  local py="${GPUQ_PYTHON:-}"
+  if [[ -z "${py}" ]]; then
+    if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=python3; fi
+  fi
+  local venv="${ROOT}/build-python/venv"
+  rm -rf "${venv}"
+  "${py}" -m venv "${venv}"
+  local -a pip=("${venv}/bin/python" -m pip --disable-pip-version-check)
+  "${pip[@]}" install -q --upgrade pip
+  CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" "${pip[@]}" install "${ROOT}/python[test]"
+  local junit="${ROOT}/build-python/pytest-junit.xml"
+  rm -f "${junit}"
+  local -a extra=()
+  [[ -z "${GPUQ_PYTEST_ARGS:-}" ]] || read -r -a extra <<<"${GPUQ_PYTEST_ARGS}"
+  local rc=0
+  GPUQ_GPUQD="${ROOT}/build/daemon/gpuqd" "${venv}/bin/pytest" -ra -p no:cacheprovider \
+    --junitxml="${junit}" "${ROOT}/python/tests" "${extra[@]}" || rc=$?
+  count_results "${junit}"
+  return "${rc}"
 }
 
 stage_asan() {

@@ -17,6 +17,7 @@ Its futures are ``concurrent.futures.Future`` objects and are awaitable in async
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Optional
 
@@ -49,6 +50,14 @@ __all__ = [
 
 _default: Optional[Client] = None
 _default_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()  # a parent thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def connect(runtime_dir: Optional[str] = None, segment_bytes: int = 0,

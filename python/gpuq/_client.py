@@ -135,6 +135,7 @@ class Client:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` has been called."""
         return self._closed
 
     def __enter__(self) -> "Client":

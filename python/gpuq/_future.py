@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import weakref
 from typing import Any, Callable, List, Optional, Tuple
@@ -75,6 +76,16 @@ class _Waiters(list):
 # callbacks. One lock for all: held for a few attribute writes, never while waiting or calling
 # out, and cheaper than a Condition per future (which is made only when a thread waits on one).
 _finish_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held it at the fork.
+    global _finish_lock
+    _finish_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Future(concurrent.futures.Future):
@@ -250,13 +261,16 @@ class Future(concurrent.futures.Future):
         return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
 
     def cancelled(self) -> bool:
+        """True if the job ended cancelled."""
         return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
 
     def running(self) -> bool:
+        """True while a worker runs the job (lock-free look at its slot)."""
         job = self._job
         return self._state == _PENDING and job is not None and job.poll() == RUNNING
 
     def done(self) -> bool:
+        """True once the job has ended (done, failed, cancelled or expired); never blocks."""
         job = self._job
         if self._state != _PENDING or job is None:
             return True
@@ -318,6 +332,7 @@ class Future(concurrent.futures.Future):
         raise self._exception or _errors.Cancelled("the job was cancelled")
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """The job's exception (None if it succeeded), waiting as :meth:`result` does."""
         if self._state == _PENDING and not self._wait(timeout):
             raise concurrent.futures.TimeoutError()
         if self._state != _FINISHED:
@@ -339,12 +354,15 @@ class Future(concurrent.futures.Future):
             self._call(fn)
 
     def set_running_or_notify_cancel(self) -> bool:
+        """Not for gpuq futures (an executor's hook): raises RuntimeError."""
         raise RuntimeError("a gpuq.Future is run by the daemon, not by an executor")
 
     def set_result(self, result: Any) -> None:
+        """Not for gpuq futures (an executor's hook): raises RuntimeError."""
         raise RuntimeError("a gpuq.Future's result comes from its job")
 
     def set_exception(self, exception: Optional[BaseException]) -> None:
+        """Not for gpuq futures (an executor's hook): raises RuntimeError."""
         raise RuntimeError("a gpuq.Future's result comes from its job")
 
     def __await__(self):  # type: ignore[no-untyped-def]
