@@ -78,8 +78,14 @@ using ResultTuple =
     std::tuple<int, int, std::string, uint64_t, uint64_t, uint32_t, uint64_t, uint64_t>;
 
 ResultTuple to_tuple(const gpuq::JobResult& r) {
-  return {static_cast<int>(r.status), static_cast<int>(r.code), r.message, r.output_size,
-          r.value, r.worker_id, r.queued_ns, r.run_ns};
+  return {static_cast<int>(r.status),
+          static_cast<int>(r.code),
+          r.message,
+          r.output_size,
+          r.value,
+          r.worker_id,
+          r.queued_ns,
+          r.run_ns};
 }
 
 class Job {
@@ -137,7 +143,8 @@ std::vector<gpuq::JobParam> to_params(const nb::list& params) {
 gpuq::DType to_dtype(const std::string& name) {
   if (name == "f32") return gpuq::DType::kF32;
   if (name == "f16") return gpuq::DType::kF16;
-  raise_error(gpuq::Error(gpuq::ErrorCode::kInvalidArgument, "dtype: '" + name + "' is not f32 or f16"));
+  raise_error(
+      gpuq::Error(gpuq::ErrorCode::kInvalidArgument, "dtype: '" + name + "' is not f32 or f16"));
 }
 
 std::array<int64_t, 2> pair(const nb::dict& opts, const char* key, std::array<int64_t, 2> dflt) {
@@ -206,9 +213,8 @@ using Operand = std::optional<std::tuple<uint64_t, gpuq::Shape>>;  // (offset, s
 
 class Connection {
  public:
-  static std::unique_ptr<Connection> connect(const std::string& runtime_dir,
-                                             uint64_t segment_bytes, const std::string& name,
-                                             int64_t spin_ns) {
+  static std::unique_ptr<Connection> connect(const std::string& runtime_dir, uint64_t segment_bytes,
+                                             const std::string& name, int64_t spin_ns) {
     gpuq::ConnectOptions o;
     o.runtime_dir = runtime_dir;
     o.segment_bytes = segment_bytes;
@@ -241,8 +247,8 @@ class Connection {
   }
 
   Job* submit(const std::string& op, uint64_t in_off, uint64_t in_len, uint64_t out_off,
-              uint64_t out_len, const std::string& pool, const nb::list& params,
-              int64_t expire_ns, bool retryable, int64_t timeout_ns, bool try_only) {
+              uint64_t out_len, const std::string& pool, const nb::list& params, int64_t expire_ns,
+              bool retryable, int64_t timeout_ns, bool try_only) {
     gpuq::Client& c = client();
     gpuq::JobSpec spec;
     spec.op = op;
@@ -306,11 +312,11 @@ class Connection {
     return run(c, s, timeout_ns, try_only);
   }
 
-  std::vector<std::tuple<std::string, std::string, uint32_t, uint32_t, bool, std::string,
-                         std::string>>
+  std::vector<
+      std::tuple<std::string, std::string, uint32_t, uint32_t, bool, std::string, std::string>>
   pools() const {
-    std::vector<std::tuple<std::string, std::string, uint32_t, uint32_t, bool, std::string,
-                           std::string>>
+    std::vector<
+        std::tuple<std::string, std::string, uint32_t, uint32_t, bool, std::string, std::string>>
         out;
     for (const gpuq::PoolInfo& p : client().pools()) {
       out.emplace_back(p.name, p.kind, p.capacity, p.client_share, p.available,
@@ -376,9 +382,9 @@ NB_MODULE(_native, m) {
                   "spin_ns"_a, "Connects (GIL released).")
       .def("allocate", &Connection::allocate, "size"_a,
            "A uint8 array over new bytes of the segment.")
-      .def("submit", &Connection::submit, "op"_a, "in_off"_a, "in_len"_a, "out_off"_a,
-           "out_len"_a, "pool"_a, "params"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a,
-           "try_only"_a, nb::rv_policy::take_ownership, "Submits a job (GIL released).")
+      .def("submit", &Connection::submit, "op"_a, "in_off"_a, "in_len"_a, "out_off"_a, "out_len"_a,
+           "pool"_a, "params"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a, "try_only"_a,
+           nb::rv_policy::take_ownership, "Submits a job (GIL released).")
       .def("tensor", &Connection::tensor, "op"_a, "operands"_a, "y"_a, "dtype"_a, "opts"_a,
            "pool"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a, "try_only"_a,
            nb::rv_policy::take_ownership, "Submits a tensor op (GIL released).")
