@@ -6,6 +6,7 @@ import json
 import math
 import os
 import threading
+import time
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -165,8 +166,9 @@ class Client:
 
     @property
     def segment_bytes(self) -> int:
-        """The size of this client's shared-memory segment."""
-        return int(self._c().native.segment_bytes)
+        """The size of this client's payload area, where its arrays live (what ``segment_bytes``
+        asks for at connect; the daemon's default when 0)."""
+        return int(self._c().native.arena_bytes)
 
     @property
     def slot_count(self) -> int:
@@ -330,8 +332,13 @@ class Client:
 
     def run(self, op: str, *inputs: ArrayLike, timeout: Optional[float] = None,
             **kwargs: Any) -> Any:
-        """``submit(...)`` and wait for its result (``timeout``: seconds for the whole call)."""
-        return self.submit(op, *inputs, **kwargs).result(timeout)
+        """``submit(...)`` and wait for its result; ``timeout``: seconds for the whole call
+        (waiting for room in the queue, then for the result)."""
+        if timeout is None:
+            return self.submit(op, *inputs, **kwargs).result()
+        deadline = time.monotonic() + _seconds_to_ns(timeout, "timeout") / 1e9
+        f = self.submit(op, *inputs, timeout=timeout, **kwargs)
+        return f.result(max(0.0, deadline - time.monotonic()))
 
     # ---- tensor ops ----------------------------------------------------------------------------
 
@@ -357,6 +364,10 @@ class Client:
             off, arr = self._operand(conn, a, f"{op}: {what}", keep, dtype)
             operands.append((off, arr.shape))
         assert dtype is not None
+        if dtype == np.float16 and self._runs_on_kind(conn, pool) == "cpu":
+            raise _errors.InvalidArgument(
+                f"{op}: dtype: f16 is not supported on cpu pools (f32 only); submit it to a gpu "
+                "pool")
         shapes = [o[1] if o is not None else None for o in operands]
         y_shape = tuple(y_shape_of(shapes))
         if out is None:
@@ -374,6 +385,15 @@ class Client:
         job = conn.native.tensor(op, operands, (y_off, y_shape), _TENSOR_DTYPES[dtype], opts,
                                  pool or "", expire_ns, bool(retryable), timeout_ns, try_only)
         return Future(job, keep, lambda info, out=out: out, conn.watcher)
+
+    @staticmethod
+    def _runs_on_kind(conn: _Connection, pool: Optional[str]) -> Optional[str]:
+        """The kind of the pool that would run a job for ``pool`` (its fallback while it is
+        unavailable), or None when that is unknown (the submit reports the error)."""
+        p = conn.pools.get(pool) if pool else next(iter(conn.pools.values()), None)
+        if p is not None and not p[4]:  # (name, kind, capacity, share, available, reason, runs_on)
+            p = conn.pools.get(p[6])
+        return p[1] if p is not None else None
 
     def conv2d(self, x: ArrayLike, w: ArrayLike, b: Optional[ArrayLike] = None, *,
                stride: Pair = 1, padding: Pair = 0, dilation: Pair = 1, groups: int = 1,

@@ -15,6 +15,7 @@ Either way the future is finished once, under its condition, with exactly one ou
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import os
 import threading
@@ -79,9 +80,13 @@ _finish_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    # Another thread of the parent may have held it at the fork.
+    # Another thread of the parent may have held these at the fork; its threads are gone.
     global _finish_lock
     _finish_lock = threading.Lock()
+    for w in list(_watchers):
+        w._lock = threading.Lock()
+        w._wake = threading.Condition(w._lock)
+        w._thread = None
 
 
 if hasattr(os, "register_at_fork"):
@@ -121,6 +126,18 @@ class Future(concurrent.futures.Future):
         self._keep = keep
         self._convert = convert  # None: the result is the op's value
         self._watcher = watcher
+
+    def __del__(self) -> None:
+        # Dropped before its job ended: the job runs on (as an executor's would), and the
+        # arrays it reads and writes stay alive until it has ended; the watcher keeps both.
+        if self._state != _PENDING:
+            return
+        job = self.__dict__.get("_job")
+        if job is not None:
+            try:
+                self._watcher.adopt(job, self._keep)
+            except Exception:  # noqa: BLE001 - at interpreter exit
+                pass
 
     @property
     def info(self) -> Optional[JobInfo]:
@@ -371,34 +388,64 @@ class Future(concurrent.futures.Future):
 
 
 class Watcher:
-    """One per connection: a daemon thread that finishes the futures handed to it."""
+    """One per connection: a daemon thread that finishes the futures handed to it, and keeps
+    the jobs of futures dropped before their end (with the arrays they use) until they end.
+
+    It polls the jobs it holds and sleeps on the oldest, ``_SLICE_NS`` at a time: a job that
+    ends while an older one runs is seen within that slice. At interpreter exit (atexit) the
+    thread is stopped and joined before Python finalises, which would otherwise end it inside
+    a native wait."""
 
     # How long the thread sleeps on its oldest job before it polls the others again.
-    _SLICE_NS = 2_000_000
+    _SLICE_NS = 500_000
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._futures: List[Future] = []
+        self._orphans: List[Tuple[Any, Any]] = []  # (native job, arrays it uses)
         self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+        _watchers.add(self)
 
     def add(self, f: Future) -> None:
         with self._lock:
             self._futures.append(f)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="gpuq-watcher",
-                                                daemon=True)
-                self._thread.start()
+            self._start_locked()
+
+    def adopt(self, job: Any, keep: Any) -> None:
+        """Keeps a dropped future's unfinished job and its arrays until the job ends."""
+        with self._lock:
+            self._orphans.append((job, keep))
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._thread is None and not self._stopping:
+            self._thread = threading.Thread(target=self._run, name="gpuq-watcher", daemon=True)
+            self._thread.start()
+        self._wake.notify()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
             self._wake.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
 
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._futures:
-                    if not self._wake.wait(timeout=5.0) and not self._futures:
+                while not self._futures and not self._orphans and not self._stopping:
+                    if not self._wake.wait(timeout=5.0) and not self._futures and \
+                            not self._orphans:
                         self._thread = None  # idle: a later add() starts a new one
                         return
+                if self._stopping:
+                    self._thread = None
+                    return
                 futures = list(self._futures)
+                orphans = list(self._orphans)
             ended = []
             for f in futures:
                 job = f._job
@@ -415,18 +462,45 @@ class Watcher:
                 except _errors.Error as e:
                     f._fail(e)
                     ended.append(f)
-            if ended:
+            gone = []
+            for o in orphans:
+                try:
+                    if o[0].poll() >= DONE:
+                        gone.append(o)
+                except _errors.Error:
+                    gone.append(o)
+            if ended or gone:
                 with self._lock:
-                    gone = set(map(id, ended))
-                    self._futures = [f for f in self._futures if id(f) not in gone]
+                    if ended:
+                        ids = set(map(id, ended))
+                        self._futures = [f for f in self._futures if id(f) not in ids]
+                    if gone:
+                        ids = set(map(id, gone))
+                        self._orphans = [o for o in self._orphans if id(o) not in ids]
+                del gone, ended
                 continue
-            oldest = futures[0]
-            job = oldest._job
-            if job is None:
-                continue
-            try:
-                t = job.wait(self._SLICE_NS)
-                if t is not None:
-                    oldest._finish(t)
-            except _errors.Error as e:
-                oldest._fail(e)
+            if futures:
+                oldest = futures[0]
+                job = oldest._job
+                if job is None:
+                    continue
+                try:
+                    t = job.wait(self._SLICE_NS)
+                    if t is not None:
+                        oldest._finish(t)
+                except _errors.Error as e:
+                    oldest._fail(e)
+            else:
+                try:
+                    orphans[0][0].wait(self._SLICE_NS)
+                except _errors.Error:
+                    pass
+
+
+_watchers: "weakref.WeakSet[Watcher]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_watchers() -> None:
+    for w in list(_watchers):
+        w.stop()

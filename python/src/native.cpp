@@ -384,10 +384,12 @@ NB_MODULE(_native, m) {
            "A uint8 array over new bytes of the segment.")
       .def("submit", &Connection::submit, "op"_a, "in_off"_a, "in_len"_a, "out_off"_a, "out_len"_a,
            "pool"_a, "params"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a, "try_only"_a,
-           nb::rv_policy::take_ownership, "Submits a job (GIL released).")
+           nb::rv_policy::take_ownership,
+           "Submits a job (the GIL is released while it waits for room).")
       .def("tensor", &Connection::tensor, "op"_a, "operands"_a, "y"_a, "dtype"_a, "opts"_a,
            "pool"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a, "try_only"_a,
-           nb::rv_policy::take_ownership, "Submits a tensor op (GIL released).")
+           nb::rv_policy::take_ownership,
+           "Submits a tensor op (the GIL is released while it waits for room).")
       .def("pools", &Connection::pools,
            "(name, kind, capacity, client_share, available, reason, runs_on) per pool.")
       .def("ops", &Connection::ops, "The op names the daemon serves.")

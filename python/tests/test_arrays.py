@@ -136,3 +136,31 @@ def test_closed_client(daemon):
     # Arrays made before the close stay readable.
     assert x.tolist() == [0, 1, 2, 3]
     c.close()  # twice is fine
+
+
+def wait_idle(daemon, timeout=30.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while any(w["busy"] for p in daemon.status()["pools"] for w in p["workers"]):
+        assert time.monotonic() < deadline, "the workers stayed busy"
+        time.sleep(0.01)
+
+
+def test_dropped_future_keeps_arrays_until_its_job_ends(client, daemon):
+    rng = np.random.default_rng(0)
+    x = client.array(rng.standard_normal((1, 32, 128, 128), dtype=np.float32))
+    w = client.array(rng.standard_normal((32, 32, 3, 3), dtype=np.float32))
+    fut = client.conv2d(x, w, padding=1)  # its result y is held by the future alone
+    y_address = fut._keep[-1].__array_interface__["data"][0]
+    del fut  # the job runs on; y must not be handed out again before it ends
+    z = client.zeros((1, 32, 128, 128))
+    assert z.__array_interface__["data"][0] != y_address
+    wait_idle(daemon)
+    assert np.count_nonzero(z) == 0
+
+
+def test_f16_on_a_cpu_pool_is_refused_before_submit(client):
+    x = np.zeros((2, 2), np.float16)
+    with pytest.raises(gpuq.InvalidArgument, match="f16 is not supported on cpu pools"):
+        client.gemm(x, x)

@@ -116,10 +116,11 @@ def test_shutting_down_and_disconnected():
         busy_worker_pid(d)
         d.proc.send_signal(signal.SIGTERM)  # drain: the running job finishes, no new ones
         deadline = time.monotonic() + 10
-        with pytest.raises(gpuq.ShuttingDown):
-            while time.monotonic() < deadline:
-                c.submit("noop").result(10)
-                time.sleep(0.01)
+        while "draining" not in d.log():
+            assert time.monotonic() < deadline, "the daemon did not start draining"
+            time.sleep(0.005)
+        with pytest.raises(gpuq.ShuttingDown, match="draining"):
+            c.submit("noop")
         assert running.result(30) == 1_000_000
         assert d.proc.wait(30) == 0
         with pytest.raises(gpuq.Disconnected):

@@ -147,3 +147,33 @@ def test_many_threads_share_a_client(client):
     for t in ts:
         t.join(60)
     assert not errors
+
+
+def test_run_timeout_covers_the_whole_call(client):
+    busy, waiting = fill(client)
+    t0 = time.monotonic()
+    with pytest.raises((gpuq.Timeout, cf.TimeoutError)):
+        client.run("noop", timeout=0.1)
+    assert time.monotonic() - t0 < 0.3
+    for f in busy + waiting:
+        f.result(30)
+
+
+EXIT_WITH_PENDING = """
+import concurrent.futures as cf, sys, gpuq
+c = gpuq.connect(sys.argv[1])
+fs = [c.submit("sleep", us=2_000_000) for _ in range(2)]
+cf.wait(fs, timeout=0.05)               # the watcher thread now waits on them
+fs[0].add_done_callback(lambda f: None)
+print("exiting", flush=True)
+"""
+
+
+def test_exit_with_watched_jobs_pending(daemon):
+    import subprocess
+    import sys
+
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", EXIT_WITH_PENDING, daemon.runtime_dir],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "exiting" in r.stdout, r.stderr
