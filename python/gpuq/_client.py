@@ -39,7 +39,6 @@ def _after_fork_in_child() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
-_NO_PARAMS: List[Any] = []  # passed to the native submit, never changed
 _TENSOR_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 
 
@@ -292,9 +291,8 @@ class Client:
         conn = self._conn
         if conn is None or self._generation != _fork_generation:
             conn = self._c()
-        job = conn.native.submit(op, 0, 0, 0, 0, pool or "", _NO_PARAMS, -1, bool(retryable), -1,
-                                 False)
-        return Future(job, None, None, conn.watcher)
+        return Future(conn.native.submit_plain(op, pool or "", bool(retryable)), None, None,
+                      conn.watcher)
 
     def try_submit(self, op: str, *inputs: ArrayLike, out: Optional[np.ndarray] = None,
                    pool: Optional[str] = None, expire_after: Optional[float] = None,

@@ -339,6 +339,18 @@ class Future(concurrent.futures.Future):
                     self._fail(e)
                 else:
                     if t is not None:
+                        if t[0] == DONE and self._convert is None:
+                            # The end of a job with a scalar result, inline, when nothing
+                            # else has come to watch this future (else: _finish).
+                            with _finish_lock:
+                                if self._state == _PENDING and self._cond is None and \
+                                        self._w is None and self._done_callbacks is None:
+                                    self._result = t[4]
+                                    self._t = t
+                                    self._state = _FINISHED
+                                    self._job = None
+                                    self._keep = None
+                                    return t[4]
                         self._finish(t)
             if self._state == _PENDING and not self._wait(timeout):
                 raise concurrent.futures.TimeoutError()

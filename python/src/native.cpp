@@ -262,6 +262,16 @@ class Connection {
     return run(c, spec, timeout_ns, try_only);
   }
 
+  // submit() of a job without buffers or params: the short path of Client.submit.
+  Job* submit_plain(const std::string& op, const std::string& pool, bool retryable) {
+    gpuq::Client& c = client();
+    gpuq::JobSpec spec;
+    spec.op = op;
+    spec.pool = pool;
+    spec.retryable = retryable;
+    return run(c, spec, -1, false);
+  }
+
   Job* tensor(const std::string& op, const std::vector<Operand>& operands,
               const std::tuple<uint64_t, gpuq::Shape>& y, const std::string& dtype_name,
               const nb::dict& opts, const std::string& pool, int64_t expire_ns, bool retryable,
@@ -386,6 +396,8 @@ NB_MODULE(_native, m) {
            "pool"_a, "params"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a, "try_only"_a,
            nb::rv_policy::take_ownership,
            "Submits a job (the GIL is released while it waits for room).")
+      .def("submit_plain", &Connection::submit_plain, "op"_a, "pool"_a, "retryable"_a,
+           nb::rv_policy::take_ownership, "submit() without buffers or params.")
       .def("tensor", &Connection::tensor, "op"_a, "operands"_a, "y"_a, "dtype"_a, "opts"_a,
            "pool"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a, "try_only"_a,
            nb::rv_policy::take_ownership,
