@@ -2,7 +2,8 @@
 
 Starts ``gpuqd`` (from ``gpuqd=``, else ``$GPUQ_GPUQD``, else ``gpuqd`` on ``PATH``) in the
 foreground with a temporary runtime directory and, when ``config`` is given, that config (a
-dict, written as JSON), waits until it answers ``status``, and stops it (drain, then SIGKILL
+dict, written as JSON), waits until it answers ``status`` with every worker ready (or refuses
+this user: PermissionDenied), and stops it (drain, then SIGKILL
 after ``stop_timeout``) at the end. ``d.runtime_dir`` is what clients connect to:
 ``gpuq.connect(d.runtime_dir)``, or ``d.env()`` for child processes (``GPUQ_RUNTIME_DIR``).
 """
@@ -76,6 +77,8 @@ class Daemon:
                 if doc.get("ready") and all(p.get("status") in ("ready", "unavailable")
                                             for p in doc.get("pools", [])):
                     return self
+            except _errors.PermissionDenied:
+                return self  # it answers, but not to this user (its config says so)
             except _errors.Error:
                 pass
             if time.monotonic() > deadline:

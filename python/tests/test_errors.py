@@ -109,6 +109,15 @@ def test_too_many_clients():
                 gpuq.connect(d.runtime_dir)
 
 
+def test_permission_denied():
+    config = {"allowed_users": ["nobody"], "pools": [{"name": "cpu", "workers": 1}]}
+    with gpuq.testing.Daemon(config) as d:
+        with pytest.raises(gpuq.PermissionDenied):
+            gpuq.connect(d.runtime_dir)
+        with pytest.raises(gpuq.PermissionDenied):
+            gpuq.status(d.runtime_dir)
+
+
 def test_shutting_down_and_disconnected():
     with gpuq.testing.Daemon({"pools": [{"name": "cpu", "workers": 1}]}) as d:
         c = gpuq.connect(d.runtime_dir)
