@@ -145,7 +145,8 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"epoch {self._conn.native.epoch}" if self._conn else ""
+        conn = self._conn
+        state = "closed" if self._closed else f"epoch {conn.native.epoch}" if conn else ""
         return f"<gpuq.Client {self._runtime_dir or '(default)'} {state}>"
 
     # ---- facts ---------------------------------------------------------------------------------
