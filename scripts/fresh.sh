@@ -17,7 +17,10 @@
 # Inside the root, each step runs in its own mount and PID namespace (unshare): /proc, /sys
 # (read-only), a small /dev with /dev/shm, and /usr/local/cuda read-only when the host has it
 # (the README assumes the CUDA toolkit there; everything else comes from setup.sh). Whatever a
-# step starts ends with it, and its mounts vanish with the namespace.
+# step starts ends with it, and its mounts vanish with the namespace. Of the host it gets only
+# network settings: its resolv.conf, and its CA bundle as PIP_CERT for pip's downloads from
+# PyPI (the demo's Python client), which matters where the host is behind a TLS-intercepting
+# proxy.
 #
 # Needs root (chroot, mounts) and unshare; without them it exits 77, which test.sh counts as
 # skipped. Exit status: 0 passed, 1 failed, 2 bad usage, 77 skipped.
@@ -46,6 +49,7 @@ readonly BASE_MAX_AGE_DAYS=14
 readonly STEP_TIMEOUT="${GPUQ_FRESH_STEP_TIMEOUT:-1200}"
 readonly TEST_STAGES="${GPUQ_FRESH_TEST_STAGES:-}"
 readonly GUEST_SRC=/root/gpuq
+guest_pip_cert=""  # PIP_CERT in the root (the unpack step sets it)
 
 skip() {
   echo "fresh: SKIPPED: $*" >&2
@@ -172,10 +176,12 @@ in_root() {
         mount -o bind,ro "${cuda}" "${r}/usr/local/cuda"
       fi
       mount --bind "$4" "${r}/var/cache/apt/archives"
+      extra=()
+      [[ -z "$5" ]] || extra=("PIP_CERT=$5")
       exec chroot "${r}" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
-        PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${extra[@]}" \
         /bin/bash -c "${command}"
-    ' fresh-root "${ROOTFS}" "${cuda}" "${command}" "${CACHE}/archives" \
+    ' fresh-root "${ROOTFS}" "${cuda}" "${command}" "${CACHE}/archives" "${guest_pip_cert}" \
     </dev/null >>"${log}" 2>&1 &
   # In the background and waited for, so that a signal to this script is handled at once.
   step_pid=$!
@@ -212,6 +218,16 @@ mkdir -p "${ROOTFS}"
 tar -C "${ROOTFS}" --numeric-owner -xf "${BASE_TAR}" >>"${LOGS}/unpack.log" 2>&1
 # The host's resolver, so that apt-get in the root reaches the mirror.
 cp -L /etc/resolv.conf "${ROOTFS}/etc/resolv.conf"
+# The host's CA bundle for pip (the demo installs the Python client's build tools from PyPI),
+# given to the steps as PIP_CERT: where the host reaches the internet through a TLS-intercepting
+# proxy, only the host's bundle holds that proxy's CA. Network settings, like resolv.conf; no
+# package comes with it. A user's machine reaches PyPI with its own.
+host_ca="${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}"
+if [[ -f "${host_ca}" ]]; then
+  mkdir -p "${ROOTFS}/etc/gpuq-fresh"
+  cp -L "${host_ca}" "${ROOTFS}/etc/gpuq-fresh/host-ca.crt"
+  guest_pip_cert=/etc/gpuq-fresh/host-ca.crt
+fi
 end
 
 # ---- clone -------------------------------------------------------------------------------------
