@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import os
 import threading
@@ -87,6 +88,10 @@ def _after_fork_in_child() -> None:
         w._lock = threading.Lock()
         w._wake = threading.Condition(w._lock)
         w._thread = None
+        # The parent's jobs: not this process's to watch (a wait on one raises ForkedClient).
+        w._futures = []
+        w._orphans = []
+        w._adopted.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -306,9 +311,10 @@ class Future(concurrent.futures.Future):
         job = self._job
         if self._state != _PENDING or job is None:
             return self._state != _PENDING or self._wait_finished(timeout)
-        if self._watched:
-            with self._condition:
-                return self._condition.wait_for(lambda: self._state != _PENDING, timeout)
+        # In this thread, on the job itself, even when the watcher watches it too (a job may
+        # be waited on by several threads at once; whichever sees its end first finishes the
+        # future): the timeout holds, and a forked child waiting on its parent's job gets
+        # ForkedClient rather than a watcher that is not there.
         try:
             t = job.wait(-1 if timeout is None else max(0, int(timeout * 1e9)))
         except _errors.Error as e:
@@ -331,7 +337,7 @@ class Future(concurrent.futures.Future):
         :class:`gpuq.Cancelled` when it was cancelled."""
         if self._state == _PENDING:
             job = self._job
-            if job is not None and not self._watched and timeout is None:
+            if job is not None and timeout is None:
                 # The common case, inline: wait on the job in this thread.
                 try:
                     t = job.wait(-1)
@@ -416,6 +422,7 @@ class Watcher:
         self._wake = threading.Condition(self._lock)
         self._futures: List[Future] = []
         self._orphans: List[Tuple[Any, Any]] = []  # (native job, arrays it uses)
+        self._adopted: "collections.deque[Tuple[Any, Any]]" = collections.deque()  # new orphans
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
         _watchers.add(self)
@@ -426,10 +433,17 @@ class Watcher:
             self._start_locked()
 
     def adopt(self, job: Any, keep: Any) -> None:
-        """Keeps a dropped future's unfinished job and its arrays until the job ends."""
-        with self._lock:
-            self._orphans.append((job, keep))
-            self._start_locked()
+        """Keeps a dropped future's unfinished job and its arrays until the job ends. Called
+        from ``Future.__del__``, so from wherever the garbage collector runs, including inside
+        this class's own locked sections: it never blocks on a lock."""
+        self._adopted.append((job, keep))  # atomic; the thread takes them over
+        if self._lock.acquire(blocking=False):
+            try:
+                self._start_locked()
+            finally:
+                self._lock.release()
+        # Else a holder of the lock is add() (which starts the thread and wakes it) or the
+        # thread itself, which looks at _adopted before it sleeps.
 
     def _start_locked(self) -> None:
         if self._thread is None and not self._stopping:
@@ -446,12 +460,30 @@ class Watcher:
             thread.join(timeout=5.0)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            # Ended by an exception (a callback's BaseException...): the work left needs a
+            # thread (a normal end cleared _thread under the lock, with nothing left).
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                    if self._futures or self._orphans or self._adopted:
+                        self._start_locked()
+
+    def _take_adopted_locked(self) -> None:
+        while self._adopted:
+            self._orphans.append(self._adopted.popleft())
+
+    def _loop(self) -> None:
         while True:
             with self._lock:
+                self._take_adopted_locked()
                 while not self._futures and not self._orphans and not self._stopping:
-                    if not self._wake.wait(timeout=5.0) and not self._futures and \
-                            not self._orphans:
-                        self._thread = None  # idle: a later add() starts a new one
+                    self._wake.wait(timeout=5.0)
+                    self._take_adopted_locked()
+                    if not self._futures and not self._orphans:
+                        self._thread = None  # idle: a later add() or adopt() starts a new one
                         return
                 if self._stopping:
                     self._thread = None

@@ -6,8 +6,8 @@
 //   Block       one allocation in the client's payload segment; numpy arrays made by
 //               Connection.allocate() keep it alive (as their base), and it returns the bytes
 //               to the segment when the last of them is gone
-//   Job         one gpuq::Job; wait() releases the GIL and is serialised by a mutex (a Job is
-//               used by one thread at a time); poll() is lock-free, as in C++
+//   Job         one gpuq::Job; wait() releases the GIL (in slices, checking for signals between
+//               them) and may run in several threads at once; poll() is lock-free, as in C++
 // Every gpuq::Error becomes the Python exception the package registered for its code
 // (set_error_factory), with the daemon's message.
 #include <nanobind/nanobind.h>
@@ -18,10 +18,10 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -92,19 +92,34 @@ class Job {
  public:
   explicit Job(gpuq::Job job) : job_(std::move(job)) {}
 
-  // The result, or None when `timeout_ns` passed first (negative: no limit).
+  // The result, or None when `timeout_ns` passed first (negative: no limit). Waits with the
+  // GIL released, in slices of at most 100 ms between which it takes the GIL and runs the
+  // signal handlers, so that Ctrl-C interrupts a long wait. Several threads may wait on one
+  // Job at once (as poll() and cancel() may): the library's wait only reads the slot, and its
+  // event count wakes every waiter.
   std::optional<ResultTuple> wait(int64_t timeout_ns) {
-    gpuq::Result<gpuq::JobResult> r = gpuq::Error(gpuq::ErrorCode::kInternal, "not waited");
-    {
-      nb::gil_scoped_release unlocked;
-      std::lock_guard<std::mutex> lock(mutex_);
-      r = job_.wait(ns(timeout_ns));
+    constexpr int64_t kSliceNs = 100'000'000;
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int64_t slice = kSliceNs;
+      if (timeout_ns >= 0) {
+        const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count();
+        slice = std::min(slice, std::max<int64_t>(timeout_ns - spent, 0));
+      }
+      gpuq::Result<gpuq::JobResult> r = gpuq::Error(gpuq::ErrorCode::kInternal, "not waited");
+      {
+        nb::gil_scoped_release unlocked;
+        r = job_.wait(ns(slice));
+      }
+      if (r) return to_tuple(*r);
+      if (r.error().code() != gpuq::ErrorCode::kTimeout) raise_error(r.error());
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+      if (timeout_ns >= 0 && std::chrono::steady_clock::now() - start >= ns(timeout_ns)) {
+        return std::nullopt;
+      }
     }
-    if (!r) {
-      if (r.error().code() == gpuq::ErrorCode::kTimeout) return std::nullopt;
-      raise_error(r.error());
-    }
-    return to_tuple(*r);
   }
 
   int poll() const { return static_cast<int>(take(job_.poll())); }
@@ -112,7 +127,6 @@ class Job {
   void cancel() { check(job_.cancel()); }
 
  private:
-  std::mutex mutex_;
   gpuq::Job job_;
 };
 
@@ -230,6 +244,13 @@ class Connection {
 
   explicit Connection(std::shared_ptr<gpuq::Client> c) : client_(std::move(c)) {}
 
+  // A reference of the caller's own for a call that releases the GIL: close() in another
+  // thread meanwhile must not destroy the Client under it.
+  std::shared_ptr<gpuq::Client> shared() const {
+    client();  // raises when closed
+    return client_;
+  }
+
   gpuq::Client& client() const {
     if (!client_) {
       raise_error(gpuq::Error(gpuq::ErrorCode::kDisconnected, "this client is closed"));
@@ -249,7 +270,8 @@ class Connection {
   Job* submit(const std::string& op, uint64_t in_off, uint64_t in_len, uint64_t out_off,
               uint64_t out_len, const std::string& pool, const nb::list& params, int64_t expire_ns,
               bool retryable, int64_t timeout_ns, bool try_only) {
-    gpuq::Client& c = client();
+    const std::shared_ptr<gpuq::Client> held = shared();
+    gpuq::Client& c = *held;
     gpuq::JobSpec spec;
     spec.op = op;
     spec.pool = pool;
@@ -264,7 +286,8 @@ class Connection {
 
   // submit() of a job without buffers or params: the short path of Client.submit.
   Job* submit_plain(const std::string& op, const std::string& pool, bool retryable) {
-    gpuq::Client& c = client();
+    const std::shared_ptr<gpuq::Client> held = shared();
+    gpuq::Client& c = *held;
     gpuq::JobSpec spec;
     spec.op = op;
     spec.pool = pool;
@@ -276,7 +299,8 @@ class Connection {
               const std::tuple<uint64_t, gpuq::Shape>& y, const std::string& dtype_name,
               const nb::dict& opts, const std::string& pool, int64_t expire_ns, bool retryable,
               int64_t timeout_ns, bool try_only) {
-    gpuq::Client& c = client();
+    const std::shared_ptr<gpuq::Client> held = shared();
+    gpuq::Client& c = *held;
     const gpuq::DType dtype = to_dtype(dtype_name);
     auto tensor_of = [&](const Operand& o) -> std::optional<gpuq::Tensor> {
       if (!o) return std::nullopt;
@@ -441,7 +465,8 @@ NB_MODULE(_native, m) {
         // The C++ client's own loop, for bench/python: n no-op round trips (submit, then wait
         // for the result) on this connection, each timed alone; nanoseconds, in order.
         std::vector<uint64_t> ns_each(n);
-        gpuq::Client& client = c.client();
+        const std::shared_ptr<gpuq::Client> held = c.shared();
+        gpuq::Client& client = *held;
         gpuq::JobSpec spec;
         spec.op = "noop";
         nb::gil_scoped_release unlocked;

@@ -62,12 +62,17 @@ def test_asyncio(client):
     assert threading.active_count() <= threads_before + 1
 
 
-def test_asyncio_wait_for_timeout(client):
+def test_asyncio_wait_for_timeout_cancels_the_job(client):
+    job = client.submit("sleep", us=LONG_US)
+
     async def main():
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.ensure_future(client.submit("sleep", us=LONG_US)), 0.05)
+            await asyncio.wait_for(asyncio.ensure_future(job), 0.05)
 
     asyncio.run(main())
+    # The awaiting task was cancelled, and with it the job (sleep looks at its cancel flag).
+    with pytest.raises(gpuq.Cancelled):
+        job.result(10)
 
 
 def test_result_timeout_leaves_job_running(client):
@@ -177,3 +182,130 @@ def test_exit_with_watched_jobs_pending(daemon):
         r = subprocess.run([sys.executable, "-c", EXIT_WITH_PENDING, daemon.runtime_dir],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "exiting" in r.stdout, r.stderr
+
+
+# ---- regressions found in review -------------------------------------------------------------
+
+
+def test_a_waiting_thread_does_not_hold_up_others(client):
+    slow = client.submit("sleep", us=3_000_000)
+    t = threading.Thread(target=lambda: pytest.raises(gpuq.Cancelled, slow.result))
+    t.start()  # waits on `slow` in its own thread
+    time.sleep(0.1)
+    slow.add_done_callback(lambda f: None)  # the watcher's oldest job is now `slow`
+    ev = threading.Event()
+    t0 = time.monotonic()
+    client.submit("sleep", us=50_000).add_done_callback(lambda f: ev.set())
+    assert ev.wait(10) and time.monotonic() - t0 < 1.0
+    # A second waiter on the same job keeps its own timeout.
+    t0 = time.monotonic()
+    with pytest.raises(cf.TimeoutError):
+        slow.result(timeout=0.05)
+    assert time.monotonic() - t0 < 1.0
+    slow.cancel()
+    t.join(10)
+
+
+def test_done_then_result_without_waiting(client):
+    for _ in range(50):
+        f = client.submit("sleep", us=200)
+        f.add_done_callback(lambda f: None)  # watched
+        while not f.done():
+            pass
+        assert f.result(0) == 200
+
+
+def test_garbage_collected_pending_future_in_a_cycle(client):
+    import gc
+
+    class Holder:
+        pass
+
+    g = client.submit("sleep", us=100_000)
+    gc.collect()
+    old = gc.get_threshold()
+    gc.set_threshold(1)  # collect on nearly every allocation, inside the watcher's lock too
+    try:
+        h = Holder()
+        h.self = h
+        h.f = client.submit("sleep", us=300_000)
+        del h
+        done = threading.Event()
+        g.add_done_callback(lambda f: done.set())
+        assert done.wait(10)
+    finally:
+        gc.set_threshold(*old)
+
+
+def test_close_while_another_thread_waits_for_room(daemon):
+    victim = gpuq.connect(daemon.runtime_dir, name="victim")
+    busy = [victim.submit("sleep", us=LONG_US) for _ in range(2)]
+    waiting = []
+    while True:  # this client's share of the ring full
+        try:
+            waiting.append(victim.try_submit("sleep", us=1))
+        except gpuq.QueueFull:
+            break
+    raised = []
+
+    def blocked():
+        try:
+            victim.submit("noop", timeout=0.25)
+        except gpuq.Error as e:
+            raised.append(type(e))
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    time.sleep(0.1)
+    victim.close()  # must not free the connection under the waiting submit
+    t.join(10)
+    # Timeout, or room came first (jobs earlier tests left may end meanwhile); either way the
+    # process is alive (it crashed here before the fix) and the thread has ended.
+    assert not t.is_alive() and raised in ([], [gpuq.Timeout])
+    for f in busy + waiting:  # its jobs run on after the close
+        f.result(30)
+
+
+def test_signal_interrupts_result(client):
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    f = client.submit("sleep", us=3_000_000)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        with pytest.raises(Interrupted):
+            f.result()
+        assert time.monotonic() - t0 < 1.5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    f.cancel()
+    with pytest.raises(gpuq.Cancelled):
+        f.result(10)
+
+
+def test_forked_child_waiting_on_a_watched_parent_job(client):
+    import os
+
+    f = client.submit("sleep", us=300_000)
+    f.add_done_callback(lambda fut: None)  # watched in the parent
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            f.result(5)
+        except gpuq.ForkedClient:
+            code = 0
+        except BaseException:  # noqa: BLE001
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert f.result(10) == 300_000

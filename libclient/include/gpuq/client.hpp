@@ -13,8 +13,10 @@
 //   auto result = job->wait(5s);                              // Result<JobResult>
 //
 // Thread-safety: a Client may be used from many threads at once (submit, allocate, wait...).
-// A Job handle is used by one thread at a time. A Client does not survive fork(): in the child
-// every call returns ForkedClient; connect a new Client there.
+// One Job's wait(), poll() and cancel() may run in several threads at once (they read its slot,
+// or change it with one atomic step, and a finished job wakes every waiter); moving, assigning
+// or destroying a Job must not overlap any call on it. A Client does not survive fork(): in the
+// child every call returns ForkedClient; connect a new Client there.
 // Never touches CUDA. Links no CUDA library.
 #pragma once
 
