@@ -409,13 +409,16 @@ class Watcher:
     """One per connection: a daemon thread that finishes the futures handed to it, and keeps
     the jobs of futures dropped before their end (with the arrays they use) until they end.
 
-    It polls the jobs it holds and sleeps on the oldest, ``_SLICE_NS`` at a time: a job that
-    ends while an older one runs is seen within that slice. At interpreter exit (atexit) the
+    It polls the jobs it holds and sleeps on the oldest for a slice: a job that ends while an
+    older one runs is seen within the slice, which starts at ``_SLICE_MIN_NS`` and doubles, up
+    to ``_SLICE_MAX_NS``, each time a slice passes with no job ending (a long job watched
+    costs a wakeup every 20 ms, not two thousand a second). At interpreter exit (atexit) the
     thread is stopped and joined before Python finalises, which would otherwise end it inside
     a native wait."""
 
     # How long the thread sleeps on its oldest job before it polls the others again.
-    _SLICE_NS = 500_000
+    _SLICE_MIN_NS = 500_000
+    _SLICE_MAX_NS = 20_000_000
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -476,6 +479,7 @@ class Watcher:
             self._orphans.append(self._adopted.popleft())
 
     def _loop(self) -> None:
+        slice_ns = self._SLICE_MIN_NS
         while True:
             with self._lock:
                 self._take_adopted_locked()
@@ -522,6 +526,7 @@ class Watcher:
                         ids = set(map(id, gone))
                         self._orphans = [o for o in self._orphans if id(o) not in ids]
                 del gone, ended
+                slice_ns = self._SLICE_MIN_NS
                 continue
             if futures:
                 oldest = futures[0]
@@ -529,16 +534,17 @@ class Watcher:
                 if job is None:
                     continue
                 try:
-                    t = job.wait(self._SLICE_NS)
+                    t = job.wait(slice_ns)
                     if t is not None:
                         oldest._finish(t)
                 except _errors.Error as e:
                     oldest._fail(e)
             else:
                 try:
-                    orphans[0][0].wait(self._SLICE_NS)
+                    orphans[0][0].wait(slice_ns)
                 except _errors.Error:
                     pass
+            slice_ns = min(slice_ns * 2, self._SLICE_MAX_NS)
 
 
 _watchers: "weakref.WeakSet[Watcher]" = weakref.WeakSet()
