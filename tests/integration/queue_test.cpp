@@ -228,6 +228,41 @@ TEST_CASE("cancel: a queued job is cancelled at once, a running one is asked to 
   CHECK(untouched);
 }
 
+TEST_CASE("one job waited on, polled and cancelled from several threads at once") {
+  // client.hpp: a Job's wait(), poll() and cancel() may run in several threads at once (the
+  // Python client relies on it: a caller's result() and the watcher thread wait together).
+  DaemonProcess daemon(one_pool_config(1));
+  Client client = connect_client(daemon);
+  for (bool cancel : {false, true}) {
+    Job job = submit_ok(client, sleep_spec(50'000));
+    std::atomic<int> done{0};
+    std::atomic<int> cancelled{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        (void)job.poll();
+        auto r = job.wait(std::chrono::seconds(30));
+        if (r && r->status == JobStatus::kDone) done.fetch_add(1);
+        if (r && r->status == JobStatus::kCancelled) cancelled.fetch_add(1);
+      });
+    }
+    // A waiter with a short timeout gives up alone; the others go on waiting.
+    threads.emplace_back([&] {
+      auto r = job.wait(std::chrono::microseconds(100));
+      CHECK((!r && r.error().code() == ErrorCode::kTimeout));
+    });
+    if (cancel) {
+      wait_running(job);
+      auto c = job.cancel();
+      CHECK_MESSAGE(c.ok(), "cancel: " << error_text(c));
+    }
+    for (std::thread& t : threads) t.join();
+    // Every waiter sees the one end.
+    CHECK(done.load() == (cancel ? 0 : 4));
+    CHECK(cancelled.load() == (cancel ? 4 : 0));
+  }
+}
+
 TEST_CASE("a job whose deadline passes while queued expires without running") {
   DaemonProcess daemon(one_pool_config(1));
   Client client = connect_client(daemon);
