@@ -42,9 +42,11 @@
  * - No C++ exception crosses this interface: an unexpected one becomes GPUQ_INTERNAL.
  * - A client never touches CUDA, and the library links no CUDA library.
  *
- * Thread-safety: a gpuq_client_t may be used from many threads at once. A gpuq_job_t is used by
- * one thread at a time. Neither survives fork(): in the child every call on them returns
- * GPUQ_FORKED_CLIENT; connect a new client there.
+ * Thread-safety: a gpuq_client_t may be used from many threads at once. gpuq_job_wait,
+ * gpuq_job_poll and gpuq_job_cancel of one gpuq_job_t may run in several threads at once (as
+ * gpuq::Job's wait, poll and cancel); gpuq_job_release must not overlap any call on it. Neither
+ * survives fork(): in the child every call on them returns GPUQ_FORKED_CLIENT; connect a new
+ * client there.
  */
 #ifndef GPUQ_GPUQ_H_
 #define GPUQ_GPUQ_H_
