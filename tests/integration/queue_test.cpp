@@ -234,7 +234,17 @@ TEST_CASE("one job waited on, polled and cancelled from several threads at once"
   DaemonProcess daemon(one_pool_config(1));
   Client client = connect_client(daemon);
   for (bool cancel : {false, true}) {
-    Job job = submit_ok(client, sleep_spec(50'000));
+    // The cancelled job would sleep 30 s: it ends only when cancelled below.
+    Job job = submit_ok(client, sleep_spec(cancel ? 30'000'000 : 50'000));
+    if (cancel) {
+      wait_running(job);
+      // A waiter with a short timeout gives up alone; the job runs on.
+      std::thread quick([&] {
+        auto r = job.wait(std::chrono::microseconds(100));
+        CHECK((!r && r.error().code() == ErrorCode::kTimeout));
+      });
+      quick.join();
+    }
     std::atomic<int> done{0};
     std::atomic<int> cancelled{0};
     std::vector<std::thread> threads;
@@ -246,18 +256,12 @@ TEST_CASE("one job waited on, polled and cancelled from several threads at once"
         if (r && r->status == JobStatus::kCancelled) cancelled.fetch_add(1);
       });
     }
-    // A waiter with a short timeout gives up alone; the others go on waiting.
-    threads.emplace_back([&] {
-      auto r = job.wait(std::chrono::microseconds(100));
-      CHECK((!r && r.error().code() == ErrorCode::kTimeout));
-    });
     if (cancel) {
-      wait_running(job);
       auto c = job.cancel();
       CHECK_MESSAGE(c.ok(), "cancel: " << error_text(c));
     }
     for (std::thread& t : threads) t.join();
-    // Every waiter sees the one end.
+    // Every waiter sees the one end, whether it waited before the end or came after it.
     CHECK(done.load() == (cancel ? 0 : 4));
     CHECK(cancelled.load() == (cancel ? 4 : 0));
   }
