@@ -20,3 +20,20 @@ def echo_task(i: int) -> tuple:
 
 def checksum_of(a: np.ndarray) -> int:
     return gpuq.submit("checksum", a).result(30)
+
+
+def raises_in_forked_child(future, exc_type, timeout: float = 10.0) -> bool:
+    """Forks; the child waits on `future` (its parent's) and exits 0 only if that raised
+    `exc_type`. True when it did."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            future.result(timeout)
+        except exc_type:
+            code = 0
+        except BaseException:  # noqa: BLE001
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
+import sys
 import time
 
 import numpy as np
@@ -12,6 +14,9 @@ import pytest
 import gpuq
 import gpuq.testing
 from gpuq import _errors
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import mp_tasks  # noqa: E402
 
 CODES = {
     "InvalidArgument": 1, "UnknownOp": 2, "UnknownPool": 3, "QueueFull": 4, "Timeout": 5,
@@ -76,18 +81,8 @@ def test_worker_died(client, daemon):
 
 def test_forked_client_job_in_child(client):
     f = client.submit("sleep", us=200_000)
-    pid = os.fork()
-    if pid == 0:  # the child: the parent's job is not its own
-        code = 1
-        try:
-            f.result(10)
-        except gpuq.ForkedClient:
-            code = 0
-        except BaseException:  # noqa: BLE001
-            code = 2
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's job is not the child's own.
+    assert mp_tasks.raises_in_forked_child(f, gpuq.ForkedClient, 10)
     assert f.result(10) == 200_000  # the parent's job is untouched
 
 
