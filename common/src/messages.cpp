@@ -176,7 +176,9 @@ Result<WelcomePool> decode_pool(const json& p, const std::string& where) {
 // ---- Hello ------------------------------------------------------------------------------------
 
 std::string encode(const HelloMessage& m) {
-  return dump(json{{"pid", m.pid}, {"name", m.name}, {"arena_bytes", m.arena_bytes}});
+  json j{{"pid", m.pid}, {"name", m.name}, {"arena_bytes", m.arena_bytes}};
+  if (m.keep_running_jobs) j["keep_running_jobs"] = true;  // absent: false (older daemons)
+  return dump(j);
 }
 
 Result<HelloMessage> decode_hello(std::string_view body, uint64_t max_arena_bytes) {
@@ -205,6 +207,10 @@ Result<HelloMessage> decode_hello(std::string_view body, uint64_t max_arena_byte
                  std::to_string(max_arena_bytes));
     }
     hello.arena_bytes = a;
+  }
+  if (auto it = j.find("keep_running_jobs"); it != j.end()) {
+    if (!it->is_boolean()) return bad("Hello.keep_running_jobs must be true or false");
+    hello.keep_running_jobs = it->get<bool>();
   }
   return hello;
 }

@@ -35,7 +35,11 @@ UniqueFd open_reserve() {
 }  // namespace
 
 ClientRegistry::ClientRegistry(const Config& config, QueueView& queue, EventLoop& loop)
-    : config_(config), queue_(queue), loop_(loop), index_in_use_(config.max_clients, false) {}
+    : config_(config),
+      queue_(queue),
+      loop_(loop),
+      index_in_use_(config.max_clients, false),
+      by_index_(config.max_clients, nullptr) {}
 
 bool ClientRegistry::authorized(uid_t uid, gid_t gid) const {
   const Config& c = config_;
@@ -236,6 +240,7 @@ Result<void> ClientRegistry::admit(Client& client, const std::string& hello_body
   auto hello = decode_hello(hello_body, c.max_client_segment_bytes);
   if (!hello) return hello.error();
   client.name = std::move(hello->name);
+  client.keep_running_jobs = hello->keep_running_jobs;
   const uint64_t arena = hello->arena_bytes != 0 ? hello->arena_bytes : c.client_segment_bytes;
   if (registered_ >= c.max_clients) {
     return Error(ErrorCode::kTooManyClients, "the daemon already serves max_clients = " +
@@ -274,6 +279,7 @@ Result<void> ClientRegistry::admit(Client& client, const std::string& hello_body
   client.session = next_session_++;
   client.registered = true;
   index_in_use_[index] = true;
+  by_index_[index] = &client;
   ++registered_;
   ClientShm& cs = queue_.client(index);
   for (auto& n : cs.submitted) n.store(0, std::memory_order_relaxed);
@@ -310,6 +316,7 @@ void ClientRegistry::unregister(Client& client) {
   }
   retired_.push_back(r);
   index_in_use_[client.index] = false;
+  by_index_[client.index] = nullptr;
   --registered_;
   client.registered = false;
   GPUQ_LOG_INFO("client %u (pid %d) disconnected", client.index, client.pid);

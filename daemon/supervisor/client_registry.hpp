@@ -38,6 +38,7 @@ struct Client {
   MemfdSegment segment;
   ClientSegmentGeometry geometry{};
   uint32_t slot_count = 0;
+  bool keep_running_jobs = false;  // Hello: its running jobs are not cancelled when it leaves
 };
 
 class ClientRegistry {
@@ -80,6 +81,11 @@ class ClientRegistry {
   // Jobs pushed to `pool`: by clients that have left, plus the live clients' own counters.
   uint64_t jobs_submitted(uint32_t pool) const;
 
+  // The registered client holding `index`, or null.
+  const Client* by_index(uint32_t index) const {
+    return index < by_index_.size() ? by_index_[index] : nullptr;
+  }
+
   // fn(client) for every registered client.
   template <typename Fn>
   void for_each(Fn&& fn) const {
@@ -109,6 +115,7 @@ class ClientRegistry {
   std::map<uint64_t, std::unique_ptr<Client>> clients_;
   std::vector<Retired> retired_;
   std::vector<bool> index_in_use_;
+  std::vector<const Client*> by_index_;  // the registered client holding each index
   uint64_t next_id_ = 1;
   uint64_t next_session_ = 1;
   uint32_t next_index_ = 0;

@@ -289,6 +289,10 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
                    "device's memory (a number in (0, 1]), got " +
                        val.dump());
       }
+    } else if (key == "job_time_limit_ms") {
+      auto ms = read_uint(val, kp, 0, UINT32_MAX);
+      if (!ms) return ms.error();
+      p.job_time_limit_ms = static_cast<uint32_t>(*ms);
     } else if (gpu && (key == "workers" || key == "cpus")) {
       return bad(kp, key == "workers"
                          ? "is not a gpu pool key: a gpu pool has workers_per_gpu workers on "
@@ -300,9 +304,10 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       return bad(kp, "is a key of \"kind\": \"gpu\" pools only");
     } else {
       return bad(kp, gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
-                           "workers_per_gpu, fallback, memory_limit)"
-                         : "unknown key (known: name, kind, workers, cpus; gpus, "
-                           "workers_per_gpu, fallback and memory_limit with \"kind\": \"gpu\")");
+                           "workers_per_gpu, fallback, memory_limit, job_time_limit_ms)"
+                         : "unknown key (known: name, kind, workers, cpus, job_time_limit_ms; "
+                           "gpus, workers_per_gpu, fallback and memory_limit with \"kind\": "
+                           "\"gpu\")");
     }
   }
   if (p.name.empty()) return bad(path + ".name", "is required");
@@ -348,6 +353,7 @@ const std::vector<Key>& key_table() {
       uint_key("client_segment_bytes", &Config::client_segment_bytes, 4096, 1ull << 40),
       uint_key("max_client_segment_bytes", &Config::max_client_segment_bytes, 4096, 1ull << 40),
       uint_key("drain_timeout_ms", &Config::drain_timeout_ms, 0, 3600000),
+      uint_key("cancel_grace_ms", &Config::cancel_grace_ms, 0, 600000),
       uint_key("worker_spin_us", &Config::worker_spin_us, 0, 100000),
       {"job_clock",
        [](Config& c, const json& v, const std::string& p) -> Result<void> {

@@ -45,6 +45,9 @@ struct PoolConfig {
   // else a fraction of the device's memory (a non-integer number in (0, 1]; default 0.9).
   uint64_t memory_limit_bytes = 0;
   double memory_limit_fraction = 0.9;
+  // The longest a job of this pool may run (0: no limit); a job's own time limit may shorten
+  // it (docs/design/faults.md, "Jobs that do not end").
+  uint32_t job_time_limit_ms = 0;
 };
 
 struct Config {
@@ -55,7 +58,10 @@ struct Config {
   uint64_t client_segment_bytes = 64ull << 20;     // default payload arena per client
   uint64_t max_client_segment_bytes = 1ull << 30;  // most a client may ask for
   uint32_t drain_timeout_ms = 30000;               // SIGTERM: longest wait for queued/running jobs
-  uint32_t worker_spin_us = 50;                    // idle worker spins this long before sleeping
+  // A running job asked to stop (its time limit, a cancel, its client gone) that has not ended
+  // this long after is stopped by killing its worker, which is then replaced.
+  uint32_t cancel_grace_ms = 1000;
+  uint32_t worker_spin_us = 50;  // idle worker spins this long before sleeping
   // What job stamps count in (clock.hpp, "Job stamps"): "auto" (unset) picks the TSC where
   // the kernel keeps time with it; "tsc" insists on it (gpuqd refuses to start without it).
   std::optional<StampClock> job_clock;

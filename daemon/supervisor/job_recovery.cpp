@@ -28,8 +28,9 @@
 
 namespace gpuq::daemon {
 
-void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string& why) {
-  // The dying worker's id is in the state word of the job it ran; fail exactly that job.
+void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string& why,
+                              const ForcedEnd* forced) {
+  // The dying worker's id is in the state word of the job it ran; end exactly that job.
   clients_.for_each([&](const Client& conn) {
     ClientSegmentView view(conn.segment.address(), conn.geometry, conn.slot_count);
     for (uint32_t s = 0; s < conn.slot_count; ++s) {
@@ -37,14 +38,23 @@ void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string&
       uint64_t word = slot.state.load(std::memory_order_acquire);
       SlotWord sw = SlotWord::unpack(word);
       if (sw.state != JobState::kRunning || sw.worker_plus_one != worker + 1) continue;
-      if (retry(conn, s, slot, word, why)) continue;
+      const bool stopped_for_it = forced != nullptr && forced->session == conn.session &&
+                                  forced->slot == s && forced->generation == sw.generation;
+      if (!stopped_for_it && retry(conn, s, slot, word, why)) continue;
       JobOutcome out{};
-      out.code = static_cast<int32_t>(ErrorCode::kWorkerDied);
+      out.code = static_cast<int32_t>(stopped_for_it ? forced->code : ErrorCode::kWorkerDied);
       out.worker_id = worker;
       out.finished_stamp = read_stamp(job_clock_);
-      set_slot_message(slot, why.c_str());
+      const WorkerShm& ws = queue_.worker(worker);
+      if (stopped_for_it && ws.job.load() == JobRef{conn.index, s, sw.generation}.pack()) {
+        out.started_stamp = ws.job_started.load();  // it ran until it was stopped
+      }
+      set_slot_message(slot, stopped_for_it ? forced->message.c_str() : why.c_str());
       std::memcpy(&slot.outcome, &out, sizeof out);
-      SlotWord failed{sw.generation, JobState::kFailed, sw.worker_plus_one};
+      const JobState end = stopped_for_it && forced->code == ErrorCode::kCancelled
+                               ? JobState::kCancelled
+                               : JobState::kFailed;
+      SlotWord failed{sw.generation, end, sw.worker_plus_one};
       if (slot.state.compare_exchange_strong(word, failed.pack(), std::memory_order_acq_rel)) {
         slot.done.notify_all();
         queue_.worker(worker).jobs_failed.fetch_add(1, std::memory_order_relaxed);

@@ -21,6 +21,7 @@
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/job_ring.hpp"
 #include "gpuq/common/shm_layout.hpp"
+#include "job_watch.hpp"
 
 namespace gpuq::daemon {
 
@@ -35,8 +36,11 @@ class JobRecovery {
       : config_(config), queue_(queue), clients_(clients), job_clock_(job_clock) {}
 
   // Worker `worker` of `pool` has exited (`why` goes into each failed job's message): its
-  // running job is retried or failed, and references it took are pushed again.
-  void worker_died(uint32_t worker, uint32_t pool, const std::string& why);
+  // running job is retried or failed, and references it took are pushed again. `forced`: the
+  // supervisor stopped it for that job (JobWatch), which then ends as `forced` says, never
+  // retried.
+  void worker_died(uint32_t worker, uint32_t pool, const std::string& why,
+                   const ForcedEnd* forced = nullptr);
   // The client with `session` has left: its retry records go.
   void client_left(uint64_t session);
   // On each timer tick: references that found a full ring are pushed again; the audit runs

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuq/common/clock.hpp"
+#include "ops.hpp"
 
 namespace gpuq::daemon {
 namespace {
@@ -34,6 +35,7 @@ std::string pools_summary(const std::vector<PoolHealth>& pools) {
       continue;
     }
     s += p.name + " " + std::to_string(p.ready) + "/" + std::to_string(p.total) + " ready";
+    if (p.stuck > 0) s += ", " + std::to_string(p.stuck) + " stuck";
     if (p.failed > 0) s += ", " + std::to_string(p.failed) + " failed";
     if (p.settling > 0) s += ", " + std::to_string(p.settling) + " starting";
     s += ", ring " + std::to_string(p.capacity);
@@ -91,38 +93,70 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
       const int fallback = c.pools[p].fallback_pool;
       pool["fallback"] = fallback >= 0 ? json(c.pools[fallback].name) : json(nullptr);
     }
-    uint32_t ready = 0, total = 0;
+    const uint32_t limit = c.pools[p].job_time_limit_ms;
+    pool["job_time_limit_ms"] = limit != 0 ? json(limit) : json(nullptr);
+    uint32_t ready = 0, total = 0, stuck_count = 0;
+    uint64_t stops_forced = 0;
     pool["workers"] = json::array();
     for (const auto& w : s_.workers->all()) {
       if (w->pool != p) continue;
       const WorkerShm& ws = queue.worker(w->id);
       ++total;
-      if (w->state == WorkerState::kReady) ++ready;
+      const bool stuck = w->state == WorkerState::kReady && s_.watch->stuck(w->id);
+      if (w->state == WorkerState::kReady && !stuck) ++ready;
+      if (stuck) ++stuck_count;
+      stops_forced += w->stops_forced;
       const WorkerPlacement& at = plan.placements[w->id];
-      pool["workers"].push_back({{"id", w->id},
-                                 {"pid", w->pid},
-                                 {"cpus", at.cpus},
-                                 {"state", worker_state_name(w->state)},
-                                 {"busy", ws.busy.load() != 0},
-                                 {"jobs_done", ws.jobs_done.load()},
-                                 {"jobs_failed", ws.jobs_failed.load()},
-                                 {"restarts", ws.restarts.load()}});
+      const auto job = w->state == WorkerState::kReady ? s_.watch->running(w->id) : std::nullopt;
+      json job_json = nullptr;
+      if (job) {
+        const OpInfo* op = find_op(job->op_id);
+        job_json = {
+            {"op", op != nullptr ? json(op->name) : json(nullptr)},
+            {"client", job->client},
+            {"client_pid", job->client_pid},
+            {"client_name", job->client_name},
+            {"slot", job->slot},
+            {"age_ms", static_cast<double>(job->age_ns) / 1e6},
+            {"time_limit_ms", job->time_limit_ms != 0 ? json(job->time_limit_ms) : json(nullptr)},
+            {"stop_requested",
+             job->stop_requested != nullptr ? json(job->stop_requested) : json(nullptr)}};
+      }
+      pool["workers"].push_back(
+          {{"id", w->id},
+           {"pid", w->pid},
+           {"cpus", at.cpus},
+           {"state", stuck ? "stuck" : worker_state_name(w->state)},
+           {"busy", ws.busy.load() != 0},
+           {"job", job_json},
+           {"jobs_done", ws.jobs_done.load()},
+           {"jobs_failed", ws.jobs_failed.load()},
+           {"restarts", ws.restarts.load()},
+           {"stops_forced", w->stops_forced},
+           {"start_ms",
+            w->start_ns != 0 ? json(static_cast<double>(w->start_ns) / 1e6) : json(nullptr)}});
       if (at.gpu >= 0) pool["workers"].back()["gpu"] = plan.discovery.gpus[at.gpu].uuid;
       if (!w->backend_info.empty()) {
         pool["workers"].back()["backend"] = json::parse(w->backend_info, nullptr, false);
       }
     }
-    pool["workers_ready"] = ready;
+    pool["workers_ready"] = ready;  // able to take work: ready and not stuck
+    pool["workers_stuck"] = stuck_count;
     pool["workers_total"] = total;
+    pool["stops_forced"] = stops_forced;
     if (!st.available) {
       pool["status"] = "unavailable";
       pool["reason"] = st.reason;
     } else {
       ++available_pools;
       pool["status"] = ready == total ? "ready" : (ready > 0 ? "degraded" : "down");
-      pool["reason"] = ready == total ? ""
-                                      : std::to_string(total - ready) + " of " +
-                                            std::to_string(total) + " workers not ready";
+      pool["reason"] = ready == total
+                           ? ""
+                           : std::to_string(total - ready) + " of " + std::to_string(total) +
+                                 " workers not ready" +
+                                 (stuck_count > 0 ? " (" + std::to_string(stuck_count) +
+                                                        " stuck on a job that did not end)"
+                                                  : "");
       if (ready == 0) all_pools_serving = false;
     }
     s["pools"].push_back(pool);
@@ -159,7 +193,9 @@ std::vector<PoolHealth> StatusReport::pool_health() const {
   for (const auto& w : s_.workers->all()) {
     PoolHealth& h = pools[w->pool];
     ++h.total;
-    if (w->state == WorkerState::kReady) ++h.ready;
+    const bool stuck = w->state == WorkerState::kReady && s_.watch->stuck(w->id);
+    if (w->state == WorkerState::kReady && !stuck) ++h.ready;
+    if (stuck) ++h.stuck;
     if (w->state == WorkerState::kFailed) ++h.failed;
     if (w->state == WorkerState::kStarting || w->state == WorkerState::kRestarting) ++h.settling;
   }

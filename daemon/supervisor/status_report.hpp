@@ -10,6 +10,7 @@
 #include "client_registry.hpp"
 #include "config.hpp"
 #include "job_recovery.hpp"
+#include "job_watch.hpp"
 #include "pool_plan.hpp"
 #include "worker_set.hpp"
 
@@ -17,7 +18,8 @@ namespace gpuq::daemon {
 
 struct PoolHealth {
   std::string name;
-  uint32_t ready = 0, failed = 0, settling = 0, total = 0;  // settling: starting/restarting
+  // ready: able to take work (ready and not stuck); settling: starting/restarting.
+  uint32_t ready = 0, failed = 0, settling = 0, stuck = 0, total = 0;
   uint32_t capacity = 0;
   bool unavailable = false;  // a gpu pool without a GPU (PoolState)
 };
@@ -34,6 +36,7 @@ class StatusReport {
     const WorkerSet* workers;
     const ClientRegistry* clients;
     const JobRecovery* recovery;
+    const JobWatch* watch;
     std::string runtime_dir;
     std::string gpu_worker_path;  // empty in a build without CUDA
   };

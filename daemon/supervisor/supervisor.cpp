@@ -33,7 +33,8 @@ Supervisor::Supervisor(SupervisorOptions options)
     : options_(std::move(options)),
       files_(options_.config, options_.runtime_dir),
       clients_(options_.config, files_.queue(), loop_),
-      recovery_(options_.config, files_.queue(), clients_, job_clock_) {
+      recovery_(options_.config, files_.queue(), clients_, job_clock_),
+      watch_(options_.config, files_.queue(), clients_, stamps_) {
   if (!options_.launcher) options_.launcher = std::make_shared<ForkExecLauncher>();
   clients_.set_handlers([this](Client& c, Message& m) { handle_message(c, m); },
                         [this](Client& c) { on_client_leaving(c); });
@@ -65,6 +66,7 @@ Result<void> Supervisor::start() {
     return Error(ErrorCode::kInvalidArgument, "job_clock: \"tsc\" cannot be used here: " + no_tsc);
   }
   job_clock_ = cfg.job_clock.value_or(no_tsc.empty() ? StampClock::kTsc : StampClock::kMonotonic);
+  stamps_.clock = job_clock_;
   GPUQ_LOG_INFO("job stamps: %s%s%s", stamp_clock_name(job_clock_),
                 !cfg.job_clock && !no_tsc.empty() ? ": " : "",
                 !cfg.job_clock && !no_tsc.empty() ? no_tsc.c_str() : "");
@@ -122,8 +124,9 @@ Result<void> Supervisor::start() {
   workers_->set_on_started([this](Worker& w) { on_worker_started(w); });
   status_ = std::make_unique<StatusReport>(
       StatusReport::Sources{&options_.config, &plan_, &files_.queue(), workers_.get(), &clients_,
-                            &recovery_, options_.runtime_dir, options_.gpu_worker_path});
+                            &recovery_, &watch_, options_.runtime_dir, options_.gpu_worker_path});
   workers_->create();
+  watch_.set_worker_count(static_cast<uint32_t>(workers_->all().size()));
   for (const auto& w : workers_->all()) {
     if (auto r = workers_->spawn(*w); !r) return r;
   }
@@ -161,14 +164,17 @@ void Supervisor::on_worker_started(Worker& w) {
 void Supervisor::on_child_exit(pid_t pid, int status) {
   auto exit = workers_->reap(pid, status, monotonic_ns());
   if (!exit) return;  // not a worker (a discovery or plug-in listing child is reaped there)
+  const std::optional<ForcedEnd> forced = watch_.take_forced(exit->worker);
   recovery_.worker_died(exit->worker, exit->pool,
                         "worker " + std::to_string(exit->worker) + " (pid " +
                             std::to_string(exit->pid) + ") " + exit->how +
-                            " while running this job");
+                            " while running this job",
+                        forced ? &*forced : nullptr);
 }
 
 void Supervisor::on_client_leaving(Client& client) {
   recovery_.client_left(client.session);
+  watch_.client_leaving(client, monotonic_ns());
   workers_->send_all(UnmapClientMessage::kType,
                      encode(UnmapClientMessage{client.index, client.session}));
 }
@@ -304,8 +310,11 @@ Result<bool> Supervisor::step(int timeout_ms) {
 // (every kTickNs); and, slower, the audit while clients are connected (every kAuditNs). A
 // daemon without clients does not wake at all.
 void Supervisor::update_timer() {
-  const bool timed =
-      draining_ || clients_.retiring() > 0 || recovery_.pending() || workers_->timed();
+  // A time limit or the end of a cancel's grace within one slow period needs the fast tick.
+  const uint64_t due = watch_.next_due();
+  const bool timed = draining_ || clients_.retiring() > 0 || recovery_.pending() ||
+                     workers_->timed() ||
+                     (due != 0 && due < monotonic_ns() + JobRecovery::kAuditNs);
   const uint64_t period = timed ? kTickNs : (clients_.registered() > 0 ? JobRecovery::kAuditNs : 0);
   if (period == timer_period_ns_) return;
   const timespec tick{static_cast<time_t>(period / 1'000'000'000),
@@ -338,7 +347,9 @@ void Supervisor::on_timer() {
   // EAGAIN: a wakeup for expirations a timerfd_settime has reset; the tick runs all the same.
   (void)GPUQ_POSIX_CALL(::read, timer_fd_.get(), &expirations, sizeof expirations);
   const uint64_t now = monotonic_ns();
+  if (job_clock_ == StampClock::kTsc) stamps_.ns_per_tick = tsc_rate_.ns_per_tick();
   recovery_.tick(now);
+  watch_.tick(now, *workers_);
   workers_->tick(now);
   clients_.release_retired();
 }

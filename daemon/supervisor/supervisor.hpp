@@ -24,6 +24,7 @@
 #include "gpuq/common/unique_fd.hpp"
 #include "gpuq/error.hpp"
 #include "job_recovery.hpp"
+#include "job_watch.hpp"
 #include "pool_plan.hpp"
 #include "process_launcher.hpp"
 #include "runtime_files.hpp"
@@ -101,11 +102,13 @@ class Supervisor {
   uint64_t start_ns_ = 0;
   StampClock job_clock_ = StampClock::kMonotonic;  // what job stamps count in (clock.hpp)
   TscRate tsc_rate_;                               // the TSC's rate, for clients (Welcome)
+  StampScale stamps_;  // job stamps to nanoseconds (JobWatch); its rate refreshed each tick
   PoolPlan plan_;
   EventLoop loop_;
   RuntimeFiles files_;
   ClientRegistry clients_;
   JobRecovery recovery_;
+  JobWatch watch_;
   std::unique_ptr<WorkerSet> workers_;  // made in start(), once the segment has a name
   std::unique_ptr<StatusReport> status_;
   UniqueFd signal_fd_, timer_fd_, watchdog_fd_, test_hook_fd_;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 #include "gpuq/common/cpu_list.hpp"
 #include "gpuq/common/log.hpp"
@@ -97,6 +98,10 @@ LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
                std::to_string(c.worker_spin_us),
                "--job-clock",
                stamp_clock_name(options_.job_clock)};
+  if (pool.job_time_limit_ms > 0) {
+    spec.argv.insert(spec.argv.end(),
+                     {"--job-time-limit-ms", std::to_string(pool.job_time_limit_ms)});
+  }
   for (const std::string& plugin : c.plugins)
     spec.argv.insert(spec.argv.end(), {"--plugin", plugin});
   if (gpu_worker && pool.memory_limit_bytes > 0) {
@@ -151,7 +156,11 @@ Result<void> WorkerSet::spawn(Worker& w) {
   WorkerShm& ws = queue_.worker(w.id);
   ws.busy.store(0, std::memory_order_relaxed);
   ws.asleep.store(0, std::memory_order_relaxed);
+  ws.hold.store(0, std::memory_order_relaxed);
   ws.state.store(static_cast<uint32_t>(WorkerState::kStarting), std::memory_order_release);
+  w.spawned_ns = monotonic_ns();
+  w.start_ns = 0;
+  w.forced = false;
   auto pid = launcher_.launch(spec);
   if (!pid) return pid.error();
   // The child's ends close here (they live on in the child).
@@ -278,6 +287,7 @@ void WorkerSet::on_ready(Worker& w, const Message& m) {
   w.state = WorkerState::kReady;
   w.start_failures = 0;
   w.ready_since_ns = monotonic_ns();
+  w.start_ns = std::max<uint64_t>(w.ready_since_ns - w.spawned_ns, 1);
   w.backend_info = ready->backend;  // empty when the backend had nothing to say
   GPUQ_LOG_INFO("worker %u (pid %d) is ready", w.id, w.pid);
   if (stopping_) send(w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
@@ -345,6 +355,17 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
     return exit;
   }
   const Config& c = *options_.config;
+  if (std::exchange(w.forced, false)) {
+    // Stopped for its job, not dead of its own accord: replaced at once, back-off untouched.
+    ++w.stops_forced;
+    w.state = WorkerState::kRestarting;
+    ws.state.store(static_cast<uint32_t>(WorkerState::kRestarting), std::memory_order_release);
+    ws.restarts.fetch_add(1, std::memory_order_relaxed);
+    w.respawn_at_ns = now;
+    GPUQ_LOG_WARN("worker %u (pid %d) %s (stopped for a job that did not end); restarting now",
+                  w.id, pid, exit.how.c_str());
+    return exit;
+  }
   if (w.state != WorkerState::kReady) {
     ++w.start_failures;
   } else if (now - w.ready_since_ns > kStableRunNs) {
@@ -383,6 +404,12 @@ void WorkerSet::tick(uint64_t now) {
       w->kill_at_ns = 0;
     }
   }
+}
+
+void WorkerSet::force_stop(Worker& w) {
+  if (w.pid <= 0) return;
+  w.forced = true;
+  launcher_.kill(w.pid);
 }
 
 void WorkerSet::stop_all(uint64_t now, uint64_t grace_ns) {

@@ -42,6 +42,10 @@ struct Worker {
   std::string backend_info;
   uint64_t respawn_at_ns = 0;
   uint64_t kill_at_ns = 0;
+  uint64_t spawned_ns = 0;    // when the current process was started
+  uint64_t start_ns = 0;      // how long it took from then to ready; 0: not ready yet
+  bool forced = false;        // being stopped for a job that did not end (force_stop)
+  uint64_t stops_forced = 0;  // times this worker was stopped so
   // Control messages that did not fit in the worker's socket queue (a Unix datagram queue
   // holds net.unix.max_dgram_qlen, 10 by default): sent in order as it drains (EPOLLOUT).
   struct Outgoing {
@@ -94,6 +98,9 @@ class WorkerSet {
   // restarting after its back-off, or failed after max_start_failures). Nothing when `pid` is
   // none of the workers.
   std::optional<WorkerExit> reap(pid_t pid, int status, uint64_t now);
+  // Kills `w` for a job that did not end (JobWatch): its exit is not its fault, so it is
+  // replaced at once, with no back-off, and counted in stops_forced as well as restarts.
+  void force_stop(Worker& w);
   // Respawns the workers whose back-off has passed; kills those past their exit deadline.
   void tick(uint64_t now);
 

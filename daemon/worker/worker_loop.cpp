@@ -104,6 +104,12 @@ class Worker {
         seen_control_ = self_->control_seq.load(std::memory_order_acquire);
         if (!drain_control()) return 1;
       }
+      // The supervisor is about to stop this worker for a job that did not end: take no new
+      // job (docs/design/faults.md, "Jobs that do not end").
+      if (self_->hold.load(std::memory_order_seq_cst) != 0) {
+        if (!wait_while_held()) return 1;
+        continue;
+      }
       uint32_t value;
       if (ring_.try_pop(&value)) {
         GPUQ_FAULT_POINT("worker.popped");
@@ -153,6 +159,21 @@ class Worker {
       self_->asleep.store(0, std::memory_order_relaxed);
       pool_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
+  }
+
+  // `hold` is up: the supervisor saw this worker's job still running when it decided to stop
+  // it, and either kills this process now or, having found the job ended after all, lowers
+  // `hold` again. Waits for either, reading control messages meanwhile. False if the
+  // supervisor is gone.
+  bool wait_while_held() {
+    went_on_ = 0;
+    while (self_->hold.load(std::memory_order_seq_cst) != 0) {
+      pollfd p{options_.control_fd, POLLIN, 0};
+      (void)::poll(&p, 1, 5);  // a pause: the loop looks at `hold` and the socket again
+      seen_control_ = self_->control_seq.load(std::memory_order_acquire);
+      if (!drain_control()) return false;
+    }
+    return true;
   }
 
   // Processes every control message waiting on the socket. False if the supervisor is gone.
@@ -251,17 +272,21 @@ class Worker {
     }
     space_freed.tell();
     GPUQ_FAULT_POINT("worker.claimed");
+    JobOutcome out{};
+    out.worker_id = options_.worker_id;
+    // A job taken straight after the previous one starts when that one finished: one stamp
+    // per job instead of two. The difference is the pop and claim, well under a microsecond.
+    out.started_stamp = went_on_ != 0 ? went_on_ : read_stamp(options_.job_clock);
+    // For the supervisor's time limits and status: which job, since when. Release: a
+    // supervisor that reads them and then finds the slot still RUNNING read this job's values.
+    self_->job_started.store(out.started_stamp, std::memory_order_release);
+    self_->job.store(value, std::memory_order_release);
     self_->busy.store(1, std::memory_order_relaxed);
     // One copy, validated once (no re-reads): the fixed fields, then only the params in use.
     // params_bytes stays as the client wrote it, so that validation rejects one over the limit.
     JobDescriptor d;
     std::memcpy(&d, &slot.desc, offsetof(JobDescriptor, params));
     std::memcpy(d.params, slot.desc.params, std::min<uint32_t>(d.params_bytes, kMaxParamBytes));
-    JobOutcome out{};
-    out.worker_id = options_.worker_id;
-    // A job taken straight after the previous one starts when that one finished: one stamp
-    // per job instead of two. The difference is the pop and claim, well under a microsecond.
-    out.started_stamp = went_on_ != 0 ? went_on_ : read_stamp(options_.job_clock);
     JobState final_state = JobState::kDone;
 
     // Deadlines are CLOCK_MONOTONIC (stamps may not be): the clock is read only for a job that
@@ -287,9 +312,16 @@ class Worker {
       if (r) {
         out.output_bytes = r->output_bytes;
         out.value = r->value;
+      } else if (r.error().code() != ErrorCode::kCancelled) {
+        final_state = JobState::kFailed;
+        set_outcome(out, r.error());
+      } else if (const uint32_t why = slot.cancel_requested.load(std::memory_order_relaxed);
+                 (why & kCancelByClient) == 0 && (why & kCancelByTimeLimit) != 0) {
+        // The op stopped because the supervisor asked it to at the job's time limit.
+        final_state = JobState::kFailed;
+        set_outcome(out, time_limit_error(*v->op, slot.time_limit_ms));
       } else {
-        final_state =
-            r.error().code() == ErrorCode::kCancelled ? JobState::kCancelled : JobState::kFailed;
+        final_state = JobState::kCancelled;
         set_outcome(out, r.error());
       }
     }
@@ -358,6 +390,16 @@ class Worker {
     if (!mc) return;
     backend_.client_unmapping(client, mc->segment.address(), mc->segment.size());
     mc.reset();
+  }
+
+  // The outcome of a job whose op stopped at its time limit: the smaller of the pool's and
+  // the job's own (`job_limit_ms`, as its client wrote it).
+  Error time_limit_error(const OpInfo& op, uint32_t job_limit_ms) const {
+    uint32_t limit = options_.job_time_limit_ms;
+    if (job_limit_ms != 0 && (limit == 0 || job_limit_ms < limit)) limit = job_limit_ms;
+    return Error(ErrorCode::kTimedOut, std::string(op.name) +
+                                           ": stopped at the job's time limit (" +
+                                           std::to_string(limit) + " ms)");
   }
 
   void set_outcome(JobOutcome& out, const Error& e) {

@@ -18,6 +18,9 @@ struct WorkerOptions {
   uint32_t pool_id = 0;
   pid_t supervisor_pid = 0;  // the worker exits at once if its parent is not this process
   uint32_t spin_us = 50;
+  // The pool's job_time_limit_ms (0: none): only for the message of a job stopped at it (the
+  // supervisor enforces the limit).
+  uint32_t job_time_limit_ms = 0;
   StampClock job_clock = StampClock::kMonotonic;  // what job stamps count in (clock.hpp)
   int control_fd = 3;                             // SOCK_SEQPACKET to the supervisor
   // A GPU worker's device memory budget (a gpu pool's memory_limit): bytes, or else a fraction

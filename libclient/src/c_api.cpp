@@ -62,8 +62,9 @@ GPUQ_SAME_CODE(GPUQ_SYSTEM_ERROR, kSystemError);
 GPUQ_SAME_CODE(GPUQ_NOT_CANCELLABLE, kNotCancellable);
 GPUQ_SAME_CODE(GPUQ_TOO_MANY_CLIENTS, kTooManyClients);
 GPUQ_SAME_CODE(GPUQ_OP_FAILED, kOpFailed);
+GPUQ_SAME_CODE(GPUQ_TIMED_OUT, kTimedOut);
 #undef GPUQ_SAME_CODE
-static_assert(gpuq::kMaxErrorCode == GPUQ_OP_FAILED,
+static_assert(gpuq::kMaxErrorCode == GPUQ_TIMED_OUT,
               "a code was added to gpuq::ErrorCode: add it to gpuq_status_t and above");
 
 #define GPUQ_SAME_JOB_STATUS(c_name, cpp_name)                                           \
@@ -171,23 +172,46 @@ gpuq_buffer_t to_c(const gpuq::Buffer& b) {
   return out;
 }
 
-// Fills `out` from `spec`, or returns the InvalidArgument status that names the bad field.
+// Older revisions of the structs are prefixes of the current ones: a field added in revision
+// n is read only from a struct whose version says n or later.
 static_assert(offsetof(gpuq_job_spec_t, flags) == (GPUQ_JOB_SPEC_VERSION1 & 0xFFFFFFu),
               "revision 1 of gpuq_job_spec_t must be the prefix before `flags`");
+static_assert(offsetof(gpuq_job_spec_t, time_limit_ms) ==
+                      offsetof(gpuq_job_spec_t, flags) + sizeof(uint32_t) &&
+                  sizeof(gpuq_job_spec_t) == (GPUQ_JOB_SPEC_VERSION2 & 0xFFFFFFu),
+              "revision 2 of gpuq_job_spec_t must be the prefix before `time_limit_ms`, "
+              "which took its tail padding");
+static_assert(offsetof(gpuq_connect_options_t, flags) ==
+                  (GPUQ_CONNECT_OPTIONS_VERSION1 & 0xFFFFFFu),
+              "revision 1 of gpuq_connect_options_t must be the prefix before `flags`");
 
+// The revision (1, 2 or 3) of a gpuq_job_spec_t, or 0 with the InvalidArgument status in
+// `status` for a version this library does not know.
+int job_spec_revision(uint32_t version, gpuq_status_t& status) {
+  if (version == GPUQ_JOB_SPEC_VERSION1) return 1;
+  if (version == GPUQ_JOB_SPEC_VERSION2) return 2;
+  if (!check_version(version, GPUQ_JOB_SPEC_VERSION, "gpuq_job_spec_t", "GPUQ_JOB_SPEC_VERSION",
+                     status)) {
+    return 0;
+  }
+  return 3;
+}
+
+// Fills `out` from `spec`, or returns the InvalidArgument status that names the bad field.
 gpuq_status_t to_cpp(const gpuq_job_spec_t& spec, gpuq::JobSpec& out) {
   gpuq_status_t status = GPUQ_OK;
-  const bool revision1 = spec.version == GPUQ_JOB_SPEC_VERSION1;
-  if (!revision1 && !check_version(spec.version, GPUQ_JOB_SPEC_VERSION, "gpuq_job_spec_t",
-                                   "GPUQ_JOB_SPEC_VERSION", status)) {
-    return status;
-  }
-  const uint32_t flags = revision1 ? 0 : spec.flags;  // a revision-1 struct has no `flags`
+  const int revision = job_spec_revision(spec.version, status);
+  if (revision == 0) return status;
+  // A revision-1 struct has no `flags`, and one of revision 1 or 2 no `time_limit_ms` (in
+  // revision 2 those bytes are padding, which the caller may not have zeroed).
+  const uint32_t flags = revision >= 2 ? spec.flags : 0;
+  const uint32_t time_limit_ms = revision >= 3 ? spec.time_limit_ms : 0;
   if ((flags & ~GPUQ_JOB_RETRYABLE) != 0) {
     return invalid("gpuq_job_spec_t.flags has unknown bits " + std::to_string(flags) +
                    " (known: GPUQ_JOB_RETRYABLE)");
   }
   out.retryable = (flags & GPUQ_JOB_RETRYABLE) != 0;
+  out.time_limit = std::chrono::milliseconds(time_limit_ms);
   if (spec.op == nullptr) return invalid("gpuq_job_spec_t.op is NULL");
   out.op = spec.op;
   out.pool = text_or_empty(spec.pool);
@@ -289,10 +313,18 @@ gpuq_status_t gpuq_connect(const gpuq_connect_options_t* options, gpuq_client_t*
     gpuq::ConnectOptions cpp;
     if (options != nullptr) {
       gpuq_status_t status = GPUQ_OK;
-      if (!check_version(options->version, GPUQ_CONNECT_OPTIONS_VERSION, "gpuq_connect_options_t",
+      const bool revision1 = options->version == GPUQ_CONNECT_OPTIONS_VERSION1;
+      if (!revision1 &&
+          !check_version(options->version, GPUQ_CONNECT_OPTIONS_VERSION, "gpuq_connect_options_t",
                          "GPUQ_CONNECT_OPTIONS_VERSION", status)) {
         return status;
       }
+      const uint32_t flags = revision1 ? 0 : options->flags;  // revision 1 has no `flags`
+      if ((flags & ~GPUQ_CONNECT_KEEP_RUNNING_JOBS) != 0) {
+        return invalid("gpuq_connect_options_t.flags has unknown bits " + std::to_string(flags) +
+                       " (known: GPUQ_CONNECT_KEEP_RUNNING_JOBS)");
+      }
+      cpp.keep_running_jobs = (flags & GPUQ_CONNECT_KEEP_RUNNING_JOBS) != 0;
       cpp.runtime_dir = text_or_empty(options->runtime_dir);
       cpp.segment_bytes = options->segment_bytes;
       cpp.name = text_or_empty(options->name);

@@ -219,6 +219,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       hello.name.resize(cut);
     }
     hello.arena_bytes = options.segment_bytes;
+    hello.keep_running_jobs = options.keep_running_jobs;
     if (auto r = send_request(socket_.get(), HelloMessage::kType, encode(hello)); !r) return r;
     auto m = receive_reply(socket_.get());
     if (!m) {
@@ -519,6 +520,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
         return static_cast<int>(p.id) == pool->fallback;
       });
     }
+    if (spec.time_limit.count() < 0 || spec.time_limit.count() > UINT32_MAX) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "time_limit: " + std::to_string(spec.time_limit.count()) +
+                       " ms is out of range (0: none, else 1 to 4294967295 ms)");
+    }
     ParamWriter params;
     for (const auto& p : spec.params) {
       ParamValue v;
@@ -571,6 +577,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                         ? kNoDeadline
                         : monotonic_ns() + static_cast<uint64_t>(spec.expire_after.count());
     if (params.size() > 0) std::memcpy(d.params, params.data(), params.size());
+    js.time_limit_ms = static_cast<uint32_t>(spec.time_limit.count());
     // `submitting` is up from before the slot turns SUBMITTED until its reference is in the
     // ring (or the slot is free again): the supervisor's drain handshake waits for it, and its
     // audit does not take a SUBMITTED job in no ring for one whose entry was lost meanwhile.
@@ -811,7 +818,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     SlotWord w = SlotWord::unpack(word);
     if (w.generation == generation && w.state == JobState::kRunning) {
-      js.cancel_requested.store(1, std::memory_order_relaxed);
+      // An or, not a store: the supervisor's time-limit bit may be up already.
+      js.cancel_requested.fetch_or(kCancelByClient, std::memory_order_relaxed);
       return {};
     }
     return Error(ErrorCode::kNotCancellable, "the job has already finished");
@@ -844,7 +852,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       last = free_slot(s, generation);
     } else {
       // Running, and nobody will read its result: ask its op to stop early.
-      js.cancel_requested.store(1, std::memory_order_relaxed);
+      js.cancel_requested.fetch_or(kCancelByClient, std::memory_order_relaxed);
       last = abandon(s, generation);  // freed once it finishes
     }
   }

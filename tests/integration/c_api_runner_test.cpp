@@ -21,6 +21,17 @@ TEST_CASE("the C ABI test program passes against a real daemon") {
   check_echo_works(client);
 }
 
+TEST_CASE("the C ABI: a job past its time_limit_ms is stopped and ends GPUQ_TIMED_OUT") {
+  DaemonProcess daemon(one_pool_config(2));
+  const CommandResult run = run_command(std::string("'") + GPUQ_TEST_C_API_CLIENT + "' '" +
+                                        daemon.runtime_dir() + "' time-limit 2>&1");
+  INFO("c_api_test time-limit output:\n" << run.output);
+  CHECK(run.exit_code == 0);
+  CHECK(run.output.find(" 0 failed") != std::string::npos);
+  Client client = connect_client(daemon);
+  check_echo_works(client);
+}
+
 TEST_CASE("the C ABI test program fails cleanly without a daemon") {
   // A directory with no daemon: the program must report the failure, not pass or hang.
   char dir[] = "/tmp/gpuqt-XXXXXX";

@@ -1,10 +1,12 @@
 /* Integration test of the C ABI (gpuq/gpuq.h), as a plain C99 program.
  *
- *   c_api_test RUNTIME_DIR
+ *   c_api_test RUNTIME_DIR [time-limit]
  *
  * Connects to the daemon serving RUNTIME_DIR, runs an echo job and a checksum job and checks
  * their outputs (the checksum against a CRC32C computed here), checks that an unknown op fails
- * with GPUQ_UNKNOWN_OP, and exercises the argument checks of the C layer. Prints
+ * with GPUQ_UNKNOWN_OP, and exercises the argument checks of the C layer and the older revisions
+ * of its versioned structs. With "time-limit", it runs only the checks of
+ * gpuq_job_spec_t.time_limit_ms (jobs stopped at their limit end GPUQ_TIMED_OUT). Prints
  * "c_api: N passed, M failed"; exits 0 when nothing failed, 1 otherwise, 2 on bad usage.
  */
 #include <stdint.h>
@@ -73,6 +75,8 @@ static void test_library_facts(void) {
   CHECK(strcmp(gpuq_status_name(GPUQ_OK), "Ok") == 0);
   CHECK(strcmp(gpuq_status_name(GPUQ_QUEUE_FULL), "QueueFull") == 0);
   CHECK(strcmp(gpuq_status_name(GPUQ_OP_FAILED), "OpFailed") == 0);
+  CHECK(strcmp(gpuq_status_name(GPUQ_TIMED_OUT), "TimedOut") == 0);
+  CHECK(strcmp(gpuq_status_name(GPUQ_TIMEOUT), "Timeout") == 0);
   CHECK(strcmp(gpuq_status_name((gpuq_status_t)1000), "Unknown") == 0);
   CHECK(strcmp(gpuq_job_status_name(GPUQ_JOB_DONE), "done") == 0);
   CHECK(gpuq_version() != NULL && gpuq_version()[0] != '\0');
@@ -112,6 +116,23 @@ static void test_argument_checks(gpuq_client_t* client) {
   CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
   CHECK(gpuq_job_release(job) == GPUQ_OK);
   job = NULL;
+  /* So is revision 2 (no `time_limit_ms`: what is in those bytes, its padding, is not read). */
+  spec.version = GPUQ_JOB_SPEC_VERSION2;
+  spec.flags = GPUQ_JOB_RETRYABLE;
+  spec.time_limit_ms = 0xFFFFFFFFu;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
+  CHECK(gpuq_job_release(job) == GPUQ_OK);
+  job = NULL;
+  /* Revision 3: time_limit_ms is read; any value of it is valid. */
+  spec.version = GPUQ_JOB_SPEC_VERSION3;
+  spec.time_limit_ms = 60000;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
+  CHECK(gpuq_job_release(job) == GPUQ_OK);
+  job = NULL;
+  /* A revision from the future is refused. */
+  spec.version = GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 4);
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_INVALID_ARGUMENT);
+  CHECK(job == NULL);
   CHECK(gpuq_reconnect(NULL) == GPUQ_INVALID_ARGUMENT);
   CHECK(gpuq_job_release(NULL) == GPUQ_OK);
   CHECK(gpuq_disconnect(NULL) == GPUQ_OK);
@@ -210,6 +231,91 @@ static void test_status_json(const char* runtime_dir) {
   CHECK(gpuq_daemon_status_json(runtime_dir, &json) == GPUQ_OK);
   CHECK(json != NULL && json[0] == '{');
   gpuq_string_free(json);
+}
+
+/* gpuq_connect_options_t: revision 1 (no `flags`) and revision 2 with
+ * GPUQ_CONNECT_KEEP_RUNNING_JOBS connect and run jobs; an unknown flag is refused. */
+static void test_connect_options(const char* runtime_dir) {
+  gpuq_connect_options_t options;
+  gpuq_client_t* other = NULL;
+  gpuq_job_spec_t spec = new_spec("noop");
+  gpuq_job_result_t result = new_result();
+
+  memset(&options, 0, sizeof options);
+  options.version = GPUQ_CONNECT_OPTIONS_VERSION1;
+  options.runtime_dir = runtime_dir;
+  options.name = "c_api_test_v1";
+  options.flags = 0x80u; /* not read: revision 1 ends before it */
+  CHECK(gpuq_connect(&options, &other) == GPUQ_OK);
+  if (other != NULL) {
+    CHECK(run_job(other, &spec, &result) == GPUQ_OK);
+    CHECK(result.status == GPUQ_JOB_DONE);
+    CHECK(gpuq_disconnect(other) == GPUQ_OK);
+    other = NULL;
+  }
+
+  options.version = GPUQ_CONNECT_OPTIONS_VERSION;
+  options.name = "c_api_test_bad_flags";
+  CHECK(gpuq_connect(&options, &other) == GPUQ_INVALID_ARGUMENT);
+  CHECK(other == NULL);
+  CHECK(strstr(gpuq_last_error_message(), "gpuq_connect_options_t.flags") != NULL);
+
+  options.name = "c_api_test_keep";
+  options.flags = GPUQ_CONNECT_KEEP_RUNNING_JOBS;
+  CHECK(gpuq_connect(&options, &other) == GPUQ_OK);
+  if (other != NULL) {
+    result = new_result();
+    CHECK(run_job(other, &spec, &result) == GPUQ_OK);
+    CHECK(result.status == GPUQ_JOB_DONE);
+    CHECK(gpuq_disconnect(other) == GPUQ_OK);
+  }
+}
+
+/* Submits a `sleep` job of `us` microseconds in a gpuq_job_spec_t of version `version` with
+ * `time_limit_ms`, and waits for it; the result in *result. */
+static gpuq_status_t run_sleep(gpuq_client_t* client, uint32_t version, uint32_t time_limit_ms,
+                               int64_t us, gpuq_job_result_t* result) {
+  gpuq_param_t param;
+  gpuq_job_spec_t spec = new_spec("sleep");
+  memset(&param, 0, sizeof param);
+  param.key = "us";
+  param.type = GPUQ_PARAM_INT;
+  param.i = us;
+  spec.version = version;
+  spec.params = &param;
+  spec.param_count = 1;
+  spec.time_limit_ms = time_limit_ms;
+  return run_job(client, &spec, result);
+}
+
+/* gpuq_job_spec_t.time_limit_ms (revision 3): a job past it is stopped (sleep looks at its
+ * cancel flag) and ends GPUQ_JOB_FAILED with GPUQ_TIMED_OUT, long before its op would have
+ * ended; a job within its limit, and a revision-2 spec whose padding holds what would be a
+ * 1 ms limit, run to their end. */
+static void test_time_limit(gpuq_client_t* client) {
+  gpuq_job_result_t result = new_result();
+
+  CHECK(run_sleep(client, GPUQ_JOB_SPEC_VERSION, 200, INT64_C(5000000), &result) == GPUQ_OK);
+  CHECK(result.status == GPUQ_JOB_FAILED);
+  CHECK(result.code == GPUQ_TIMED_OUT);
+  CHECK(strcmp(gpuq_status_name(result.code), "TimedOut") == 0);
+  CHECK(result.run_ns >= UINT64_C(150000000)); /* it ran until about its limit... */
+  CHECK(result.run_ns < UINT64_C(4000000000)); /* ...and not for the 5 s it asked for */
+  if (result.code != GPUQ_TIMED_OUT || result.run_ns >= UINT64_C(4000000000)) {
+    fprintf(stderr, "time limit: status %s, code %s (%s), run %llu ns\n",
+            gpuq_job_status_name(result.status), gpuq_status_name(result.code), result.message,
+            (unsigned long long)result.run_ns);
+  }
+
+  result = new_result();
+  CHECK(run_sleep(client, GPUQ_JOB_SPEC_VERSION, 60000, 1000, &result) == GPUQ_OK);
+  CHECK(result.status == GPUQ_JOB_DONE);
+  CHECK(result.value == 1000);
+
+  result = new_result();
+  CHECK(run_sleep(client, GPUQ_JOB_SPEC_VERSION2, 1, 300000, &result) == GPUQ_OK);
+  CHECK(result.status == GPUQ_JOB_DONE);
+  CHECK(result.value == 300000);
 }
 
 static gpuq_tensor_t new_tensor(gpuq_buffer_t buffer, uint32_t rank, const int64_t* dims) {
@@ -446,8 +552,8 @@ int main(int argc, char** argv) {
   gpuq_client_t* client = NULL;
   gpuq_status_t s;
 
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s RUNTIME_DIR\n", argv[0]);
+  if (argc != 2 && !(argc == 3 && strcmp(argv[2], "time-limit") == 0)) {
+    fprintf(stderr, "usage: %s RUNTIME_DIR [time-limit]\n", argv[0]);
     return 2;
   }
   memset(&options, 0, sizeof options);
@@ -455,14 +561,18 @@ int main(int argc, char** argv) {
   options.runtime_dir = argv[1];
   options.name = "c_api_test";
 
-  test_library_facts();
+  if (argc == 2) test_library_facts();
   s = gpuq_connect(&options, &client);
   CHECK(s == GPUQ_OK);
   if (s != GPUQ_OK) {
     fprintf(stderr, "c_api: cannot connect to the daemon in %s: %s: %s\n", argv[1],
             gpuq_status_name(s), gpuq_last_error_message());
+  } else if (argc == 3) {
+    test_time_limit(client);
+    CHECK(gpuq_disconnect(client) == GPUQ_OK);
   } else {
     test_argument_checks(client);
+    test_connect_options(argv[1]);
     test_echo(client);
     test_checksum(client);
     test_unknown_op(client);

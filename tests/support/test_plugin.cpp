@@ -1,7 +1,9 @@
 // Test-only plug-ins (gpuq/plugin.h), one source built three ways (tests/CMakeLists.txt):
 // - gpuq_test_plugin: op plugin_gpu_only (a gpu function only: a job for it on a cpu pool fails
-//   UnknownOp) and, with CUDA, op plugin_oob_write (a kernel that writes far out of bounds: a
-//   real sticky CUDA error, for the worker-replacement test).
+//   UnknownOp); ops plugin_spin (spins forever and never looks at its cancel flag; on a GPU, a
+//   kernel that never ends) and plugin_block (sleeps in a blocking system call forever), for
+//   the time-limit tests; and, with CUDA, op plugin_oob_write (a kernel that writes far out of
+//   bounds: a real sticky CUDA error, for the worker-replacement test).
 // - gpuq_test_plugin_bad_register (GPUQ_TEST_PLUGIN_FAIL=1): gpuq_plugin_register returns an
 //   error.
 // - gpuq_test_plugin_clash (GPUQ_TEST_PLUGIN_CLASH=1): registers an op named "echo", a built-in.
@@ -11,8 +13,11 @@
 #define GPUQ_TEST_PLUGIN_HAVE_CUDA 0
 #endif
 
+#include <poll.h>
+
 #if GPUQ_TEST_PLUGIN_HAVE_CUDA
-int gpuq_test_plugin_oob_write(gpuq_plugin_job* job);  // test_plugin_fault.cu
+int gpuq_test_plugin_oob_write(gpuq_plugin_job* job);    // test_plugin_fault.cu
+int gpuq_test_plugin_spin_kernel(gpuq_plugin_job* job);  // test_plugin_fault.cu
 #endif
 
 namespace {
@@ -20,6 +25,18 @@ namespace {
 [[maybe_unused]] int gpu_only_noop(gpuq_plugin_job* job) {
   job->value = 7;
   return 0;
+}
+
+// A hung op: a loop that never ends and never reads job->cancel_requested.
+[[maybe_unused]] int spin_forever(gpuq_plugin_job*) {
+  for (;;) {
+    asm volatile("" ::: "memory");  // a side effect: the loop is not optimised away
+  }
+}
+
+// A hung op in the kernel: a blocking call that never returns (no descriptor, no timeout).
+[[maybe_unused]] int block_forever(gpuq_plugin_job*) {
+  for (;;) (void)::poll(nullptr, 0, -1);
 }
 
 }  // namespace
@@ -33,6 +50,23 @@ extern "C" GPUQ_PLUGIN_EXPORT int gpuq_plugin_register(gpuq_plugin_registrar* re
 #else
   if (int r = registrar->add_op(registrar, "plugin_gpu_only", "test only: no cpu function", nullptr,
                                 gpu_only_noop);
+      r != 0) {
+    return r;
+  }
+#if GPUQ_TEST_PLUGIN_HAVE_CUDA
+  gpuq_plugin_op_fn gpu_spin = gpuq_test_plugin_spin_kernel;
+#else
+  gpuq_plugin_op_fn gpu_spin = spin_forever;
+#endif
+  if (int r = registrar->add_op(registrar, "plugin_spin",
+                                "test only: never ends, never looks at its cancel flag",
+                                spin_forever, gpu_spin);
+      r != 0) {
+    return r;
+  }
+  if (int r =
+          registrar->add_op(registrar, "plugin_block", "test only: blocks in a system call forever",
+                            block_forever, block_forever);
       r != 0) {
     return r;
   }

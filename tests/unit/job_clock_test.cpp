@@ -132,5 +132,34 @@ TEST_CASE("config: job_clock is auto, tsc or monotonic") {
   }
 }
 
+// Not a clock key, but the same parser: the time-limit keys (docs/config.md).
+TEST_CASE("config: job_time_limit_ms per pool and cancel_grace_ms, with their ranges") {
+  const std::vector<int> cpus = {0};
+  auto defaulted = daemon::parse_config("{}", cpus);
+  REQUIRE(defaulted.ok());
+  CHECK(defaulted->cancel_grace_ms == 1000);
+  CHECK(defaulted->pools.at(0).job_time_limit_ms == 0);
+  auto set = daemon::parse_config(
+      R"({"cancel_grace_ms":0,"pools":[{"name":"a","job_time_limit_ms":4294967295},)"
+      R"({"name":"g","kind":"gpu","job_time_limit_ms":250}]})",
+      cpus);
+  REQUIRE_MESSAGE(set.ok(), (set.ok() ? "" : set.error().message()));
+  CHECK(set->cancel_grace_ms == 0);
+  CHECK(set->pools.at(0).job_time_limit_ms == 4294967295u);
+  CHECK(set->pools.at(1).job_time_limit_ms == 250);
+  for (const char* bad :
+       {R"({"cancel_grace_ms":600001})", R"({"cancel_grace_ms":-1})", R"({"cancel_grace_ms":"1s"})",
+        R"({"pools":[{"name":"a","job_time_limit_ms":-5}]})",
+        R"({"pools":[{"name":"a","job_time_limit_ms":4294967296}]})",
+        R"({"pools":[{"name":"a","job_time_limit_ms":1.5}]})"}) {
+    CAPTURE(bad);
+    auto r = daemon::parse_config(bad, cpus);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().code() == ErrorCode::kInvalidArgument);
+    const std::string& m = r.error().message();
+    CHECK_MESSAGE((contains(m, "cancel_grace_ms") || contains(m, "pools[0].job_time_limit_ms")), m);
+  }
+}
+
 }  // namespace
 }  // namespace gpuq

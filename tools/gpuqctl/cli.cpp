@@ -17,7 +17,8 @@ namespace gpuq::ctl {
 const char* const kUsage = R"(usage: gpuqctl [--runtime-dir DIR] COMMAND [ARGS]
 
 Commands:
-  status [--json]         show the daemon's pools and workers (--json: the status document)
+  status [--json]         show the daemon's pools and workers, and the job each busy worker
+                          runs (--json: the status document)
   ready                   readiness probe: exit 0 if the daemon accepts jobs and every available
                           pool has a live, ready worker (an unavailable gpu pool, one with no
                           GPU, does not count); else print why and exit 1
@@ -36,7 +37,11 @@ submit options:
   --pool NAME             the pool to run in (default: the daemon's first pool)
   --count N               run N jobs, then print jobs/s and submit-to-complete latency
   --concurrency C         with --count: jobs kept in flight (default 1)
-  --timeout-ms MS         limit for each job from submission to completion (default: none)
+  --timeout-ms MS         limit for each job from submission to completion (default: none);
+                          a job still queued or running then is cancelled, and gpuqctl says so
+  --time-limit-ms MS      the longest each job may run once a worker starts it (0: no limit of
+                          its own; the pool's job_time_limit_ms still applies). Past it the daemon
+                          stops the job, which fails with TimedOut
 
 Tensor ops (docs/ops.md): give each operand as one --input file of raw little-endian
 elements (f32, or f16 with --param dtype=f16), in the op's operand order, and its shape as a
@@ -129,12 +134,17 @@ bool ArgCursor::take_value(std::string_view name, std::string& value, std::strin
 std::optional<uint64_t> parse_count(std::string_view name, const std::string& text, uint64_t min,
                                     uint64_t max, std::string& error) {
   uint64_t value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+  const bool negative = text.size() > 1 && text[0] == '-';
+  const char* first = text.data() + (negative ? 1 : 0);
+  auto [end, ec] = std::from_chars(first, text.data() + text.size(), value);
+  if (text.empty() || (ec != std::errc() && ec != std::errc::result_out_of_range) ||
+      end != text.data() + text.size()) {
     error = std::string(name) + " '" + text + "' is not a whole number";
     return std::nullopt;
   }
-  if (value < min || value > max) {
+  // A number out of range (negative, or past 2^64 - 1) says so, as one too large for `max`.
+  if ((negative && value != 0) || ec == std::errc::result_out_of_range || value < min ||
+      value > max) {
     error = std::string(name) + " is " + text + ", must be in [" + std::to_string(min) + ", " +
             std::to_string(max) + "]";
     return std::nullopt;

@@ -37,6 +37,42 @@ std::string format_cpus(const Json& worker) {
   return out.empty() ? "-" : out;
 }
 
+// A duration in milliseconds as format_ns() writes it ("1.234 s").
+std::string format_ms(double ms) {
+  return format_ns(ms <= 0 ? 0 : static_cast<uint64_t>(ms * 1e6));
+}
+
+// What a busy worker runs, from its "job" object: "sleep from client 3 \"pytest\" (pid 4242),
+// running 1.250 s of its 2.000 s limit, asked to stop (time limit)". "-" when it runs none.
+std::string format_job(const Json& worker) {
+  auto it = worker.is_object() ? worker.find("job") : worker.end();
+  if (it == worker.end() || !it->is_object()) return "-";
+  const Json& job = *it;
+  std::string text = text_field(job, "op", "?") + " from client " + text_field(job, "client", "?");
+  std::string name = text_field(job, "client_name", "");
+  // A client names itself: no control characters of its reach the terminal.
+  std::replace_if(
+      name.begin(), name.end(),
+      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }, '?');
+  if (!name.empty()) text += " \"" + name + "\"";
+  if (job.contains("client_pid") && job["client_pid"].is_number()) {
+    text += " (pid " + text_field(job, "client_pid") + ")";
+  }
+  if (auto age = number_field(job, "age_ms")) text += ", running " + format_ms(*age);
+  if (auto limit = number_field(job, "time_limit_ms")) {
+    text += " of its " + format_ms(*limit) + " limit";
+  }
+  const std::string stop = text_field(job, "stop_requested", "");
+  if (stop == "time_limit") {
+    text += ", asked to stop (time limit)";
+  } else if (stop == "cancel") {
+    text += ", asked to stop (cancelled)";
+  } else if (!stop.empty()) {
+    text += ", asked to stop (" + stop + ")";
+  }
+  return text;
+}
+
 void print_status_table(const Json& doc) {
   std::string header = "gpuqd " + text_field(doc, "version") + ", pid " + text_field(doc, "pid");
   if (auto up = number_field(doc, "uptime_s")) header += ", up " + format_uptime(*up);
@@ -57,6 +93,16 @@ void print_status_table(const Json& doc) {
     line += ", queue " + text_field(pool, "queue_depth") + "/" + text_field(pool, "capacity");
     line += ", workers " + text_field(pool, "workers_ready") + "/" +
             text_field(pool, "workers_total") + " ready";
+    if (auto stuck = number_field(pool, "workers_stuck"); stuck && *stuck > 0) {
+      line += ", " + text_field(pool, "workers_stuck") + " stuck";
+    }
+    if (auto limit = number_field(pool, "job_time_limit_ms")) {
+      line += ", job time limit " + format_ms(*limit);
+    }
+    if (auto forced = number_field(pool, "stops_forced"); forced && *forced > 0) {
+      line +=
+          ", " + text_field(pool, "stops_forced") + " workers stopped for jobs that did not end";
+    }
     if (pool.is_object() && pool.contains("accepting") && pool["accepting"] == false) {
       line += ", not accepting jobs";
     }
@@ -67,14 +113,16 @@ void print_status_table(const Json& doc) {
       std::cout << "  no workers\n";
       continue;
     }
-    std::cout << strf("  %6s %8s %-12s %-10s %-4s %10s %8s %8s\n", "WORKER", "PID", "CPUS", "STATE",
-                      "BUSY", "DONE", "FAILED", "RESTARTS");
+    std::cout << strf("  %6s %8s %-12s %-10s %-4s %10s %8s %8s  %s\n", "WORKER", "PID", "CPUS",
+                      "STATE", "BUSY", "DONE", "FAILED", "RESTARTS", "JOB");
     for (const Json& w : *workers) {
-      std::cout << strf("  %6s %8s %-12s %-10s %-4s %10s %8s %8s\n", text_field(w, "id").c_str(),
+      // The job last: its text has no bound on its length that strf's buffer could hold.
+      std::cout << strf("  %6s %8s %-12s %-10s %-4s %10s %8s %8s  ", text_field(w, "id").c_str(),
                         text_field(w, "pid").c_str(), format_cpus(w).c_str(),
                         text_field(w, "state").c_str(), text_field(w, "busy").c_str(),
                         text_field(w, "jobs_done").c_str(), text_field(w, "jobs_failed").c_str(),
-                        text_field(w, "restarts").c_str());
+                        text_field(w, "restarts").c_str())
+                << format_job(w) << '\n';
     }
   }
 }

@@ -77,9 +77,11 @@ int run_one(const SubmitArgs& args, Session& session) {
   gpuq::Result<gpuq::JobResult> result = job->wait(time_left(deadline));
   if (!result) {
     if (result.error().code() == gpuq::ErrorCode::kTimeout) {
-      return daemon_error(
+      const int status = daemon_error(
           gpuq::Error(gpuq::ErrorCode::kTimeout,
                       "the job did not finish within " + std::to_string(*args.timeout_ms) + " ms"));
+      std::cerr << "gpuqctl: " << cancel_unfinished(job.value()) << '\n';
+      return status;
     }
     return daemon_error(result.error());
   }
@@ -176,6 +178,12 @@ int parse_submit(ArgCursor& cursor, std::string& runtime_dir, SubmitArgs& args) 
       if (!error.empty()) return usage_error(error);
       args.timeout_ms = parse_count("--timeout-ms", value, 1, UINT64_C(1) << 40, error);
       if (!args.timeout_ms) return usage_error(error);
+    } else if (cursor.take_value("--time-limit-ms", value, error)) {
+      if (!error.empty()) return usage_error(error);
+      std::optional<uint64_t> limit =
+          parse_count("--time-limit-ms", value, 0, UINT32_MAX, error);  // JobSpec::time_limit
+      if (!limit) return usage_error(error);
+      args.time_limit_ms = *limit;
     } else if (cursor.take_value("--param", value, error)) {
       if (!error.empty()) return usage_error(error);
       gpuq::Result<gpuq::Param> p = gpuq::parse_param_assignment(value);

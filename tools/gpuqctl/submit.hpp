@@ -26,6 +26,7 @@ struct SubmitArgs {
   std::optional<uint64_t> count;
   uint64_t concurrency = 1;
   std::optional<uint64_t> timeout_ms;
+  uint64_t time_limit_ms = 0;  // 0: none of the job's own
 };
 
 // The connection and buffers a submit run uses: `pairs` input/output buffer pairs, each input
@@ -47,6 +48,11 @@ const char* status_word(gpuq::JobStatus status);
 
 // Time left until `deadline` as a timeout for the client API (negative: no deadline).
 std::chrono::nanoseconds time_left(std::optional<Clock::time_point> deadline);
+
+// Cancels `job`, which --timeout-ms left unfinished: a queued job ends at once, a running one
+// is asked to stop (and its worker stopped if its op has not ended within the daemon's
+// cancel_grace_ms). Returns what happened, as a note for stderr.
+std::string cancel_unfinished(gpuq::Job& job);
 
 // Runs args.count jobs keeping args.concurrency in flight and reports throughput and latency
 // (submit_load.cpp). Returns the exit status.

@@ -50,6 +50,10 @@ class LoadRun {
     if (failures_ > 0) {
       std::cerr << "gpuqctl: " << failures_ << " of " << total_
                 << " jobs failed; first: " << first_failure_.to_string() << '\n';
+      if (cancelled_ > 0) {
+        std::cerr << "gpuqctl: cancelled the " << cancelled_
+                  << " jobs still queued or running at --timeout-ms\n";
+      }
       return kExitFailure;
     }
     return kExitOk;
@@ -110,6 +114,9 @@ class LoadRun {
     } else if (auto deadline = deadline_of(slot); deadline && now >= *deadline) {
       fail(gpuq::Error(gpuq::ErrorCode::kTimeout,
                        "a job did not finish within " + std::to_string(*args_.timeout_ms) + " ms"));
+      // Cancelled rather than only dropped: a queued job would otherwise still run, and a
+      // running one is stopped the same way.
+      if (slot.job.cancel()) ++cancelled_;
       release(i);
     }
   }
@@ -215,6 +222,7 @@ class LoadRun {
   uint64_t not_submitted_ = 0;
   bool stop_submitting_ = false;
   uint64_t failures_ = 0;
+  uint64_t cancelled_ = 0;  // jobs cancelled at --timeout-ms
   gpuq::Error first_failure_;
   std::vector<uint64_t> latencies_ns_;
   Clock::time_point start_;

@@ -69,7 +69,25 @@ gpuq::JobSpec make_spec(const SubmitArgs& args) {
   spec.op = args.op;
   spec.pool = args.pool;
   spec.params = args.params;
+  spec.time_limit = std::chrono::milliseconds(args.time_limit_ms);
   return spec;
+}
+
+std::string cancel_unfinished(gpuq::Job& job) {
+  gpuq::Result<void> cancelled = job.cancel();
+  if (!cancelled) {
+    if (cancelled.error().code() == gpuq::ErrorCode::kNotCancellable) {
+      return "the job finished as the timeout passed; its result is dropped";
+    }
+    return "could not cancel the job: " + cancelled.error().to_string();
+  }
+  // A queued job is cancelled at once; a running one only asked to stop.
+  gpuq::Result<gpuq::JobStatus> after = job.poll();
+  if (after && after.value() == gpuq::JobStatus::kCancelled) {
+    return "cancelled the job (it was still queued)";
+  }
+  return "cancelled the job (it was running: its op is asked to stop, and the daemon stops its "
+         "worker if it does not within cancel_grace_ms)";
 }
 
 }  // namespace gpuq::ctl

@@ -25,7 +25,7 @@ enum class ErrorCode : int32_t {
   kUnknownPool = 3,        // no pool of that name
   kQueueFull = 4,          // try_submit: the pool's ring or this client's share of it is full
   kTimeout = 5,            // a deadline passed before the call could complete
-  kCancelled = 6,          // the job was cancelled before it started
+  kCancelled = 6,          // the job was cancelled (a running one: see Job::cancel)
   kExpired = 7,            // the job's deadline passed while it was still queued
   kWorkerDied = 8,         // the worker running the job exited
   kDisconnected = 9,       // the daemon is gone (or restarted); reconnect
@@ -38,9 +38,10 @@ enum class ErrorCode : int32_t {
   kNoDevice = 16,          // the pool has no usable device
   kInternal = 17,          // a bug in gpuq; the message says where
   kSystemError = 18,       // a system call failed; the message names it and errno
-  kNotCancellable = 19,    // cancel: the job is already running or finished
+  kNotCancellable = 19,    // cancel: the job has already finished
   kTooManyClients = 20,    // the daemon serves its configured maximum of clients
   kOpFailed = 21,          // the op itself reported failure; the message says why
+  kTimedOut = 22,          // the job ran past its time limit and was stopped
 };
 
 // Stable name of a code ("QueueFull"), for logs and JSON. Thread-safe, never fails.
@@ -90,12 +91,14 @@ constexpr std::string_view error_code_name(ErrorCode code) noexcept {
       return "TooManyClients";
     case ErrorCode::kOpFailed:
       return "OpFailed";
+    case ErrorCode::kTimedOut:
+      return "TimedOut";
   }
   return "Unknown";
 }
 
 // Largest value of ErrorCode; codes read from shared memory above it are themselves invalid.
-inline constexpr int32_t kMaxErrorCode = static_cast<int32_t>(ErrorCode::kOpFailed);
+inline constexpr int32_t kMaxErrorCode = static_cast<int32_t>(ErrorCode::kTimedOut);
 
 // An error value: a code and a human-readable message that says what was wrong.
 class Error {

@@ -68,6 +68,11 @@ struct JobSpec {
   // WorkerDied. Only for jobs that may safely run twice: the first run may have written part
   // of the output.
   bool retryable = false;
+  // The longest the job may run once started (0: no limit of its own). The smaller of this and
+  // its pool's job_time_limit_ms applies: past it the op is asked to stop, and cancel_grace_ms
+  // later its worker is stopped; the job ends TimedOut either way (docs/design/faults.md, "Jobs
+  // that do not end"). At most 2^32 - 1 ms; negative is InvalidArgument.
+  std::chrono::milliseconds time_limit{0};
 };
 
 enum class JobStatus { kQueued, kRunning, kDone, kFailed, kCancelled, kExpired };
@@ -115,9 +120,10 @@ class GPUQ_API Job {
 
   // Cancels the job. A queued job ends CANCELLED at once. A running job is asked to stop: an
   // op that checks for cancellation (sleep, echo and checksum do) ends it CANCELLED; an op that
-  // finishes first ends it with its result. Never both: wait() returns the one terminal state.
-  // Dropping a running Job asks the same. Errors: NotCancellable (already finished),
-  // ForkedClient.
+  // finishes first ends it with its result. An op that does neither within the daemon's
+  // cancel_grace_ms has its worker stopped (and replaced), and the job ends CANCELLED. Never
+  // both: wait() returns the one terminal state. Dropping a running Job asks the same.
+  // Errors: NotCancellable (already finished), ForkedClient.
   Result<void> cancel();
 
   bool valid() const noexcept { return impl_ != nullptr; }
@@ -148,6 +154,10 @@ struct ConnectOptions {
   // How long wait() spins before it sleeps. Spinning gives microsecond round trips on an idle
   // core; 0 sleeps at once.
   std::chrono::nanoseconds spin{std::chrono::microseconds(50)};
+  // When this client disconnects or exits with jobs still running, the daemon cancels them
+  // (forcing it after its cancel_grace_ms, so they stop holding workers). True: they run to
+  // their end instead, and their results are dropped.
+  bool keep_running_jobs = false;
 };
 
 struct PoolInfo {

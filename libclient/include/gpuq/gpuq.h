@@ -82,9 +82,10 @@ typedef enum gpuq_status {
   GPUQ_NO_DEVICE = 16,         /* the pool has no usable device */
   GPUQ_INTERNAL = 17,          /* a bug in gpuq; the message says where */
   GPUQ_SYSTEM_ERROR = 18,      /* a system call failed; the message names it and errno */
-  GPUQ_NOT_CANCELLABLE = 19,   /* cancel: the job is already running or finished */
+  GPUQ_NOT_CANCELLABLE = 19,   /* cancel: the job has already finished */
   GPUQ_TOO_MANY_CLIENTS = 20,  /* the daemon serves its configured maximum of clients */
-  GPUQ_OP_FAILED = 21          /* the op itself reported failure; the message says why */
+  GPUQ_OP_FAILED = 21,         /* the op itself reported failure; the message says why */
+  GPUQ_TIMED_OUT = 22          /* the job ran past its time limit and was stopped */
 } gpuq_status_t;
 
 /* The state of a job. */
@@ -93,7 +94,7 @@ typedef enum gpuq_job_status {
   GPUQ_JOB_RUNNING = 1,
   GPUQ_JOB_DONE = 2,      /* finished successfully */
   GPUQ_JOB_FAILED = 3,    /* finished with an error: see gpuq_job_result_t.code */
-  GPUQ_JOB_CANCELLED = 4, /* cancelled before it started */
+  GPUQ_JOB_CANCELLED = 4, /* cancelled (gpuq_job_cancel()) */
   GPUQ_JOB_EXPIRED = 5    /* its expire_after_ns passed while it was still queued */
 } gpuq_job_status_t;
 
@@ -124,9 +125,18 @@ typedef struct gpuq_connect_options {
   const char* name;        /* IN: a name for the daemon's logs and status. NULL: the program name */
   int64_t spin_ns;         /* IN: how long gpuq_job_wait() spins before it sleeps.
                               0: the library default (50 us); negative: never spin */
+  uint32_t flags;          /* IN (revision 2): GPUQ_CONNECT_* flags, or 0 */
 } gpuq_connect_options_t;
-#define GPUQ_CONNECT_OPTIONS_VERSION1 GPUQ_STRUCT_VERSION(gpuq_connect_options_t, 1)
-#define GPUQ_CONNECT_OPTIONS_VERSION GPUQ_CONNECT_OPTIONS_VERSION1
+/* Revision 1 ended at spin_ns (40 bytes); the library still accepts it (flags 0). */
+#define GPUQ_CONNECT_OPTIONS_VERSION1 ((uint32_t)(40u | (1u << 24)))
+#define GPUQ_CONNECT_OPTIONS_VERSION2 GPUQ_STRUCT_VERSION(gpuq_connect_options_t, 2)
+#define GPUQ_CONNECT_OPTIONS_VERSION GPUQ_CONNECT_OPTIONS_VERSION2
+
+/* gpuq_connect_options_t.flags */
+/* Jobs still running when this client disconnects or exits run to their end, their results
+ * dropped. Without it the daemon cancels them, and stops (and replaces) the worker of one whose
+ * op has not ended cancel_grace_ms later (docs/config.md), so that they stop holding workers. */
+#define GPUQ_CONNECT_KEEP_RUNNING_JOBS 0x1u
 
 /* A buffer in the client's payload segment, where workers read inputs and write outputs in
  * place. Filled in by gpuq_alloc(); a part of one (same offset + k, data + k, smaller size) is a
@@ -159,11 +169,20 @@ typedef struct gpuq_job_spec {
   int64_t expire_after_ns;    /* IN: if still queued this long after submission, the job ends
                                  GPUQ_JOB_EXPIRED without running. 0 or negative: never */
   uint32_t flags;             /* IN (revision 2): GPUQ_JOB_* flags, or 0 */
+  uint32_t time_limit_ms;     /* IN (revision 3): the longest the job may run once started.
+                                 0: no limit of its own. The smaller of it and the pool's
+                                 job_time_limit_ms applies: past it the op is asked to stop,
+                                 and cancel_grace_ms later its worker is stopped (and replaced);
+                                 either way the job ends GPUQ_JOB_FAILED with GPUQ_TIMED_OUT */
 } gpuq_job_spec_t;
-/* Revision 1 ended at expire_after_ns (96 bytes); the library still accepts it (flags 0). */
+/* Revision 1 ended at expire_after_ns (96 bytes); the library still accepts it (flags 0,
+ * time_limit_ms 0). Revision 2 ended at flags: the same 104 bytes as revision 3 (time_limit_ms
+ * took padding), so its revision number alone tells them apart; it is still accepted
+ * (time_limit_ms 0, whatever those bytes hold). */
 #define GPUQ_JOB_SPEC_VERSION1 ((uint32_t)(96u | (1u << 24)))
-#define GPUQ_JOB_SPEC_VERSION2 GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 2)
-#define GPUQ_JOB_SPEC_VERSION GPUQ_JOB_SPEC_VERSION2
+#define GPUQ_JOB_SPEC_VERSION2 ((uint32_t)(104u | (2u << 24)))
+#define GPUQ_JOB_SPEC_VERSION3 GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 3)
+#define GPUQ_JOB_SPEC_VERSION GPUQ_JOB_SPEC_VERSION3
 
 /* gpuq_job_spec_t.flags */
 #define GPUQ_JOB_RETRYABLE 0x1u /* if its worker dies while running it, run it again (once) */
@@ -191,7 +210,7 @@ typedef struct gpuq_job_result {
 /* Connects to the daemon: checks the protocol version, is authenticated by the daemon and maps
  * this client's payload segment. `options` may be NULL (all defaults). On success *out is a new
  * client, to be closed with gpuq_disconnect().
- * Errors: GPUQ_INVALID_ARGUMENT (out NULL, unknown options->version, bad option),
+ * Errors: GPUQ_INVALID_ARGUMENT (out NULL, unknown options->version, unknown flags, bad option),
  * GPUQ_DISCONNECTED (no daemon at the socket), GPUQ_PROTOCOL_MISMATCH, GPUQ_PERMISSION_DENIED,
  * GPUQ_TOO_MANY_CLIENTS, GPUQ_SYSTEM_ERROR, GPUQ_INTERNAL.
  * Blocking. Thread-safe. */
@@ -260,15 +279,19 @@ GPUQ_API gpuq_status_t gpuq_job_wait(gpuq_job_t* job, int64_t timeout_ns, gpuq_j
  * Lock-free. One thread at a time per job. */
 GPUQ_API gpuq_status_t gpuq_job_poll(gpuq_job_t* job, gpuq_job_status_t* out);
 
-/* Cancels the job if it has not started; it then finishes GPUQ_JOB_CANCELLED.
- * Errors: GPUQ_INVALID_ARGUMENT (job NULL), GPUQ_NOT_CANCELLABLE (already running or
- * finished), GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT, GPUQ_INTERNAL.
+/* Cancels the job. A queued job finishes GPUQ_JOB_CANCELLED at once. A running job is asked to
+ * stop: an op that checks for cancellation (sleep, echo and checksum do) ends it
+ * GPUQ_JOB_CANCELLED; an op that finishes first ends it with its result; an op that does
+ * neither within the daemon's cancel_grace_ms has its worker stopped (and replaced), and the
+ * job ends GPUQ_JOB_CANCELLED. gpuq_job_wait() returns the one terminal state.
+ * Errors: GPUQ_INVALID_ARGUMENT (job NULL), GPUQ_NOT_CANCELLABLE (already finished),
+ * GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT, GPUQ_INTERNAL.
  * Non-blocking. One thread at a time per job. */
 GPUQ_API gpuq_status_t gpuq_job_cancel(gpuq_job_t* job);
 
 /* Releases a job handle. An unfinished job is cancelled if it has not started, and otherwise
- * runs to the end with its result discarded; its slot returns to the client then. NULL is
- * ignored. The handle is invalid afterwards.
+ * asked to stop as by gpuq_job_cancel(), its result discarded; its slot returns to the client
+ * once it has ended. NULL is ignored. The handle is invalid afterwards.
  * Errors: none (always GPUQ_OK).
  * Non-blocking. One thread at a time per job. */
 GPUQ_API gpuq_status_t gpuq_job_release(gpuq_job_t* job);

@@ -45,12 +45,16 @@ struct HelloMessage {
   int32_t pid = 0;           // informational (the daemon uses SO_PEERCRED); 0 when absent or bad
   std::string name;          // at most kMaxClientNameBytes; empty when absent
   uint64_t arena_bytes = 0;  // 0 when absent: the daemon's client_segment_bytes
+  // True: jobs still running when this client leaves run to their end (results dropped).
+  // False (absent): they are cancelled, forced after cancel_grace_ms.
+  bool keep_running_jobs = false;
   friend bool operator==(const HelloMessage&, const HelloMessage&) = default;
 };
 std::string encode(const HelloMessage& m);
 // Errors: InvalidArgument naming Hello.name (not a string, or longer than kMaxClientNameBytes),
 // Hello.arena_bytes (not an unsigned integer, or above `max_arena_bytes`, the daemon's
-// max_client_segment_bytes) or the body. A pid that is not an int32 is ignored (read as 0).
+// max_client_segment_bytes), Hello.keep_running_jobs (not a boolean) or the body. A pid that is not
+// an int32 is ignored (read as 0).
 Result<HelloMessage> decode_hello(std::string_view body, uint64_t max_arena_bytes);
 
 // StatusRequest: {}. The daemon answers with the status document (StatusReply), which is the

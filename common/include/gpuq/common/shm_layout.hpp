@@ -29,7 +29,7 @@ namespace gpuq {
 
 inline constexpr uint64_t kQueueMagic = 0x314D485355515047ull;   // "GPQUSHM1"
 inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
-inline constexpr uint32_t kLayoutVersion = 7;                    // 7: job stamps (clock.hpp)
+inline constexpr uint32_t kLayoutVersion = 8;                    // 8: time limits
 
 inline constexpr uint32_t kMaxPools = 8;
 inline constexpr uint32_t kMaxWorkers = 1024;
@@ -71,7 +71,7 @@ enum class JobState : uint8_t {
   kRunning = 3,    // a worker owns it
   kDone = 4,       // terminal: succeeded
   kFailed = 5,     // terminal: outcome.code says why
-  kCancelled = 6,  // terminal: cancelled before it started
+  kCancelled = 6,  // terminal: cancelled (queued, or running and stopped)
   kExpired = 7,    // terminal: its deadline passed while queued
 };
 
@@ -136,16 +136,25 @@ static_assert(sizeof(JobOutcome) == 40);
 // Cache-line plan: line 0 holds everything a finished job's client reads (state word, outcome);
 // the descriptor starts on line 1 with its fixed fields, params after them.
 struct alignas(64) JobSlot {
-  std::atomic<uint64_t> state;             // SlotWord
-  EventCount done;                         // notified when the slot reaches a terminal state
-  std::atomic<uint32_t> cancel_requested;  // set by the client; a running op may poll it
-  uint32_t reserved;
+  std::atomic<uint64_t> state;  // SlotWord
+  EventCount done;              // notified when the slot reaches a terminal state
+  // Non-zero once the job was asked to stop (kCancelBy* bits); a running op may poll it. The
+  // client sets kCancelByClient; the supervisor kCancelByTimeLimit, and kCancelByClient for a
+  // client that left (docs/design/faults.md, "Jobs that do not end").
+  std::atomic<uint32_t> cancel_requested;
+  // The job's own time limit in milliseconds (0: none), written by the client with the
+  // descriptor; the smaller of it and its pool's job_time_limit_ms applies. Untrusted, but it
+  // can only shorten the pool's limit.
+  uint32_t time_limit_ms;
   JobOutcome outcome;
   JobDescriptor desc;
   char message[kMessageBytes];  // NUL-terminated; meaningful only when outcome.code != kOk
 };
 static_assert(std::is_standard_layout_v<JobSlot>);
 static_assert(offsetof(JobSlot, desc) == 64);
+
+inline constexpr uint32_t kCancelByClient = 1u << 0;
+inline constexpr uint32_t kCancelByTimeLimit = 1u << 1;
 
 // Sets `slot`'s message (truncated to fit). Call before the terminal state store.
 inline void set_slot_message(JobSlot& slot, const char* text) noexcept {
@@ -248,6 +257,14 @@ struct alignas(64) WorkerShm {
   // 1 while the worker sleeps on `wake` and no one has woken it yet: a waker claims the wakeup
   // by exchanging it to 0, so a burst of pushes wakes distinct workers, not one worker N times.
   std::atomic<uint32_t> asleep;
+  // The job the worker runs while `busy` (a packed JobRef) and its start (a job stamp), stored
+  // (release) after the claim; the supervisor checks them against the slot's state word
+  // before it believes them (docs/design/faults.md, "Jobs that do not end").
+  std::atomic<uint32_t> job;
+  // Set by the supervisor before it stops this worker for a job that did not end: the worker
+  // takes no new job while it is up (the Dekker handshake in docs/design/faults.md).
+  std::atomic<uint32_t> hold;
+  std::atomic<uint64_t> job_started;
   alignas(64) std::atomic<uint64_t> jobs_done;
   std::atomic<uint64_t> jobs_failed;
 };
@@ -275,6 +292,9 @@ static_assert(std::is_standard_layout_v<WorkerShm> && std::is_trivially_destruct
 static_assert(std::is_standard_layout_v<ClientShm> && std::is_trivially_destructible_v<ClientShm>);
 static_assert(sizeof(QueueHeader) % 64 == 0 && sizeof(PoolShm) % 64 == 0);
 static_assert(sizeof(WorkerShm) % 64 == 0 && sizeof(ClientShm) % 64 == 0);
+// What the worker writes per job (busy, job, job_started) shares one line with its pid and
+// state; the counters start the next.
+static_assert(offsetof(WorkerShm, jobs_done) == 64);
 
 // Where things are in a queue segment: a process-local copy of the layout fields of the header
 // and of each pool, taken once. Every process that maps the segment can write those fields (a

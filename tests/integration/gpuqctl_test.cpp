@@ -1,0 +1,195 @@
+// Integration: gpuqctl against a real daemon: `submit --time-limit-ms` (checked, and a job past
+// it failing TimedOut), `submit --timeout-ms` cancelling the job it gives up on, and `status`
+// showing the job a busy worker runs and its pool's time limit.
+#include <chrono>
+#include <string>
+
+#include "integration/integration_support.hpp"
+
+namespace gpuq::test {
+namespace {
+
+CommandResult gpuqctl(const DaemonProcess& daemon, const std::string& args) {
+  return run_command(std::string("'") + gpuqctl_path() + "' --runtime-dir '" +
+                     daemon.runtime_dir() + "' " + args + " 2>&1");
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Whether every worker of the first pool is idle, in the daemon's status.
+bool all_workers_idle(const DaemonProcess& daemon) {
+  const nlohmann::json status = daemon.status();  // the loop refers into it
+  for (const auto& w : status["pools"][0]["workers"]) {
+    if (w["busy"] == true) return false;
+  }
+  return true;
+}
+
+TEST_CASE("gpuqctl submit --time-limit-ms is checked, and names itself when it is wrong") {
+  DaemonProcess daemon(one_pool_config(1));
+  for (const char* bad : {"abc", "-5", "1.5", "4294967296", "99999999999999999999999"}) {
+    INFO("--time-limit-ms " << bad);
+    const CommandResult run = gpuqctl(daemon, std::string("submit noop --time-limit-ms ") + bad);
+    INFO(run.output);
+    CHECK(run.exit_code == 2);
+    CHECK(contains(run.output, "--time-limit-ms"));
+  }
+  const CommandResult negative = gpuqctl(daemon, "submit noop --time-limit-ms=-5");
+  CHECK(contains(negative.output, "--time-limit-ms is -5, must be in [0, 4294967295]"));
+  const CommandResult missing = gpuqctl(daemon, "submit noop --time-limit-ms");
+  CHECK(missing.exit_code == 2);
+  CHECK(contains(missing.output, "option --time-limit-ms needs a value"));
+
+  // 0 (no limit of the job's own) and the largest value are accepted; so is --count.
+  for (const char* ok : {"0", "4294967295"}) {
+    INFO("--time-limit-ms " << ok);
+    const CommandResult run =
+        gpuqctl(daemon, std::string("submit sleep --param us=1000 --time-limit-ms ") + ok);
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    CHECK(contains(run.output, "done: "));
+  }
+  const CommandResult load = gpuqctl(daemon, "submit noop --count 20 --time-limit-ms 60000");
+  INFO(load.output);
+  CHECK(load.exit_code == 0);
+  CHECK(contains(load.output, "20 jobs in"));
+}
+
+TEST_CASE("gpuqctl submit --time-limit-ms: a job past its limit is stopped and fails TimedOut") {
+  DaemonProcess daemon(one_pool_config(1));
+  const auto start = std::chrono::steady_clock::now();
+  const CommandResult run = gpuqctl(daemon, "submit sleep --param us=5000000 --time-limit-ms 200");
+  const auto took = std::chrono::steady_clock::now() - start;
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(contains(run.output, "failed: TimedOut"));
+  CHECK(took < std::chrono::seconds(4));  // not the 5 s the op asked for
+
+  // The same through --count: each job fails, and the run says so.
+  const CommandResult load =
+      gpuqctl(daemon, "submit sleep --param us=5000000 --count 2 --time-limit-ms 100");
+  INFO(load.output);
+  CHECK(load.exit_code == 1);
+  CHECK(contains(load.output, "2 of 2 jobs failed; first: TimedOut"));
+}
+
+TEST_CASE("gpuqctl submit --timeout-ms cancels a job still running, and says so") {
+  DaemonProcess daemon(one_pool_config(1));
+  const CommandResult run = gpuqctl(daemon, "submit sleep --param us=20000000 --timeout-ms 200");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(contains(run.output, "Timeout: the job did not finish within 200 ms"));
+  CHECK(contains(run.output, "cancelled the job (it was running"));
+  // sleep looks at its cancel flag: the worker is free long before the 20 s were up.
+  CHECK(wait_until([&] { return all_workers_idle(daemon); }, 5s));
+}
+
+TEST_CASE("gpuqctl submit --timeout-ms cancels a job still queued, and says so") {
+  DaemonProcess daemon(one_pool_config(1));
+  Client client = connect_client(daemon);
+  Job busy = submit_ok(client, sleep_spec(20'000'000));  // holds the only worker
+  wait_running(busy);
+
+  const CommandResult run = gpuqctl(daemon, "submit noop --timeout-ms 200");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(contains(run.output, "cancelled the job (it was still queued)"));
+
+  // --count: every job left unfinished at its deadline is cancelled.
+  const CommandResult load =
+      gpuqctl(daemon, "submit noop --count 3 --concurrency 3 --timeout-ms 200");
+  INFO(load.output);
+  CHECK(load.exit_code == 1);
+  CHECK(contains(load.output, "3 of 3 jobs failed; first: Timeout"));
+  CHECK(contains(load.output, "cancelled the 3 jobs still queued or running at --timeout-ms"));
+
+  REQUIRE(busy.cancel().ok());
+  CHECK(wait_result(busy).status == JobStatus::kCancelled);
+  check_echo_works(client);
+}
+
+TEST_CASE("gpuqctl status shows the job a busy worker runs, and its pool's time limit") {
+  // The pool's limit is long: the job only has to be seen running under it.
+  nlohmann::json config;
+  config["pools"] = nlohmann::json::array(
+      {{{"name", "cpu"}, {"kind", "cpu"}, {"workers", 1}, {"job_time_limit_ms", 60000}}});
+  DaemonProcess daemon(config.dump());
+  ConnectOptions options = connect_options(daemon.runtime_dir());
+  options.name = "status-test";
+  auto connected = Client::connect(options);
+  REQUIRE_MESSAGE(connected.ok(), "connect: " << error_text(connected));
+  Client client = std::move(connected).value();
+  JobSpec spec = sleep_spec(20'000'000);
+  spec.time_limit = std::chrono::milliseconds(30000);
+  Job busy = submit_ok(client, spec);
+  wait_running(busy);
+
+  const CommandResult run = gpuqctl(daemon, "status");
+  INFO(run.output);
+  CHECK(run.exit_code == 0);
+  CHECK(contains(run.output, "job time limit 60.000 s"));
+  CHECK(contains(run.output, "JOB"));
+  CHECK(contains(run.output, "sleep from client "));
+  CHECK(contains(run.output, "\"status-test\""));
+  CHECK(contains(run.output, ", running "));
+  CHECK(contains(run.output, " of its 30.000 s limit"));
+
+  // --json is the daemon's document as it sent it.
+  const CommandResult json_run = gpuqctl(daemon, "status --json");
+  const nlohmann::json doc = nlohmann::json::parse(json_run.output, nullptr, false);
+  REQUIRE_MESSAGE(!doc.is_discarded(), "gpuqctl status --json printed: " << json_run.output);
+  const nlohmann::json& worker = doc["pools"][0]["workers"][0];
+  CHECK(worker["job"]["op"] == "sleep");
+  CHECK(worker["job"]["client_name"] == "status-test");
+  CHECK(worker["job"]["time_limit_ms"] == 30000);
+
+  REQUIRE(busy.cancel().ok());
+  CHECK(wait_result(busy).status == JobStatus::kCancelled);
+  const CommandResult idle = gpuqctl(daemon, "status");
+  INFO(idle.output);
+  CHECK(idle.exit_code == 0);
+  CHECK(!contains(idle.output, "sleep from client"));
+}
+
+#ifdef GPUQ_TEST_PLUGIN
+TEST_CASE("gpuqctl status shows a worker stuck on a job past its limit, then its forced stop") {
+  // plugin_spin never looks at its cancel flag: past its 100 ms limit the worker is stuck until
+  // cancel_grace_ms (3 s) has passed, then it is stopped and replaced.
+  nlohmann::json config;
+  config["cancel_grace_ms"] = 3000;
+  config["plugins"] = nlohmann::json::array({GPUQ_TEST_PLUGIN});
+  config["pools"] = nlohmann::json::array({{{"name", "cpu"}, {"kind", "cpu"}, {"workers", 1}}});
+  DaemonProcess daemon(config.dump());
+  Client client = connect_client(daemon);
+  JobSpec spec = job_spec("plugin_spin");
+  spec.time_limit = std::chrono::milliseconds(100);
+  Job hung = submit_ok(client, spec);
+
+  REQUIRE_MESSAGE(
+      wait_until([&] { return daemon.status()["pools"][0]["workers_stuck"] == 1; }, 10s),
+      daemon.status().dump());
+  const CommandResult stuck = gpuqctl(daemon, "status");
+  INFO(stuck.output);
+  CHECK(stuck.exit_code == 0);
+  CHECK(contains(stuck.output, "0/1 ready, 1 stuck"));
+  CHECK(contains(stuck.output, " stuck "));
+  CHECK(contains(stuck.output, "plugin_spin from client "));
+  CHECK(contains(stuck.output, "asked to stop (time limit)"));
+
+  JobResult r = wait_result(hung);
+  CHECK(r.status == JobStatus::kFailed);
+  CHECK(r.code == ErrorCode::kTimedOut);
+  REQUIRE_MESSAGE(
+      wait_until([&] { return daemon.status()["pools"][0]["workers_ready"] == 1; }, 10s),
+      daemon.status().dump());
+  const CommandResult after = gpuqctl(daemon, "status");
+  INFO(after.output);
+  CHECK(contains(after.output, "1/1 ready, 1 workers stopped for jobs that did not end"));
+  CHECK(!contains(after.output, "plugin_spin"));
+}
+#endif
+
+}  // namespace
+}  // namespace gpuq::test
