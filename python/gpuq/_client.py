@@ -50,6 +50,29 @@ def _seconds_to_ns(value: Optional[float], what: str) -> int:
     return int(value * 1e9) if math.isfinite(value) else -1
 
 
+# JobSpec::time_limit's bound: 2^32 - 1 ms (about 49.7 days).
+_MAX_TIME_LIMIT_MS = 0xFFFFFFFF
+
+
+def _time_limit_ms(value: Optional[float]) -> int:
+    """``time_limit`` in seconds as whole milliseconds, rounded up (0: none)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or value < 0:
+        raise _errors.InvalidArgument(
+            f"time_limit: must be a number of seconds >= 0 (0 or None: no limit), not {value!r}")
+    if value == 0 or math.isinf(value):
+        return 0
+    # Rounded to the nanosecond first, so that 1.1 s is 1100 ms and not 1101.
+    ms = max(1, math.ceil(round(value * 1000, 6)))
+    if ms > _MAX_TIME_LIMIT_MS:
+        raise _errors.InvalidArgument(
+            f"time_limit: {value!r} s is more than the most a job may be given, "
+            f"{_MAX_TIME_LIMIT_MS} ms (about 49.7 days); None: no limit")
+    return ms
+
+
 def _shape_tuple(shape: Shape) -> Tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
@@ -74,8 +97,10 @@ class Client:
 
     ``Client()`` connects (``runtime_dir``: the daemon's runtime directory, default as the C++
     client finds it; ``segment_bytes``: the size of this client's shared-memory segment, 0 for
-    the daemon's default; ``name``: shown in ``gpuqctl status``). Thread-safe. Use it as a
-    context manager, or call :meth:`close`.
+    the daemon's default; ``name``: shown in ``gpuqctl status``; ``keep_running_jobs``: when
+    this process exits (or its connection ends) with jobs still running, let them run to their
+    end instead of having the daemon cancel them). Thread-safe. Use it as a context manager, or
+    call :meth:`close`.
 
     After ``fork()`` the child gets a connection of its own on its first call, by itself; the
     parent's jobs and arrays stay the parent's. A Client pickles as its connect arguments, so
@@ -83,13 +108,15 @@ class Client:
     """
 
     def __init__(self, runtime_dir: Optional[str] = None, segment_bytes: int = 0,
-                 name: Optional[str] = None, spin_us: float = 50.0) -> None:
+                 name: Optional[str] = None, spin_us: float = 50.0,
+                 keep_running_jobs: bool = False) -> None:
         if segment_bytes < 0:
             raise _errors.InvalidArgument(f"segment_bytes: must be >= 0, not {segment_bytes}")
         self._runtime_dir = runtime_dir or ""
         self._segment_bytes = int(segment_bytes)
         self._name = name or ""
         self._spin_ns = int(spin_us * 1000)
+        self._keep_running_jobs = bool(keep_running_jobs)
         self._lock = threading.Lock()
         self._closed = False
         self._conn: Optional[_Connection] = None
@@ -99,7 +126,8 @@ class Client:
 
     def _connect(self) -> _Connection:
         return _Connection(_native.Connection.connect(self._runtime_dir, self._segment_bytes,
-                                                      self._name, self._spin_ns))
+                                                      self._name, self._spin_ns,
+                                                      self._keep_running_jobs))
 
     def _c(self) -> _Connection:
         """This process's connection (a new one after a fork)."""
@@ -119,7 +147,7 @@ class Client:
 
     def __reduce__(self) -> Any:
         return (Client, (self._runtime_dir or None, self._segment_bytes, self._name or None,
-                         self._spin_ns / 1000))
+                         self._spin_ns / 1000, self._keep_running_jobs))
 
     # ---- lifetime ------------------------------------------------------------------------------
 
@@ -272,6 +300,7 @@ class Client:
     def submit(self, op: str, *inputs: ArrayLike, out: Optional[np.ndarray] = None,
                pool: Optional[str] = None, timeout: Optional[float] = None,
                expire_after: Optional[float] = None, retryable: bool = False,
+               time_limit: Optional[float] = None,
                **params: Union[int, float, str]) -> Future:
         """Submits op ``op`` and returns its :class:`gpuq.Future`.
 
@@ -281,13 +310,17 @@ class Client:
         first). ``timeout``: seconds to wait for room in the pool's queue (None: as long as it
         takes; :class:`gpuq.Timeout` after). ``expire_after``: seconds after which a job still
         queued ends :class:`gpuq.Expired` without running. ``retryable``: run it again if its
-        worker dies. ``params``: the op's parameters (int, float or str).
+        worker dies. ``time_limit``: seconds the job may run once a worker starts it (None or
+        0: no limit of its own; the pool's ``job_time_limit_ms`` still applies); past it the
+        daemon stops it and it fails with :class:`gpuq.TimedOut`. ``params``: the op's
+        parameters (int, float or str).
 
         The future's result is ``out`` when given, else the op's scalar ``value``.
         """
-        if inputs or out is not None or params or timeout is not None or expire_after is not None:
-            return self._submit(op, inputs, out, pool, timeout, expire_after, retryable, params,
-                                False)
+        if inputs or out is not None or params or timeout is not None or \
+                expire_after is not None or time_limit is not None:
+            return self._submit(op, inputs, out, pool, timeout, expire_after, retryable,
+                                time_limit, params, False)
         # No buffers, no params: the short path (a no-op's round trip is a few microseconds).
         conn = self._conn
         if conn is None or self._generation != _fork_generation:
@@ -297,14 +330,18 @@ class Client:
 
     def try_submit(self, op: str, *inputs: ArrayLike, out: Optional[np.ndarray] = None,
                    pool: Optional[str] = None, expire_after: Optional[float] = None,
-                   retryable: bool = False, **params: Union[int, float, str]) -> Future:
+                   retryable: bool = False, time_limit: Optional[float] = None,
+                   **params: Union[int, float, str]) -> Future:
         """Like :meth:`submit`, but raises :class:`gpuq.QueueFull` at once when the queue has
         no room, instead of waiting."""
-        return self._submit(op, inputs, out, pool, None, expire_after, retryable, params, True)
+        return self._submit(op, inputs, out, pool, None, expire_after, retryable, time_limit,
+                            params, True)
 
     def _submit(self, op: str, inputs: Tuple[Any, ...], out: Optional[np.ndarray],
                 pool: Optional[str], timeout: Optional[float], expire_after: Optional[float],
-                retryable: bool, params: Dict[str, Any], try_only: bool) -> Future:
+                retryable: bool, time_limit: Optional[float], params: Dict[str, Any],
+                try_only: bool) -> Future:
+        limit_ms = _time_limit_ms(time_limit)  # checked before anything is copied in
         conn = self._c()
         keep: list = []
         in_off = in_len = out_off = out_len = 0
@@ -326,7 +363,7 @@ class Client:
         expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
         job = conn.native.submit(op, in_off, in_len, out_off, out_len, pool or "",
                                  list(params.items()) if params else [], expire_ns,
-                                 bool(retryable), timeout_ns, try_only)
+                                 bool(retryable), limit_ms, timeout_ns, try_only)
         return Future(job, keep or None, convert, conn.watcher)
 
     def run(self, op: str, *inputs: ArrayLike, timeout: Optional[float] = None,
@@ -344,7 +381,8 @@ class Client:
     def _tensor(self, op: str, named: Sequence[Tuple[str, Any]], y_shape_of: Any,
                 opts: Dict[str, Any], out: Optional[np.ndarray], pool: Optional[str],
                 timeout: Optional[float], expire_after: Optional[float], retryable: bool,
-                try_only: bool) -> Future:
+                time_limit: Optional[float], try_only: bool) -> Future:
+        limit_ms = _time_limit_ms(time_limit)
         conn = self._c()
         keep: list = []
         operands: List[Optional[Tuple[int, Tuple[int, ...]]]] = []
@@ -382,7 +420,8 @@ class Client:
         timeout_ns = -1 if timeout is None else _seconds_to_ns(timeout, "timeout")
         expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
         job = conn.native.tensor(op, operands, (y_off, y_shape), _TENSOR_DTYPES[dtype], opts,
-                                 pool or "", expire_ns, bool(retryable), timeout_ns, try_only)
+                                 pool or "", expire_ns, bool(retryable), limit_ms, timeout_ns,
+                                 try_only)
         return Future(job, keep, lambda info, out=out: out, conn.watcher)
 
     @staticmethod
@@ -398,65 +437,70 @@ class Client:
                stride: Pair = 1, padding: Pair = 0, dilation: Pair = 1, groups: int = 1,
                relu: bool = False, out: Optional[np.ndarray] = None, pool: Optional[str] = None,
                timeout: Optional[float] = None, expire_after: Optional[float] = None,
-               retryable: bool = False, try_only: bool = False) -> Future:
+               retryable: bool = False, time_limit: Optional[float] = None,
+               try_only: bool = False) -> Future:
         """2-D convolution (NCHW): x N x C x H x W, w K x C/groups x R x S, b K. The future's
         result is y, N x K x OH x OW, a new array in the segment (or ``out``). docs/ops.md."""
         opts = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
                 "relu": relu}
         return self._tensor("conv2d", (("x", x), ("w", w), ("b", b)),
                             lambda s: _native.conv2d_shape(s[0], s[1], opts), opts, out, pool,
-                            timeout, expire_after, retryable, try_only)
+                            timeout, expire_after, retryable, time_limit, try_only)
 
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
              trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
              out: Optional[np.ndarray] = None, pool: Optional[str] = None,
              timeout: Optional[float] = None, expire_after: Optional[float] = None,
-             retryable: bool = False, try_only: bool = False) -> Future:
+             retryable: bool = False, time_limit: Optional[float] = None,
+             try_only: bool = False) -> Future:
         """y = alpha op(a) op(b) + beta c (row-major; c only when beta != 0). Result: y, M x N."""
         opts = {"trans_a": trans_a, "trans_b": trans_b, "alpha": float(alpha),
                 "beta": float(beta)}
         return self._tensor("gemm", (("a", a), ("b", b), ("c", c)),
                             lambda s: _native.gemm_shape(s[0], s[1], opts), opts, out, pool,
-                            timeout, expire_after, retryable, try_only)
+                            timeout, expire_after, retryable, time_limit, try_only)
 
     def activation(self, x: ArrayLike, mode: str = "relu", *, out: Optional[np.ndarray] = None,
                    pool: Optional[str] = None, timeout: Optional[float] = None,
                    expire_after: Optional[float] = None, retryable: bool = False,
-                   try_only: bool = False) -> Future:
+                   time_limit: Optional[float] = None, try_only: bool = False) -> Future:
         """Elementwise ``mode``: "relu", "sigmoid" or "tanh". Result: y, x's shape."""
         return self._tensor("activation", (("x", x),), lambda s: s[0], {"mode": mode}, out, pool,
-                            timeout, expire_after, retryable, try_only)
+                            timeout, expire_after, retryable, time_limit, try_only)
 
     def softmax(self, x: ArrayLike, *, log: bool = False, out: Optional[np.ndarray] = None,
                 pool: Optional[str] = None, timeout: Optional[float] = None,
                 expire_after: Optional[float] = None, retryable: bool = False,
-                try_only: bool = False) -> Future:
+                time_limit: Optional[float] = None, try_only: bool = False) -> Future:
         """Softmax (or log-softmax) over dimension 1 of a 2-D to 4-D x. Result: x's shape."""
         return self._tensor("softmax", (("x", x),), lambda s: s[0], {"log": log}, out, pool,
-                            timeout, expire_after, retryable, try_only)
+                            timeout, expire_after, retryable, time_limit, try_only)
 
     def pool2d(self, x: ArrayLike, window: Pair, *, mode: str = "max",
                stride: Optional[Pair] = None, padding: Pair = 0, count_pad: bool = False,
                out: Optional[np.ndarray] = None, pool: Optional[str] = None,
                timeout: Optional[float] = None, expire_after: Optional[float] = None,
-               retryable: bool = False, try_only: bool = False) -> Future:
+               retryable: bool = False, time_limit: Optional[float] = None,
+               try_only: bool = False) -> Future:
         """Max or average pooling (NCHW); ``stride`` defaults to the window. Result: y."""
         opts = {"mode": mode, "window": window, "stride": stride, "padding": padding,
                 "count_pad": count_pad}
         return self._tensor("pool2d", (("x", x),), lambda s: _native.pool2d_shape(s[0], opts),
-                            opts, out, pool, timeout, expire_after, retryable, try_only)
+                            opts, out, pool, timeout, expire_after, retryable, time_limit,
+                            try_only)
 
     def batchnorm(self, x: ArrayLike, scale: ArrayLike, bias: ArrayLike, mean: ArrayLike,
                   var: ArrayLike, *, eps: float = 1e-5, relu: bool = False,
                   out: Optional[np.ndarray] = None, pool: Optional[str] = None,
                   timeout: Optional[float] = None, expire_after: Optional[float] = None,
-                  retryable: bool = False, try_only: bool = False) -> Future:
+                  retryable: bool = False, time_limit: Optional[float] = None,
+                  try_only: bool = False) -> Future:
         """Inference batch norm per channel: scale (x - mean) / sqrt(var + eps) + bias."""
         opts = {"eps": float(eps), "relu": relu}
         return self._tensor("batchnorm", (("x", x), ("scale", scale), ("bias", bias),
                                           ("mean", mean), ("var", var)),
                             lambda s: s[0], opts, out, pool, timeout, expire_after, retryable,
-                            try_only)
+                            time_limit, try_only)
 
 
 def status(runtime_dir: Optional[str] = None) -> Dict[str, Any]:

@@ -3,7 +3,8 @@
 Each carries the daemon's (or the library's) message as ``str(e)`` and ``e.message``, and the
 numeric code as ``e.code``. Where a built-in exception means the same thing, the class derives
 from it too, so ``except ValueError`` catches :class:`InvalidArgument` and ``except
-TimeoutError`` catches :class:`Timeout`.
+TimeoutError`` catches :class:`Timeout` (a wait gave up) and :class:`TimedOut` (a job was
+stopped at its time limit).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "NotCancellable",
     "TooManyClients",
     "OpFailed",
+    "TimedOut",
     "ClientClosed",
 ]
 
@@ -180,6 +182,14 @@ class OpFailed(Error):
     code, code_name = 21, "OpFailed"
 
 
+class TimedOut(Error, TimeoutError):
+    """The job ran past its time limit (``time_limit=``, or its pool's ``job_time_limit_ms``)
+    and the daemon stopped it. Not :class:`Timeout`, which is a wait that gave up while the job
+    went on."""
+
+    code, code_name = 22, "TimedOut"
+
+
 class ClientClosed(Error):
     """The client was closed (``Client.close()`` or the end of its ``with`` block)."""
 
@@ -210,6 +220,7 @@ _BY_CODE: Dict[int, Type[Error]] = {
         NotCancellable,
         TooManyClients,
         OpFailed,
+        TimedOut,
     )
 }
 

@@ -263,9 +263,11 @@ class Future(concurrent.futures.Future):
 
     def cancel(self) -> bool:
         """Cancels the job. A queued job ends cancelled at once and this returns True. A
-        running job is asked to stop (ops that look at their cancel flag end it cancelled) and
-        this returns False, as ``concurrent.futures`` does for a running call; its result or
-        :class:`gpuq.Cancelled` comes later. A finished job: False."""
+        running job is asked to stop and this returns False, as ``concurrent.futures`` does
+        for a running call; its result or :class:`gpuq.Cancelled` comes later: ops that look at
+        their cancel flag end it cancelled, an op that finishes first ends it with its result,
+        and the daemon stops (and replaces) the worker of an op that does neither within its
+        ``cancel_grace_ms``, ending the job cancelled. A finished job: False."""
         job = self._job
         if self._state != _PENDING or job is None:
             return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)

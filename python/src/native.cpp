@@ -228,12 +228,14 @@ using Operand = std::optional<std::tuple<uint64_t, gpuq::Shape>>;  // (offset, s
 class Connection {
  public:
   static std::unique_ptr<Connection> connect(const std::string& runtime_dir, uint64_t segment_bytes,
-                                             const std::string& name, int64_t spin_ns) {
+                                             const std::string& name, int64_t spin_ns,
+                                             bool keep_running_jobs) {
     gpuq::ConnectOptions o;
     o.runtime_dir = runtime_dir;
     o.segment_bytes = segment_bytes;
     o.name = name;
     o.spin = ns(spin_ns);
+    o.keep_running_jobs = keep_running_jobs;
     gpuq::Result<gpuq::Client> c = gpuq::Error(gpuq::ErrorCode::kInternal, "not connected");
     {
       nb::gil_scoped_release unlocked;
@@ -269,7 +271,7 @@ class Connection {
 
   Job* submit(const std::string& op, uint64_t in_off, uint64_t in_len, uint64_t out_off,
               uint64_t out_len, const std::string& pool, const nb::list& params, int64_t expire_ns,
-              bool retryable, int64_t timeout_ns, bool try_only) {
+              bool retryable, int64_t time_limit_ms, int64_t timeout_ns, bool try_only) {
     const std::shared_ptr<gpuq::Client> held = shared();
     gpuq::Client& c = *held;
     gpuq::JobSpec spec;
@@ -281,6 +283,7 @@ class Connection {
     spec.params = to_params(params);
     spec.expire_after = ns(expire_ns);
     spec.retryable = retryable;
+    spec.time_limit = std::chrono::milliseconds(time_limit_ms);
     return run(c, spec, timeout_ns, try_only);
   }
 
@@ -298,7 +301,7 @@ class Connection {
   Job* tensor(const std::string& op, const std::vector<Operand>& operands,
               const std::tuple<uint64_t, gpuq::Shape>& y, const std::string& dtype_name,
               const nb::dict& opts, const std::string& pool, int64_t expire_ns, bool retryable,
-              int64_t timeout_ns, bool try_only) {
+              int64_t time_limit_ms, int64_t timeout_ns, bool try_only) {
     const std::shared_ptr<gpuq::Client> held = shared();
     gpuq::Client& c = *held;
     const gpuq::DType dtype = to_dtype(dtype_name);
@@ -343,6 +346,7 @@ class Connection {
     s.pool = pool;
     s.expire_after = ns(expire_ns);
     s.retryable = retryable;
+    s.time_limit = std::chrono::milliseconds(time_limit_ms);
     return run(c, s, timeout_ns, try_only);
   }
 
@@ -413,17 +417,17 @@ NB_MODULE(_native, m) {
 
   nb::class_<Connection>(m, "Connection", "One connection to the daemon (gpuq::Client).")
       .def_static("connect", &Connection::connect, "runtime_dir"_a, "segment_bytes"_a, "name"_a,
-                  "spin_ns"_a, "Connects (GIL released).")
+                  "spin_ns"_a, "keep_running_jobs"_a, "Connects (GIL released).")
       .def("allocate", &Connection::allocate, "size"_a,
            "A uint8 array over new bytes of the segment.")
       .def("submit", &Connection::submit, "op"_a, "in_off"_a, "in_len"_a, "out_off"_a, "out_len"_a,
-           "pool"_a, "params"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a, "try_only"_a,
-           nb::rv_policy::take_ownership,
+           "pool"_a, "params"_a, "expire_ns"_a, "retryable"_a, "time_limit_ms"_a, "timeout_ns"_a,
+           "try_only"_a, nb::rv_policy::take_ownership,
            "Submits a job (the GIL is released while it waits for room).")
       .def("submit_plain", &Connection::submit_plain, "op"_a, "pool"_a, "retryable"_a,
            nb::rv_policy::take_ownership, "submit() without buffers or params.")
       .def("tensor", &Connection::tensor, "op"_a, "operands"_a, "y"_a, "dtype"_a, "opts"_a,
-           "pool"_a, "expire_ns"_a, "retryable"_a, "timeout_ns"_a, "try_only"_a,
+           "pool"_a, "expire_ns"_a, "retryable"_a, "time_limit_ms"_a, "timeout_ns"_a, "try_only"_a,
            nb::rv_policy::take_ownership,
            "Submits a tensor op (the GIL is released while it waits for room).")
       .def("pools", &Connection::pools,

@@ -23,7 +23,7 @@ CODES = {
     "Cancelled": 6, "Expired": 7, "WorkerDied": 8, "Disconnected": 9, "ProtocolMismatch": 10,
     "PermissionDenied": 11, "OutOfMemory": 12, "NotFound": 13, "ShuttingDown": 14,
     "ForkedClient": 15, "NoDevice": 16, "Internal": 17, "SystemError": 18,
-    "NotCancellable": 19, "TooManyClients": 20, "OpFailed": 21,
+    "NotCancellable": 19, "TooManyClients": 20, "OpFailed": 21, "TimedOut": 22,
 }
 
 
@@ -37,6 +37,11 @@ def test_one_class_per_error_code():
     assert issubclass(gpuq.InvalidArgument, ValueError)
     assert issubclass(gpuq.Timeout, TimeoutError)
     assert issubclass(gpuq.OutOfMemory, MemoryError)
+    # TimedOut (the job was stopped at its limit) is a TimeoutError, but not a Timeout (a wait
+    # that gave up while the job went on).
+    assert issubclass(gpuq.TimedOut, TimeoutError)
+    assert not issubclass(gpuq.TimedOut, gpuq.Timeout)
+    assert not issubclass(gpuq.Timeout, gpuq.TimedOut)
 
 
 def test_unknown_op_and_pool(client):
@@ -77,6 +82,20 @@ def test_worker_died(client, daemon):
         f.result(30)
     # The worker comes back, and the daemon serves on.
     assert client.submit("noop").result(30) == 0
+
+
+def test_timed_out(client):
+    # sleep looks at its cancel flag, which the daemon raises at the job's time limit.
+    t0 = time.monotonic()
+    f = client.submit("sleep", us=5_000_000, time_limit=0.2)
+    with pytest.raises(gpuq.TimedOut) as e:
+        f.result(30)
+    assert time.monotonic() - t0 < 4.0, "the job was not stopped at its limit"
+    assert e.value.code == 22 and isinstance(e.value, TimeoutError)
+    assert f.info.status == "failed" and f.info.code == 22
+    assert 0.15e9 <= f.info.run_ns < 4e9
+    # A job within its limit is untouched, and the worker serves on.
+    assert client.submit("sleep", us=1000, time_limit=30).result(30) == 1000
 
 
 def test_forked_client_job_in_child(client):

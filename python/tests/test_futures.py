@@ -123,6 +123,38 @@ def test_expire_after(client):
         b.result(30)
 
 
+def test_time_limit_is_checked_and_converted(client, default_env):
+    from gpuq._client import _time_limit_ms
+
+    # Seconds to whole milliseconds, rounded up; anything above 0 is at least 1 ms.
+    assert _time_limit_ms(None) == 0 and _time_limit_ms(0) == 0 and _time_limit_ms(0.0) == 0
+    assert _time_limit_ms(0.2) == 200 and _time_limit_ms(1.1) == 1100 and _time_limit_ms(3) == 3000
+    assert _time_limit_ms(0.0015) == 2 and _time_limit_ms(1e-7) == 1
+    assert _time_limit_ms(float("inf")) == 0
+    assert _time_limit_ms(4294967.295) == 0xFFFFFFFF
+    # Refused before anything is queued, naming the argument.
+    x = client.zeros((2, 2))  # a tensor helper checks time_limit before its operands
+    bad = (-1, -0.001, float("nan"), "1", True, 4294967.296, 1e30)
+    for value in bad:
+        with pytest.raises(gpuq.InvalidArgument, match="time_limit"):
+            client.submit("noop", time_limit=value)
+        with pytest.raises(ValueError, match="time_limit"):
+            client.try_submit("noop", time_limit=value)
+        with pytest.raises(gpuq.InvalidArgument, match="time_limit"):
+            client.gemm(x, x, time_limit=value)
+        with pytest.raises(gpuq.InvalidArgument, match="time_limit"):
+            client.run("noop", time_limit=value)
+        with pytest.raises(gpuq.InvalidArgument, match="time_limit"):
+            gpuq.submit("noop", time_limit=value)
+    # Accepted everywhere a submit takes its options.
+    assert client.submit("noop", time_limit=None).result(30) == 0
+    assert client.submit("noop", time_limit=0).result(30) == 0
+    assert client.try_submit("noop", time_limit=5).result(30) == 0
+    assert client.run("sleep", us=100, time_limit=5) == 100
+    assert gpuq.submit("noop", time_limit=5).result(30) == 0
+    assert gpuq.try_submit("noop", time_limit=5).result(30) == 0
+
+
 def test_cancel_queued_and_running(client):
     busy = [client.submit("sleep", us=LONG_US) for _ in range(2)]
     time.sleep(0.05)

@@ -89,3 +89,17 @@ def test_client_pickles_as_connect_arguments(client, daemon):
         c2.close()
     assert os.getpid()  # the original still works
     assert client.submit("noop").result(10) == 0
+
+
+def test_keep_running_jobs_is_accepted_and_pickled(daemon):
+    import pickle
+
+    with gpuq.connect(daemon.runtime_dir, name="keeper", keep_running_jobs=True) as c:
+        assert c.submit("sleep", us=1000).result(10) == 1000
+        c2 = pickle.loads(pickle.dumps(c))
+        try:
+            assert c2._keep_running_jobs is True and c2.submit("noop").result(10) == 0
+        finally:
+            c2.close()
+    with gpuq.Client(daemon.runtime_dir, keep_running_jobs=False) as c:
+        assert c._keep_running_jobs is False and c.submit("noop").result(10) == 0
