@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <cstring>
 #include <string>
 
 #include "gpuq/error.hpp"
@@ -40,25 +41,32 @@ inline bool is_sticky_cuda_error(cudaError_t e) noexcept {
   }
 }
 
+// "gpu_backend.cpp:419": where a failed call is, without the build's directories, which would
+// take most of a job's 160-byte message (kMessageBytes) and push the cause off its end.
+inline std::string call_site(const char* file, int line) {
+  const char* slash = std::strrchr(file, '/');
+  return std::string(slash != nullptr ? slash + 1 : file) + ":" + std::to_string(line);
+}
+
 inline Error cuda_error(const char* call, cudaError_t e, const char* file, int line) {
   ErrorCode code = e == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory
                    : (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
                        ? ErrorCode::kNoDevice
                        : ErrorCode::kSystemError;
   return Error(code, std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e) +
-                         " (" + file + ":" + std::to_string(line) + ")");
+                         " (" + call_site(file, line) + ")");
 }
 
 inline Error cublas_error(const char* call, cublasStatus_t s, const char* file, int line) {
   return Error(s == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kSystemError,
                std::string(call) + ": " + cublasGetStatusName(s) + ": " + cublasGetStatusString(s) +
-                   " (" + file + ":" + std::to_string(line) + ")");
+                   " (" + call_site(file, line) + ")");
 }
 
 inline Error cudnn_error(const char* call, cudnnStatus_t s, const char* file, int line) {
   return Error(s == CUDNN_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kSystemError,
-               std::string(call) + ": " + cudnnGetErrorString(s) + " (" + file + ":" +
-                   std::to_string(line) + ")");
+               std::string(call) + ": " + cudnnGetErrorString(s) + " (" +
+                   call_site(file, line) + ")");
 }
 
 }  // namespace gpuq::gpu

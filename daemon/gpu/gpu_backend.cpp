@@ -384,7 +384,8 @@ class GpuBackend final : public OpBackend {
       message += "; then " + name + ": " + cudaGetErrorString(s);
     }
     GPUQ_LOG_ERROR("sticky CUDA error, the context is lost: %s", message.c_str());
-    return Error(ErrorCode::kOpFailed, message + " (sticky CUDA error: the worker is replaced)");
+    // The cause after the consequence: a long call and file can only cut the message's tail.
+    return Error(ErrorCode::kOpFailed, "sticky CUDA error, the worker is replaced: " + message);
   }
 
   Result<OpOutput> run_fault_test() {

@@ -2,7 +2,9 @@
 // and a cpu pool. The example plug-in's saxpy (a CUDA kernel on the worker's stream) gives on
 // the gpu pool what its CPU twin gives on the cpu pool; the test plug-in's plugin_oob_write (a
 // kernel that writes far out of bounds: a sticky CUDA error) fails only its job, the worker is
-// replaced by a new process, and the next job on the pool succeeds.
+// replaced by a new process, and the next job on the pool succeeds; its plugin_spin (a kernel
+// that never ends) is stopped at the job's time limit by killing the worker
+// (docs/design/faults.md, "Jobs that do not end"), and the replacement serves.
 //
 // Exits 77 (ctest: skipped) when the CUDA runtime reports no device (gpu_test_main.cpp: a
 // child process asks, so this one, a client, never initialises CUDA).
@@ -110,6 +112,44 @@ TEST_CASE("a plug-in op's sticky CUDA error fails only its job; the worker is re
   const std::vector<float> r = saxpy_on(client, "gpu", x, y);
   CHECK(r[0] == 1.75f * 2.0f + 1.0f);
   CHECK(r[999] == 1.75f * 2.0f + 1.0f);
+  CHECK(daemon.terminate().ok());
+}
+
+TEST_CASE("a kernel that never ends is stopped at its time limit; the worker is replaced") {
+  nlohmann::json config = nlohmann::json::parse(plugin_gpu_config());
+  config["cancel_grace_ms"] = 300;
+  DaemonProcess daemon(config.dump());
+  Client client = connect_client(daemon);
+  const pid_t before = gpu_worker_pid(daemon);
+
+  JobSpec spin = job_spec("plugin_spin", {}, {}, "gpu");
+  spin.time_limit = 500ms;
+  Job job = submit_ok(client, spin);
+  const JobResult r = wait_result(job);
+  INFO("message: " << r.message);
+  CHECK(r.status == JobStatus::kFailed);
+  CHECK(r.code == ErrorCode::kTimedOut);
+  CHECK(r.message.find("time limit (500 ms)") != std::string::npos);
+  CHECK(r.message.find("was stopped") != std::string::npos);
+
+  nlohmann::json gpu_worker;
+  REQUIRE(wait_until(
+      [&] {
+        const nlohmann::json status = daemon.status();  // the loop refers into it
+        for (const auto& p : status["pools"]) {
+          if (p["name"] != "gpu" || p["workers"][0]["state"] != "ready") continue;
+          gpu_worker = p["workers"][0];
+          return gpu_worker["pid"].get<pid_t>() != before;
+        }
+        return false;
+      },
+      60s));
+  CHECK(gpu_worker["stops_forced"] == 1);
+  CHECK(gpu_worker["start_ms"].is_number());
+  MESSAGE("replacement GPU worker start: " << gpu_worker["start_ms"].get<double>() << " ms");
+  const std::vector<float> x(1000, 2.0f), y(1000, 1.0f);
+  const std::vector<float> out = saxpy_on(client, "gpu", x, y);
+  CHECK(out[0] == 1.75f * 2.0f + 1.0f);
   CHECK(daemon.terminate().ok());
 }
 

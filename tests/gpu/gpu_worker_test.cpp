@@ -466,7 +466,8 @@ TEST_CASE("a sticky CUDA error fails only its job; the worker is replaced; other
   pid_t after = 0;
   REQUIRE(wait_until(
       [&] {
-        const nlohmann::json& pool = gpu_pool(daemon.status());
+        const nlohmann::json status = daemon.status();  // `pool` refers into it
+        const nlohmann::json& pool = gpu_pool(status);
         if (pool["workers"].size() != 1 || pool["workers"][0]["state"] != "ready") return false;
         after = pool["workers"][0]["pid"].get<pid_t>();
         return after != before;
