@@ -235,6 +235,41 @@ TEST_CASE("notify: a pool that gave up on a worker is up, and STATUS= says it is
   }
 }
 
+#ifdef GPUQ_TEST_PLUGIN
+TEST_CASE(
+    "notify: workers stuck on jobs past their time limit make STATUS= say so, until replaced") {
+  NotifyListener listener;
+  const std::string config = one_pool_config(
+      2, {{"cancel_grace_ms", 1500}, {"plugins", nlohmann::json::array({GPUQ_TEST_PLUGIN})}});
+  DaemonProcess daemon(notify_options(listener, config, {}));
+  auto ready = listener.wait_for("READY=1", 30s);
+  REQUIRE_MESSAGE(ready, "no READY=1 in 30 s; received:\n" << listener.transcript());
+  auto client = Client::connect(connect_options(daemon.runtime_dir()));
+  REQUIRE(client.ok());
+  std::vector<Job> jobs;
+  for (int i = 0; i < 2; ++i) {
+    JobSpec spin;
+    spin.op = "plugin_spin";  // never ends, never looks at its cancel flag
+    spin.time_limit = 200ms;
+    auto job = client->submit(spin);
+    REQUIRE(job.ok());
+    jobs.push_back(std::move(*job));
+  }
+  auto down = listener.wait_for("STATUS=down: cpu 0/2 ready, 2 stuck, ring 20", 10s);
+  REQUIRE_MESSAGE(down, "no STATUS= with 2 stuck; received:\n" << listener.transcript());
+  // Stopped after the grace and replaced: ready again, READY=1 not sent a second time.
+  auto again = listener.wait_for("STATUS=ready: cpu 2/2 ready, ring 20", 30s);
+  REQUIRE_MESSAGE(again, "not ready again; received:\n" << listener.transcript());
+  CHECK(again->at_ns > down->at_ns);
+  for (Job& j : jobs) {
+    auto r = j.wait(10s);
+    REQUIRE(r.ok());
+    CHECK(r->code == ErrorCode::kTimedOut);
+  }
+  CHECK(listener.count("READY=1") == 1);
+}
+#endif
+
 TEST_CASE("watchdog: WATCHDOG=1 at half of WATCHDOG_USEC") {
   NotifyListener listener;
   DaemonOptions o = notify_options(listener, one_pool_config(1), {"WATCHDOG_USEC=1000000"});
