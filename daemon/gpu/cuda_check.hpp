@@ -64,9 +64,9 @@ inline Error cublas_error(const char* call, cublasStatus_t s, const char* file, 
 }
 
 inline Error cudnn_error(const char* call, cudnnStatus_t s, const char* file, int line) {
-  return Error(s == CUDNN_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kSystemError,
-               std::string(call) + ": " + cudnnGetErrorString(s) + " (" +
-                   call_site(file, line) + ")");
+  return Error(
+      s == CUDNN_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kSystemError,
+      std::string(call) + ": " + cudnnGetErrorString(s) + " (" + call_site(file, line) + ")");
 }
 
 }  // namespace gpuq::gpu
