@@ -38,17 +38,15 @@ void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string&
       uint64_t word = slot.state.load(std::memory_order_acquire);
       SlotWord sw = SlotWord::unpack(word);
       if (sw.state != JobState::kRunning || sw.worker_plus_one != worker + 1) continue;
-      const bool stopped_for_it = forced != nullptr && forced->session == conn.session &&
-                                  forced->slot == s && forced->generation == sw.generation;
+      const bool stopped_for_it = forced != nullptr && forced->generation_known &&
+                                  forced->session == conn.session && forced->slot == s &&
+                                  forced->generation == sw.generation;
       if (!stopped_for_it && retry(conn, s, slot, word, why)) continue;
       JobOutcome out{};
       out.code = static_cast<int32_t>(stopped_for_it ? forced->code : ErrorCode::kWorkerDied);
       out.worker_id = worker;
       out.finished_stamp = read_stamp(job_clock_);
-      const WorkerShm& ws = queue_.worker(worker);
-      if (stopped_for_it && ws.job.load() == JobRef{conn.index, s, sw.generation}.pack()) {
-        out.started_stamp = ws.job_started.load();  // it ran until it was stopped
-      }
+      if (stopped_for_it) out.started_stamp = forced->started_stamp;  // it ran until stopped
       set_slot_message(slot, stopped_for_it ? forced->message.c_str() : why.c_str());
       std::memcpy(&slot.outcome, &out, sizeof out);
       const JobState end = stopped_for_it && forced->code == ErrorCode::kCancelled

@@ -1,18 +1,19 @@
 // Time limits and forced cancellation (docs/design/faults.md, "Jobs that do not end").
 //
-// Why `hold`: between the supervisor's last look at a slot and its kill, the job may end and
+// Why `hold`: between the supervisor's last look at a worker and its kill, the job may end and
 // the worker take the next one, which the kill would then cost its run. So the supervisor
-// raises the worker's `hold` (seq_cst) and only then looks at the slot (seq_cst); the worker
-// stores a job's end (seq_cst) and only then looks at `hold` (seq_cst), before it takes
-// another job. Of two such pairs at least one side sees the other's store: either the
-// supervisor sees the job ended (and lowers `hold`, killing nothing), or the worker sees
-// `hold` and takes no new job until it is killed. Either way the kill can cost no job but the
-// one it was meant for.
+// raises the worker's `hold` (seq_cst) and only then looks at its job_seq (seq_cst); the worker
+// stores the job's end in job_seq (seq_cst) and only then looks at `hold` (seq_cst), before it
+// takes another job. Of two such pairs at least one side sees the other's store: either the
+// supervisor sees the job ended (and lowers `hold`, killing nothing), or the worker sees `hold`
+// and takes no new job until it is killed. Both words are on the worker's private page, so no
+// client can forge either side.
 #include "job_watch.hpp"
 
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "gpuq/common/fault_point.hpp"
@@ -23,6 +24,11 @@
 
 namespace gpuq::daemon {
 namespace {
+
+// How long a job a departed client's slot says a worker runs may go unpublished on that
+// worker's page: a worker publishes right after its claim, so one that has not by then is not
+// running it (the slot's word was the client's to forge).
+constexpr uint64_t kPublishWaitNs = 500'000'000;
 
 // The op's name for logs and messages: the id comes from the client's descriptor.
 std::string op_name(uint32_t id) {
@@ -36,107 +42,123 @@ JobWatch::JobWatch(const Config& config, QueueView& queue, const ClientRegistry&
                    const StampScale& stamps)
     : config_(config), queue_(queue), clients_(clients), stamps_(stamps) {}
 
+void JobWatch::attach(WorkerSet* workers) {
+  workers_ = workers;
+  tracks_.assign(workers->all().size(), Track{});
+  forced_.assign(workers->all().size(), std::nullopt);
+}
+
 uint64_t JobWatch::age_ns(uint64_t started_stamp) const {
   const uint64_t now = read_stamp(stamps_.clock);
   return now > started_stamp ? stamps_.to_ns(now - started_stamp) : 0;
 }
 
-uint32_t JobWatch::pool_of(uint32_t worker) const {
-  const QueueLayout& l = queue_.layout();
-  for (uint32_t p = 0; p < l.pool_count; ++p) {
-    if (worker >= l.pools[p].first_worker &&
-        worker - l.pools[p].first_worker < l.pools[p].worker_count) {
-      return p;
-    }
-  }
-  return kMaxPools;  // none: no pool limit applies
-}
-
-uint32_t JobWatch::limit_for(uint32_t pool, const JobSlot& slot) const {
+uint32_t JobWatch::limit_for(uint32_t pool, const JobSlot* slot) const {
   uint32_t limit = pool < config_.pools.size() ? config_.pools[pool].job_time_limit_ms : 0;
-  const uint32_t own = slot.time_limit_ms;  // the client's: it can only shorten the pool's
+  if (slot == nullptr) return limit;
+  // The client's own (written with its descriptor): it can only shorten the pool's.
+  const uint32_t own =
+      std::atomic_ref<const uint32_t>(slot->time_limit_ms).load(std::memory_order_relaxed);
   if (own != 0 && (limit == 0 || own < limit)) limit = own;
   return limit;
 }
 
-std::optional<JobWatch::Seen> JobWatch::observe(uint32_t worker) const {
-  const WorkerShm& ws = queue_.worker(worker);
-  if (ws.busy.load(std::memory_order_acquire) == 0) return std::nullopt;
+JobSlot* JobWatch::slot_in(void* base, const ClientSegmentGeometry& g, uint32_t slot_count,
+                           uint32_t ref) {
+  const JobRef r = JobRef::unpack(ref);
+  if (base == nullptr || r.slot >= slot_count) return nullptr;
+  return &ClientSegmentView(base, g, slot_count).slot(r.slot);
+}
+
+std::optional<JobWatch::Seen> JobWatch::observe(const Worker& w) const {
+  // A seqlock read of the private page: the same odd job_seq before and after.
+  const WorkerPrivate& p = w.priv();
   Seen seen;
-  seen.ref = ws.job.load(std::memory_order_acquire);
-  seen.started_stamp = ws.job_started.load(std::memory_order_acquire);
-  const JobRef ref = JobRef::unpack(seen.ref);
-  auto look = [&](void* base, const ClientSegmentGeometry& g, uint32_t slot_count) {
-    if (ref.slot >= slot_count) return false;
-    JobSlot& slot = ClientSegmentView(base, g, slot_count).slot(ref.slot);
-    const uint64_t word = slot.state.load(std::memory_order_acquire);
-    const SlotWord sw = SlotWord::unpack(word);
-    if (sw.state != JobState::kRunning || sw.worker_plus_one != worker + 1 ||
-        (sw.generation & JobRef::kGenerationMask) != ref.generation) {
-      return false;
-    }
-    seen.slot = &slot;
-    seen.word = word;
-    return true;
-  };
-  // A client that left while this worker ran its job: only the watch's own mapping has it.
-  if (worker < tracks_.size()) {
-    const Track& t = tracks_[worker];
-    if (t.active && t.departed && t.ref == seen.ref &&
-        look(t.departed->address(), t.geometry, t.slot_count)) {
-      seen.session = t.session;
-      return seen;
-    }
+  seen.seq = p.job_seq.load(std::memory_order_acquire);
+  if ((seen.seq & 1) == 0) return std::nullopt;  // idle
+  seen.ref = p.job.load(std::memory_order_relaxed);
+  seen.started_stamp = p.job_started.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (p.job_seq.load(std::memory_order_relaxed) != seen.seq) return std::nullopt;  // moved on
+  // The job's slot: through the watch's own mapping for a client that has left, else the
+  // registry's (the client index of a live reference is a live client's, or a departed one's
+  // whose track holds the mapping).
+  const Track& t = tracks_[w.id];
+  if (t.active && t.departed && t.ref == seen.ref && (t.seq == 0 || t.seq == seen.seq)) {
+    seen.slot = slot_in(t.departed->address(), t.geometry, t.slot_count, seen.ref);
+    seen.session = t.session;
+    return seen;
   }
-  const Client* c = clients_.by_index(ref.client);
-  if (c == nullptr || !look(c->segment.address(), c->geometry, c->slot_count)) {
-    return std::nullopt;  // ended, or the worker moved on since it published
+  if (const Client* c = clients_.by_index(JobRef::unpack(seen.ref).client); c != nullptr) {
+    seen.slot = slot_in(c->segment.address(), c->geometry, c->slot_count, seen.ref);
+    seen.client = c;
+    seen.session = c->session;
   }
-  seen.session = c->session;
-  seen.client = c;
   return seen;
 }
 
-void JobWatch::tick(uint64_t now, WorkerSet& workers) {
+void JobWatch::tick(uint64_t now) {
   const uint64_t grace_ns = uint64_t{config_.cancel_grace_ms} * 1'000'000;
-  for (const auto& wp : workers.all()) {
+  for (const auto& wp : workers_->all()) {
     Worker& w = *wp;
     Track& t = tracks_[w.id];
     if (w.pid <= 0 || w.state != WorkerState::kReady) continue;
     if (t.stopping) continue;  // killed; its exit is on the way
-    auto seen = observe(w.id);
+    auto seen = observe(w);
     if (!seen) {
-      t = Track{};
+      // Idle. A departed client's job the worker claimed but has not published yet keeps its
+      // track (and the mapping in it) while its slot still says it runs here, for a while.
+      const JobSlot* slot =
+          t.active && t.departed && t.seq == 0 && now - t.started_ns < kPublishWaitNs
+              ? slot_in(t.departed->address(), t.geometry, t.slot_count, t.ref)
+              : nullptr;
+      const SlotWord sw = slot != nullptr ? SlotWord::unpack(slot->state.load()) : SlotWord{};
+      if (slot == nullptr || sw.state != JobState::kRunning || sw.worker_plus_one != w.id + 1 ||
+          !t.generation_known || sw.generation != t.generation) {
+        t = Track{};
+      }
       continue;
     }
-    JobSlot& slot = *seen->slot;
-    const uint32_t generation = SlotWord::unpack(seen->word).generation;
-    if (!t.active || t.ref != seen->ref || t.session != seen->session ||
-        t.generation != generation) {
+    JobSlot* slot = seen->slot;
+    if (t.active && t.seq == 0 && t.ref == seen->ref) t.seq = seen->seq;  // published now
+    if (!t.active || t.seq != seen->seq) {
       Track fresh;
       fresh.active = true;
+      fresh.seq = seen->seq;
       fresh.ref = seen->ref;
       fresh.session = seen->session;
-      fresh.generation = generation;
+      if (slot != nullptr) {
+        const SlotWord sw = SlotWord::unpack(slot->state.load(std::memory_order_acquire));
+        if ((sw.generation & JobRef::kGenerationMask) == JobRef::unpack(seen->ref).generation) {
+          fresh.generation = sw.generation;
+          fresh.generation_known = true;
+        }
+        fresh.op_id =
+            std::atomic_ref<const uint32_t>(slot->desc.op_id).load(std::memory_order_relaxed);
+      }
+      fresh.started_stamp = seen->started_stamp;
       fresh.started_ns = now - std::min(now, age_ns(seen->started_stamp));
       fresh.limit_ms = limit_for(w.pool, slot);
-      fresh.op_id = slot.desc.op_id;
       fresh.client_pid = seen->client != nullptr ? seen->client->pid : 0;
       t = std::move(fresh);
     }
+    WorkerPrivate& p = w.priv();
     if (t.why == 0) {
-      const uint32_t asked = slot.cancel_requested.load(std::memory_order_relaxed);
+      const uint32_t asked =
+          slot != nullptr ? slot->cancel_requested.load(std::memory_order_relaxed) : 0;
       if ((asked & kCancelByClient) != 0) {
         t.why = kCancelByClient;
         t.asked_ns = now;
       } else if (t.limit_ms != 0 && now - t.started_ns >= uint64_t{t.limit_ms} * 1'000'000) {
-        slot.cancel_requested.fetch_or(kCancelByTimeLimit, std::memory_order_seq_cst);
-        // The job may have ended (and its slot been freed and reused) since `observe`: then
-        // the flag is not this job's to keep.
-        if (slot.state.load(std::memory_order_seq_cst) != seen->word) {
-          slot.cancel_requested.fetch_and(~kCancelByTimeLimit, std::memory_order_seq_cst);
-          t = Track{};
-          continue;
+        if (slot != nullptr) {
+          slot->cancel_requested.fetch_or(kCancelByTimeLimit, std::memory_order_seq_cst);
+          // The job may have ended (and its slot been freed and reused) since `observe`: then
+          // the flag is not this job's to keep.
+          if (p.job_seq.load(std::memory_order_seq_cst) != t.seq) {
+            slot->cancel_requested.fetch_and(~kCancelByTimeLimit, std::memory_order_seq_cst);
+            t = Track{};
+            continue;
+          }
         }
         GPUQ_FAULT_POINT("supervisor.time_limit_flagged");
         t.why = kCancelByTimeLimit;
@@ -150,39 +172,48 @@ void JobWatch::tick(uint64_t now, WorkerSet& workers) {
     }
     if (t.why == 0 || now - t.asked_ns < grace_ns) continue;
     // Past the grace: stop the worker, unless the job ends now (see `hold` above).
-    WorkerShm& ws = queue_.worker(w.id);
-    ws.hold.store(1, std::memory_order_seq_cst);
+    p.hold.store(1, std::memory_order_seq_cst);
     GPUQ_FAULT_POINT("supervisor.before_forced_stop");
-    if (slot.state.load(std::memory_order_seq_cst) != seen->word) {
-      ws.hold.store(0, std::memory_order_seq_cst);
+    if (p.job_seq.load(std::memory_order_seq_cst) != t.seq) {
+      p.hold.store(0, std::memory_order_seq_cst);
       t = Track{};
       continue;
     }
+    // The client's cancel, if it came on top of a time limit, decides: the worker's own path
+    // says Cancelled then too.
+    const uint32_t asked =
+        slot != nullptr ? slot->cancel_requested.load(std::memory_order_relaxed) : 0;
+    const ErrorCode code = (asked & kCancelByClient) != 0 || t.why == kCancelByClient
+                               ? ErrorCode::kCancelled
+                               : ErrorCode::kTimedOut;
     const JobRef ref = JobRef::unpack(t.ref);
     ForcedEnd end;
     end.session = t.session;
     end.slot = ref.slot;
     end.generation = t.generation;
-    end.code = t.why == kCancelByTimeLimit ? ErrorCode::kTimedOut : ErrorCode::kCancelled;
-    end.message = forced_message(t, w.id, w.pid);
+    end.generation_known = t.generation_known;
+    end.started_stamp = t.started_stamp;
+    end.code = code;
+    end.message = forced_message(t, code, w.id, w.pid);
     GPUQ_LOG_WARN(
         "worker %u (pid %d): job %u/%u (%s) %s and did not stop within "
         "cancel_grace_ms (%u ms): stopping the worker",
         w.id, w.pid, ref.client, ref.slot, op_name(t.op_id).c_str(),
-        t.why == kCancelByTimeLimit ? "passed its time limit" : "was cancelled",
+        code == ErrorCode::kTimedOut ? "passed its time limit" : "was cancelled",
         config_.cancel_grace_ms);
     forced_[w.id] = std::move(end);
     t.stopping = true;
-    workers.force_stop(w);
+    workers_->force_stop(w);
   }
 }
 
-std::string JobWatch::forced_message(const Track& t, uint32_t worker, pid_t pid) const {
+std::string JobWatch::forced_message(const Track& t, ErrorCode code, uint32_t worker,
+                                     pid_t pid) const {
   const std::string stopped = "; it did not stop within cancel_grace_ms (" +
                               std::to_string(config_.cancel_grace_ms) + " ms), so worker " +
                               std::to_string(worker) + " (pid " + std::to_string(pid) +
                               ") was stopped";
-  if (t.why == kCancelByTimeLimit) {
+  if (code == ErrorCode::kTimedOut) {
     return op_name(t.op_id) + ": ran past its time limit (" + std::to_string(t.limit_ms) + " ms)" +
            stopped;
   }
@@ -199,6 +230,16 @@ void JobWatch::client_leaving(const Client& client, uint64_t now) {
         sw.worker_plus_one > tracks_.size()) {
       continue;
     }
+    const uint32_t worker = sw.worker_plus_one - 1;
+    const uint32_t ref = JobRef{client.index, s, sw.generation}.pack();
+    // The slot's word is the client's to write: believe it only where the worker's private
+    // page does not say otherwise (it runs this job, or has not published one yet).
+    const Worker& w = *workers_->all()[worker];
+    const WorkerPrivate& p = w.priv();
+    const uint64_t seq = p.job_seq.load(std::memory_order_acquire);
+    const bool running_it = (seq & 1) != 0 && p.job.load(std::memory_order_relaxed) == ref;
+    Track& t = tracks_[worker];
+    if (t.stopping || ((seq & 1) != 0 && !running_it)) continue;
     // Unless the client asked to keep them: stopped, and followed (a kept one is followed too,
     // for status and its time limit).
     if (!client.keep_running_jobs) {
@@ -212,29 +253,25 @@ void JobWatch::client_leaving(const Client& client, uint64_t now) {
           fd ? MemfdSegment::map(UniqueFd(static_cast<int>(*fd)), client.geometry.segment_bytes)
              : Result<MemfdSegment>(fd.error());
       if (!seg) {
-        // Its ops are asked to stop all the same; one that ignores it keeps its worker.
+        // Its ops are asked to stop all the same, and the pool's limit still holds.
         GPUQ_LOG_ERROR("client %u left with jobs running, which cannot be followed: %s",
                        client.index, seg.error().to_string().c_str());
         continue;
       }
       mapping = std::make_shared<MemfdSegment>(std::move(*seg));
     }
-    const uint32_t worker = sw.worker_plus_one - 1;
-    Track& t = tracks_[worker];
-    const uint32_t ref = JobRef{client.index, s, sw.generation}.pack();
-    if (!(t.active && t.ref == ref && t.session == client.session &&
-          t.generation == sw.generation)) {
+    if (!(t.active && t.ref == ref && t.session == client.session)) {
       t = Track{};
       t.active = true;
+      t.seq = running_it ? seq : 0;
       t.ref = ref;
       t.session = client.session;
       t.generation = sw.generation;
-      const WorkerShm& ws = queue_.worker(worker);
-      t.started_ns = ws.job.load(std::memory_order_acquire) == ref
-                         ? now - std::min(now, age_ns(ws.job_started.load()))
-                         : now;
-      t.limit_ms = limit_for(pool_of(worker), slot);
-      t.op_id = slot.desc.op_id;
+      t.generation_known = true;
+      t.started_stamp = running_it ? p.job_started.load(std::memory_order_relaxed) : 0;
+      t.started_ns = running_it ? now - std::min(now, age_ns(t.started_stamp)) : now;
+      t.limit_ms = limit_for(w.pool, &slot);
+      t.op_id = std::atomic_ref<const uint32_t>(slot.desc.op_id).load(std::memory_order_relaxed);
     }
     t.departed = mapping;
     t.geometry = client.geometry;
@@ -259,7 +296,6 @@ void JobWatch::client_leaving(const Client& client, uint64_t now) {
 std::optional<ForcedEnd> JobWatch::take_forced(uint32_t worker) {
   if (worker >= tracks_.size()) return std::nullopt;
   tracks_[worker] = Track{};
-  if (worker >= forced_.size()) return std::nullopt;
   return std::exchange(forced_[worker], std::nullopt);
 }
 
@@ -269,7 +305,9 @@ uint64_t JobWatch::next_due() const {
   for (const Track& t : tracks_) {
     if (!t.active || t.stopping) continue;
     uint64_t at = 0;
-    if (t.why != 0) {
+    if (t.seq == 0) {
+      at = t.started_ns + kPublishWaitNs;  // dropped then if still not published
+    } else if (t.why != 0) {
       at = t.asked_ns + grace_ns;
     } else if (t.limit_ms != 0) {
       at = t.started_ns + uint64_t{t.limit_ms} * 1'000'000;
@@ -279,35 +317,41 @@ uint64_t JobWatch::next_due() const {
   return due;
 }
 
-std::optional<RunningJob> JobWatch::running(uint32_t worker) const {
-  auto seen = observe(worker);
+std::optional<RunningJob> JobWatch::running(const Worker& w) const {
+  auto seen = observe(w);
   if (!seen) return std::nullopt;
   const JobRef ref = JobRef::unpack(seen->ref);
   RunningJob r;
   r.client = ref.client;
   r.slot = ref.slot;
-  r.age_ns = age_ns(seen->started_stamp);
-  const Track* t = worker < tracks_.size() ? &tracks_[worker] : nullptr;
-  const bool tracked = t != nullptr && t->active && t->ref == seen->ref &&
-                       t->session == seen->session &&
-                       t->generation == SlotWord::unpack(seen->word).generation;
-  r.op_id = tracked ? t->op_id : seen->slot->desc.op_id;
-  r.time_limit_ms = tracked ? t->limit_ms : limit_for(pool_of(worker), *seen->slot);
+  const Track& t = tracks_[w.id];
+  const bool tracked = t.active && t.seq == seen->seq;
+  // A tracked job's age on the clock its limit is judged by: status never shows a stuck job
+  // younger than its limit.
+  const uint64_t now = monotonic_ns();
+  r.age_ns = tracked ? now - std::min(now, t.started_ns) : age_ns(seen->started_stamp);
+  r.op_id =
+      tracked || seen->slot == nullptr
+          ? t.op_id
+          : std::atomic_ref<const uint32_t>(seen->slot->desc.op_id).load(std::memory_order_relaxed);
+  r.time_limit_ms = tracked ? t.limit_ms : limit_for(w.pool, seen->slot);
   if (seen->client != nullptr) {
     r.client_pid = seen->client->pid;
     r.client_name = seen->client->name;
   } else if (tracked) {
-    r.client_pid = t->client_pid;
+    r.client_pid = t.client_pid;
   }
-  if (tracked && t->why != 0)
-    r.stop_requested = t->why == kCancelByTimeLimit ? "time_limit" : "cancel";
+  if (tracked && t.why != 0) {
+    r.stop_requested = t.why == kCancelByTimeLimit ? "time_limit" : "cancel";
+  }
   return r;
 }
 
-bool JobWatch::stuck(uint32_t worker) const {
-  if (worker >= tracks_.size()) return false;
-  const Track& t = tracks_[worker];
-  return t.active && (t.why != 0 || t.stopping) && observe(worker).has_value();
+bool JobWatch::stuck(const Worker& w) const {
+  const Track& t = tracks_[w.id];
+  if (!t.active || (t.why == 0 && !t.stopping)) return false;
+  auto seen = observe(w);
+  return seen && seen->seq == t.seq;
 }
 
 }  // namespace gpuq::daemon

@@ -6,9 +6,9 @@
 //     looked at once more, and the worker is killed; the job's end (TimedOut or Cancelled, and
 //     a message saying its worker was stopped) is written when the exit is reaped;
 //   - what each busy worker runs, for status.
-// It reads the workers' shared words and the clients' slots; it writes only cancel flags and
-// `hold`. A worker's word is believed only once the slot it names says RUNNING on that worker
-// with that generation.
+// What a worker runs comes from its private page (WorkerPrivate), which clients cannot write;
+// the client's slot only adds what the client itself decides (its own limit, its cancel). It
+// writes only cancel flags and `hold`.
 #pragma once
 
 #include <sys/types.h>
@@ -29,12 +29,15 @@
 namespace gpuq::daemon {
 
 class WorkerSet;
+struct Worker;
 
 // The end the supervisor gives a job whose worker it stopped (JobRecovery::worker_died).
 struct ForcedEnd {
   uint64_t session = 0;
   uint32_t slot = 0;
   uint32_t generation = 0;
+  bool generation_known = false;          // false: the slot did not say (then no slot matches)
+  uint64_t started_stamp = 0;             // when it started (a job stamp); 0: not known
   ErrorCode code = ErrorCode::kTimedOut;  // or kCancelled
   std::string message;
 };
@@ -58,35 +61,35 @@ class JobWatch {
   JobWatch(const Config& config, QueueView& queue, const ClientRegistry& clients,
            const StampScale& stamps);
 
-  void set_worker_count(uint32_t n) {
-    tracks_.assign(n, Track{});
-    forced_.assign(n, std::nullopt);
-  }
+  // The workers to watch (their private pages); before the first tick.
+  void attach(WorkerSet* workers);
 
   // On each timer tick: raises the flags of jobs past their limits, and stops the workers of
   // jobs asked to stop more than cancel_grace_ms ago.
-  void tick(uint64_t now, WorkerSet& workers);
+  void tick(uint64_t now);
   // A client is leaving (still registered, its segment still mapped): unless it asked to keep
   // them, its running jobs are asked to stop, and stopped by force cancel_grace_ms later.
   void client_leaving(const Client& client, uint64_t now);
   // Worker `worker` has exited: the end of the job it was stopped for, if it was.
   std::optional<ForcedEnd> take_forced(uint32_t worker);
-  // The earliest time something here is due (a limit, the end of a grace), or 0: the
-  // supervisor ticks fast when it is near.
+  // The earliest time something here is due (a limit, the end of a grace), or 0.
   uint64_t next_due() const;
 
-  // What worker `worker` runs now (status), or nothing when it is idle.
-  std::optional<RunningJob> running(uint32_t worker) const;
+  // What worker `w` runs now (status), or nothing when it is idle.
+  std::optional<RunningJob> running(const Worker& w) const;
   // Its job was asked to stop and has not ended: it takes no work until it does or is replaced.
-  bool stuck(uint32_t worker) const;
+  bool stuck(const Worker& w) const;
 
  private:
   struct Track {
     bool active = false;
-    uint32_t ref = 0;  // the packed JobRef the worker published
+    uint64_t seq = 0;  // the worker's odd job_seq for this job; 0: not published yet
+    uint32_t ref = 0;  // the packed JobRef
     uint64_t session = 0;
     uint32_t generation = 0;  // full, from the slot's state word
-    uint64_t started_ns = 0;  // CLOCK_MONOTONIC
+    bool generation_known = false;
+    uint64_t started_ns = 0;     // CLOCK_MONOTONIC
+    uint64_t started_stamp = 0;  // as the worker stamped it; 0 when not known
     uint32_t limit_ms = 0;
     uint32_t op_id = 0;
     uint32_t why = 0;  // 0, kCancelByTimeLimit or kCancelByClient: why it was asked to stop
@@ -98,25 +101,29 @@ class JobWatch {
     uint32_t slot_count = 0;
     pid_t client_pid = 0;
   };
-  // A busy worker's job, checked against its slot.
+  // A worker's job, from its private page (the truth: clients cannot write it), with its slot
+  // when the client's segment is at hand (a departed client's through the track).
   struct Seen {
-    JobSlot* slot = nullptr;
-    uint64_t word = 0;  // the slot's state word: RUNNING on this worker
+    uint64_t seq = 0;
     uint32_t ref = 0;
-    uint64_t session = 0;
     uint64_t started_stamp = 0;
-    const Client* client = nullptr;  // null: a client that has left (Track::departed)
+    JobSlot* slot = nullptr;         // null: no segment to read it from
+    const Client* client = nullptr;  // null: a client that has left
+    uint64_t session = 0;
   };
-  std::optional<Seen> observe(uint32_t worker) const;
-  uint32_t pool_of(uint32_t worker) const;
-  uint32_t limit_for(uint32_t pool, const JobSlot& slot) const;
+  std::optional<Seen> observe(const Worker& w) const;
+  // The slot of `ref` in a segment, or null when out of range.
+  static JobSlot* slot_in(void* base, const ClientSegmentGeometry& g, uint32_t slot_count,
+                          uint32_t ref);
+  uint32_t limit_for(uint32_t pool, const JobSlot* slot) const;
   uint64_t age_ns(uint64_t started_stamp) const;
-  std::string forced_message(const Track& t, uint32_t worker, pid_t pid) const;
+  std::string forced_message(const Track& t, ErrorCode code, uint32_t worker, pid_t pid) const;
 
   const Config& config_;
   QueueView& queue_;
   const ClientRegistry& clients_;
   const StampScale& stamps_;
+  WorkerSet* workers_ = nullptr;
   std::vector<Track> tracks_;
   std::vector<std::optional<ForcedEnd>> forced_;
 };

@@ -32,13 +32,16 @@ Result<pid_t> ForkExecLauncher::launch(const LaunchSpec& spec) {
   sigemptyset(&empty);
   const char* path = argv.front();
   const int control = spec.control_fd, out = spec.stdout_fd, err = spec.stderr_fd;
+  const int private_page = spec.private_fd;
 
   const pid_t pid = ::fork();
   if (pid < 0) return GPUQ_SYSTEM_ERROR("fork");
   if (pid == 0) {
     // Child: raw async-signal-safe calls only, and nothing to report a failure to but stderr
-    // and the exit status (the supervisor logs the worker's death). Wire fds 1, 2, 3; pin; die
-    // with the supervisor; exec.
+    // and the exit status (the supervisor logs the worker's death). Wire fds 1, 2, 3, 4; pin;
+    // die with the supervisor; exec. The private page first goes above them all, so that the
+    // dup2s below cannot close it whatever number it had.
+    const int page = private_page >= 0 ? fcntl(private_page, F_DUPFD, 10) : -1;
     if (control == 3) {
       (void)fcntl(3, F_SETFD, 0);  // keep it across exec
     } else {
@@ -46,6 +49,7 @@ Result<pid_t> ForkExecLauncher::launch(const LaunchSpec& spec) {
     }
     (void)dup2(out, 1);
     (void)dup2(err, 2);
+    if (page >= 0) (void)dup2(page, 4);  // dup2 leaves FD_CLOEXEC clear: it survives exec
     (void)sched_setaffinity(0, sizeof cpus, &cpus);  // not pinned beats not running
     (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
     (void)sigprocmask(SIG_SETMASK, &empty, nullptr);

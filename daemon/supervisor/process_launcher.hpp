@@ -13,8 +13,9 @@
 
 namespace gpuq::daemon {
 
-// One worker process to start. The descriptors are the child's ends, owned by the caller (it
-// closes them after launch() returns): they become the child's fds 3 (control), 1 and 2.
+// One worker process to start. The descriptors are owned by the caller (it closes the child's
+// ends after launch() returns): they become the child's fds 3 (control), 1, 2 and 4 (the
+// worker's private page, kWorkerPrivateFd; none when -1).
 struct LaunchSpec {
   std::vector<std::string> argv;  // argv[0]: the executable's path
   std::vector<std::string> env;   // NAME=value, the whole environment
@@ -22,6 +23,7 @@ struct LaunchSpec {
   int control_fd = -1;
   int stdout_fd = -1;
   int stderr_fd = -1;
+  int private_fd = -1;
 };
 
 struct ChildExit {

@@ -102,12 +102,12 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
       if (w->pool != p) continue;
       const WorkerShm& ws = queue.worker(w->id);
       ++total;
-      const bool stuck = w->state == WorkerState::kReady && s_.watch->stuck(w->id);
+      const bool stuck = w->state == WorkerState::kReady && s_.watch->stuck(*w);
       if (w->state == WorkerState::kReady && !stuck) ++ready;
       if (stuck) ++stuck_count;
       stops_forced += w->stops_forced;
       const WorkerPlacement& at = plan.placements[w->id];
-      const auto job = w->state == WorkerState::kReady ? s_.watch->running(w->id) : std::nullopt;
+      const auto job = w->state == WorkerState::kReady ? s_.watch->running(*w) : std::nullopt;
       json job_json = nullptr;
       if (job) {
         const OpInfo* op = find_op(job->op_id);
@@ -127,7 +127,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
            {"pid", w->pid},
            {"cpus", at.cpus},
            {"state", stuck ? "stuck" : worker_state_name(w->state)},
-           {"busy", ws.busy.load() != 0},
+           {"busy", (w->priv().job_seq.load() & 1) != 0},
            {"job", job_json},
            {"jobs_done", ws.jobs_done.load()},
            {"jobs_failed", ws.jobs_failed.load()},
@@ -193,7 +193,7 @@ std::vector<PoolHealth> StatusReport::pool_health() const {
   for (const auto& w : s_.workers->all()) {
     PoolHealth& h = pools[w->pool];
     ++h.total;
-    const bool stuck = w->state == WorkerState::kReady && s_.watch->stuck(w->id);
+    const bool stuck = w->state == WorkerState::kReady && s_.watch->stuck(*w);
     if (w->state == WorkerState::kReady && !stuck) ++h.ready;
     if (stuck) ++h.stuck;
     if (w->state == WorkerState::kFailed) ++h.failed;

@@ -67,6 +67,7 @@ Result<void> Supervisor::start() {
   }
   job_clock_ = cfg.job_clock.value_or(no_tsc.empty() ? StampClock::kTsc : StampClock::kMonotonic);
   stamps_.clock = job_clock_;
+  if (job_clock_ == StampClock::kTsc) stamps_.ns_per_tick = tsc_rate_.ns_per_tick();
   GPUQ_LOG_INFO("job stamps: %s%s%s", stamp_clock_name(job_clock_),
                 !cfg.job_clock && !no_tsc.empty() ? ": " : "",
                 !cfg.job_clock && !no_tsc.empty() ? no_tsc.c_str() : "");
@@ -125,8 +126,8 @@ Result<void> Supervisor::start() {
   status_ = std::make_unique<StatusReport>(
       StatusReport::Sources{&options_.config, &plan_, &files_.queue(), workers_.get(), &clients_,
                             &recovery_, &watch_, options_.runtime_dir, options_.gpu_worker_path});
-  workers_->create();
-  watch_.set_worker_count(static_cast<uint32_t>(workers_->all().size()));
+  if (auto r = workers_->create(); !r) return r;
+  watch_.attach(workers_.get());
   for (const auto& w : workers_->all()) {
     if (auto r = workers_->spawn(*w); !r) return r;
   }
@@ -315,7 +316,10 @@ void Supervisor::update_timer() {
   const bool timed = draining_ || clients_.retiring() > 0 || recovery_.pending() ||
                      workers_->timed() ||
                      (due != 0 && due < monotonic_ns() + JobRecovery::kAuditNs);
-  const uint64_t period = timed ? kTickNs : (clients_.registered() > 0 ? JobRecovery::kAuditNs : 0);
+  // The slow tick runs while clients are connected (the audit, limits of new jobs) and while
+  // a job is followed (a departed client's, whose grace must end with no client left).
+  const uint64_t period =
+      timed ? kTickNs : (clients_.registered() > 0 || due != 0 ? JobRecovery::kAuditNs : 0);
   if (period == timer_period_ns_) return;
   const timespec tick{static_cast<time_t>(period / 1'000'000'000),
                       static_cast<long>(period % 1'000'000'000)};
@@ -349,7 +353,7 @@ void Supervisor::on_timer() {
   const uint64_t now = monotonic_ns();
   if (job_clock_ == StampClock::kTsc) stamps_.ns_per_tick = tsc_rate_.ns_per_tick();
   recovery_.tick(now);
-  watch_.tick(now, *workers_);
+  watch_.tick(now);
   workers_->tick(now);
   clients_.release_retired();
 }

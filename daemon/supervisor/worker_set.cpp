@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <string_view>
 #include <utility>
 
@@ -65,7 +66,7 @@ WorkerSet::WorkerSet(WorkerSetOptions options, QueueView& queue, EventLoop& loop
                      ProcessLauncher& launcher)
     : options_(std::move(options)), queue_(queue), loop_(loop), launcher_(launcher) {}
 
-void WorkerSet::create() {
+Result<void> WorkerSet::create() {
   const Config& c = *options_.config;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     for (uint32_t i = 0; i < c.pools[p].workers; ++i) {
@@ -73,9 +74,14 @@ void WorkerSet::create() {
       w->id = static_cast<uint32_t>(workers_.size());
       w->pool = p;
       w->backoff_ms = c.restart_backoff_initial_ms;
+      auto page = MemfdSegment::create("gpuq-worker-" + std::to_string(w->id), kWorkerPrivateBytes);
+      if (!page) return page.error();
+      w->private_page = std::move(*page);
+      new (w->private_page.address()) WorkerPrivate{};
       workers_.push_back(std::move(w));
     }
   }
+  return {};
 }
 
 // The worker's command line and environment: everything it needs is prepared here, before
@@ -97,7 +103,9 @@ LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
                "--spin-us",
                std::to_string(c.worker_spin_us),
                "--job-clock",
-               stamp_clock_name(options_.job_clock)};
+               stamp_clock_name(options_.job_clock),
+               "--private-fd",
+               std::to_string(kWorkerPrivateFd)};
   if (pool.job_time_limit_ms > 0) {
     spec.argv.insert(spec.argv.end(),
                      {"--job-time-limit-ms", std::to_string(pool.job_time_limit_ms)});
@@ -149,6 +157,7 @@ Result<void> WorkerSet::spawn(Worker& w) {
   spec.control_fd = child_control.get();
   spec.stdout_fd = child_out.get();
   spec.stderr_fd = child_err.get();
+  spec.private_fd = w.private_page.fd();
 
   // Reset the worker's shared state before the launch, not after: once started, the worker
   // stores kReady and busy = 1 itself, and a later store here would overwrite them (the
@@ -156,7 +165,12 @@ Result<void> WorkerSet::spawn(Worker& w) {
   WorkerShm& ws = queue_.worker(w.id);
   ws.busy.store(0, std::memory_order_relaxed);
   ws.asleep.store(0, std::memory_order_relaxed);
-  ws.hold.store(0, std::memory_order_relaxed);
+  // The private page likewise: idle, not held (the previous process may have died mid-job).
+  WorkerPrivate& priv = w.priv();
+  priv.job_seq.store(0, std::memory_order_relaxed);
+  priv.job.store(0, std::memory_order_relaxed);
+  priv.job_started.store(0, std::memory_order_relaxed);
+  priv.hold.store(0, std::memory_order_seq_cst);
   ws.state.store(static_cast<uint32_t>(WorkerState::kStarting), std::memory_order_release);
   w.spawned_ns = monotonic_ns();
   w.start_ns = 0;
@@ -433,7 +447,9 @@ bool WorkerSet::any_running() const {
 
 bool WorkerSet::any_busy() const {
   return std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) {
-    return w->pid > 0 && queue_.worker(w->id).busy.load(std::memory_order_acquire) != 0;
+    // Not WorkerShm::busy: clients can write the queue segment, and a drain must not wait on
+    // a word they set.
+    return w->pid > 0 && (w->priv().job_seq.load(std::memory_order_acquire) & 1) != 0;
   });
 }
 

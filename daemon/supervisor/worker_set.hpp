@@ -20,6 +20,7 @@
 #include "event_loop.hpp"
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/protocol.hpp"
+#include "gpuq/common/shm.hpp"
 #include "gpuq/common/shm_layout.hpp"
 #include "gpuq/common/unique_fd.hpp"
 #include "pool_plan.hpp"
@@ -46,6 +47,9 @@ struct Worker {
   uint64_t start_ns = 0;      // how long it took from then to ready; 0: not ready yet
   bool forced = false;        // being stopped for a job that did not end (force_stop)
   uint64_t stops_forced = 0;  // times this worker was stopped so
+  // The page only this worker and the supervisor map (WorkerPrivate), kept across respawns.
+  MemfdSegment private_page;
+  WorkerPrivate& priv() const { return *static_cast<WorkerPrivate*>(private_page.address()); }
   // Control messages that did not fit in the worker's socket queue (a Unix datagram queue
   // holds net.unix.max_dgram_qlen, 10 by default): sent in order as it drains (EPOLLOUT).
   struct Outgoing {
@@ -79,8 +83,9 @@ class WorkerSet {
  public:
   WorkerSet(WorkerSetOptions options, QueueView& queue, EventLoop& loop, ProcessLauncher& launcher);
 
-  // Creates the workers of every pool (not started yet), as the plan placed them.
-  void create();
+  // Creates the workers of every pool (not started yet), as the plan placed them, each with its
+  // private page. Errors: the memfd's.
+  Result<void> create();
   // Called with each worker right after it was started, before it can report ready.
   void set_on_started(std::function<void(Worker&)> fn) { on_started_ = std::move(fn); }
 
@@ -112,7 +117,7 @@ class WorkerSet {
   void kill_all();
 
   bool any_running() const;
-  bool any_busy() const;  // a running worker in the middle of a job
+  bool any_busy() const;  // a running worker in the middle of a job (its private job_seq)
   bool timed() const;     // a respawn or a kill deadline pending (the loop needs its tick)
   const std::vector<std::unique_ptr<Worker>>& all() const { return workers_; }
   Worker& at(uint32_t id) { return *workers_[id]; }

@@ -30,7 +30,7 @@ int usage(const char* program) {
   std::fprintf(stderr,
                "usage: %s --queue-segment NAME --worker-id N --pool-id N "
                "--supervisor-pid PID [--spin-us N] [--job-clock tsc|monotonic]\n"
-               "       [--job-time-limit-ms N] "
+               "       --private-fd FD [--job-time-limit-ms N] "
                "[--memory-limit-bytes N | "
                "--memory-limit-fraction F] [--plugin PATH]...\n"
                "       %s --list-plugin-ops PATH\n"
@@ -65,6 +65,8 @@ int worker_main(int argc, char** argv, const char* program,
       o.supervisor_pid = static_cast<pid_t>(n);
     } else if (a == "--spin-us" && parse_number(v, &n)) {
       o.spin_us = n;
+    } else if (a == "--private-fd" && parse_number(v, &n)) {
+      o.private_fd = static_cast<int>(n);
     } else if (a == "--job-time-limit-ms" && parse_number(v, &n)) {
       o.job_time_limit_ms = n;
     } else if (a == "--job-clock" && parse_stamp_clock(v)) {

@@ -67,6 +67,19 @@ class Worker {
                      options_.queue_segment.c_str(), options_.worker_id, options_.pool_id);
       return 1;
     }
+    if (options_.private_fd < 0) {
+      GPUQ_LOG_ERROR("no private page (--private-fd): gpuqd passes one to every worker");
+      return 1;
+    }
+    auto page = MemfdSegment::map(UniqueFd(options_.private_fd), kWorkerPrivateBytes);
+    if (!page) {
+      GPUQ_LOG_ERROR("cannot map this worker's private page (fd %d): %s", options_.private_fd,
+                     page.error().to_string().c_str());
+      return 1;
+    }
+    private_page_ = std::move(*page);
+    priv_ = static_cast<WorkerPrivate*>(private_page_.address());
+    job_seq_ = priv_->job_seq.load(std::memory_order_relaxed) & ~uint64_t{1};
     clients_.resize(l.max_clients);
     pool_ = &queue_.pool(options_.pool_id);
     self_ = &queue_.worker(options_.worker_id);
@@ -106,7 +119,7 @@ class Worker {
       }
       // The supervisor is about to stop this worker for a job that did not end: take no new
       // job (docs/design/faults.md, "Jobs that do not end").
-      if (self_->hold.load(std::memory_order_seq_cst) != 0) {
+      if (priv_->hold.load(std::memory_order_seq_cst) != 0) {
         if (!wait_while_held()) return 1;
         continue;
       }
@@ -167,7 +180,7 @@ class Worker {
   // supervisor is gone.
   bool wait_while_held() {
     went_on_ = 0;
-    while (self_->hold.load(std::memory_order_seq_cst) != 0) {
+    while (priv_->hold.load(std::memory_order_seq_cst) != 0) {
       pollfd p{options_.control_fd, POLLIN, 0};
       (void)::poll(&p, 1, 5);  // a pause: the loop looks at `hold` and the socket again
       seen_control_ = self_->control_seq.load(std::memory_order_acquire);
@@ -277,10 +290,13 @@ class Worker {
     // A job taken straight after the previous one starts when that one finished: one stamp
     // per job instead of two. The difference is the pop and claim, well under a microsecond.
     out.started_stamp = went_on_ != 0 ? went_on_ : read_stamp(options_.job_clock);
-    // For the supervisor's time limits and status: which job, since when. Release: a
-    // supervisor that reads them and then finds the slot still RUNNING read this job's values.
-    self_->job_started.store(out.started_stamp, std::memory_order_release);
-    self_->job.store(value, std::memory_order_release);
+    // For the supervisor's time limits and status, on the private page: which job, since
+    // when, then the odd job_seq that publishes them (a seqlock's write; the release fence
+    // keeps these stores after the previous job's even job_seq).
+    std::atomic_thread_fence(std::memory_order_release);
+    priv_->job.store(value, std::memory_order_relaxed);
+    priv_->job_started.store(out.started_stamp, std::memory_order_relaxed);
+    priv_->job_seq.store(++job_seq_, std::memory_order_release);
     self_->busy.store(1, std::memory_order_relaxed);
     // One copy, validated once (no re-reads): the fixed fields, then only the params in use.
     // params_bytes stays as the client wrote it, so that validation rejects one over the limit.
@@ -337,6 +353,9 @@ class Worker {
     // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
     // pinned to its own CPU): give it the core now instead of spinning in front of it.
     if (slot.done.notify_all_after_rmw()) (void)sched_yield();  // cannot fail on Linux
+    // Not running a job any more. seq_cst: the Dekker pair with the supervisor's `hold`, which
+    // the loop reads (seq_cst) before it takes another job.
+    priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
     self_->busy.store(0, std::memory_order_relaxed);
     if (final_state == JobState::kDone) {
       // Only this worker writes it while it lives: no locked instruction needed.
@@ -411,6 +430,9 @@ class Worker {
   OpBackend& backend_;
   QueueSegment segment_;
   QueueView queue_;
+  MemfdSegment private_page_;
+  WorkerPrivate* priv_ = nullptr;
+  uint64_t job_seq_ = 0;  // this worker's copy of priv_->job_seq
   PoolShm* pool_ = nullptr;
   WorkerShm* self_ = nullptr;
   JobRing ring_;

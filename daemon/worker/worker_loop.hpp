@@ -23,6 +23,7 @@ struct WorkerOptions {
   uint32_t job_time_limit_ms = 0;
   StampClock job_clock = StampClock::kMonotonic;  // what job stamps count in (clock.hpp)
   int control_fd = 3;                             // SOCK_SEQPACKET to the supervisor
+  int private_fd = -1;  // the page only this worker and the supervisor map (WorkerPrivate)
   // A GPU worker's device memory budget (a gpu pool's memory_limit): bytes, or else a fraction
   // of the device's memory in (0, 1]. The CPU worker ignores both.
   uint64_t memory_limit_bytes = 0;

@@ -156,9 +156,10 @@ TEST_CASE("gpuqctl status shows the job a busy worker runs, and its pool's time 
 #ifdef GPUQ_TEST_PLUGIN
 TEST_CASE("gpuqctl status shows a worker stuck on a job past its limit, then its forced stop") {
   // plugin_spin never looks at its cancel flag: past its 100 ms limit the worker is stuck until
-  // cancel_grace_ms (3 s) has passed, then it is stopped and replaced.
+  // cancel_grace_ms (8 s: room for a slow gpuqctl under a sanitizer) has passed, then it is
+  // stopped and replaced.
   nlohmann::json config;
-  config["cancel_grace_ms"] = 3000;
+  config["cancel_grace_ms"] = 8000;
   config["plugins"] = nlohmann::json::array({GPUQ_TEST_PLUGIN});
   config["pools"] = nlohmann::json::array({{{"name", "cpu"}, {"kind", "cpu"}, {"workers", 1}}});
   DaemonProcess daemon(config.dump());
@@ -186,7 +187,7 @@ TEST_CASE("gpuqctl status shows a worker stuck on a job past its limit, then its
       daemon.status().dump());
   const CommandResult after = gpuqctl(daemon, "status");
   INFO(after.output);
-  CHECK(contains(after.output, "1/1 ready, 1 workers stopped for jobs that did not end"));
+  CHECK(contains(after.output, "1/1 ready, 1 worker stopped for jobs that did not end"));
   CHECK(!contains(after.output, "plugin_spin"));
 }
 #endif

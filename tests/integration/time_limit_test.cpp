@@ -14,8 +14,10 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "gpuq/common/shm_layout.hpp"
 #include "integration/integration_support.hpp"
 
 namespace gpuq::test {
@@ -184,8 +186,11 @@ TEST_CASE("a client that exits with a running job frees its worker") {
   SUBCASE("by default its job is cancelled, by force when it ignores that") {
     DaemonProcess daemon(limits_config(1, 0, 300));
     exit_with_running_job(daemon, job_spec("plugin_block"), false);
-    REQUIRE_MESSAGE(wait_until([&] { return stops_forced(daemon) == 1; }, 10s),
-                    daemon.status().dump());
+    // No status requests meanwhile: with no client left, only the supervisor's own timer can
+    // end the grace (a request would wake its loop).
+    std::this_thread::sleep_for(3s);
+    const json after = daemon.status();
+    REQUIRE_MESSAGE(pool_status(after)["stops_forced"] == 1, after.dump());
     wait_all_ready(daemon);
     Client client = connect_client(daemon);
     check_echo_works(client);
@@ -204,7 +209,9 @@ TEST_CASE("a client that exits with a running job frees its worker") {
 }
 
 TEST_CASE("two stuck workers: status and readiness say so; a third client is still served") {
-  constexpr uint32_t kLimitMs = 400, kGraceMs = 1500;
+  // Generous: the status taken within the limit, and the one taken within the grace, must come
+  // in time on a loaded machine under a sanitizer.
+  constexpr uint32_t kLimitMs = 2000, kGraceMs = 4000;
   DaemonProcess daemon(limits_config(2, kLimitMs, kGraceMs));
   Client a = connect_client(daemon);
   Client b = connect_client(daemon);
@@ -213,23 +220,27 @@ TEST_CASE("two stuck workers: status and readiness say so; a third client is sti
   wait_running(ja);
   wait_running(jb);
 
-  // While busy within the limit: the job is shown, the workers are not stuck.
+  // While busy (within the limit, unless the machine is very slow): the job is shown.
   {
-    const json p = pool_status(daemon.status());
-    for (const json& w : p["workers"]) {
+    const json st = daemon.status();
+    for (const json& w : pool_status(st)["workers"]) {
       CHECK(w["busy"] == true);
-      CHECK(w["state"] == "ready");
+      CHECK((w["state"] == "ready" || w["state"] == "stuck"));
       CHECK(w["job"]["time_limit_ms"] == kLimitMs);
       CHECK(w["job"]["client_pid"] == ::getpid());
       CHECK(w["job"]["age_ms"].get<double>() >= 0);
     }
   }
   // Past the limit, within the grace: stuck, the pool down, the daemon not ready.
-  const bool stuck =
-      wait_until([&] { return pool_status(daemon.status())["workers_stuck"] == 2; }, 10s);
-  REQUIRE_MESSAGE(stuck, daemon.status().dump());
+  json s;
+  const bool stuck = wait_until(
+      [&] {
+        s = daemon.status();
+        return pool_status(s)["workers_stuck"] == 2;
+      },
+      10s);
+  REQUIRE_MESSAGE(stuck, s.dump());
   const auto asked = std::chrono::steady_clock::now();
-  const json s = daemon.status();
   CHECK(s["ready"] == false);
   CHECK(pool_status(s)["status"] == "down");
   CHECK(pool_status(s)["workers_ready"] == 0);
@@ -264,6 +275,25 @@ TEST_CASE("two stuck workers: status and readiness say so; a third client is sti
                 "served after " << served_ms << " ms; bound " << bound_ms << " ms");
   CHECK(after["ready"] == true);
   CHECK(pool_status(after)["stops_forced"] == 2);
+}
+
+TEST_CASE("a client that rewrites its own job's slot cannot keep a worker past the limit") {
+  // What the supervisor acts on (which job a worker runs, since when, whether it has ended)
+  // comes from the worker's private page; the client's slot is the client's to scribble on.
+  DaemonProcess daemon(limits_config(1, 300, 200));
+  Client client = connect_client(daemon);
+  Job job = submit_ok(client, job_spec("plugin_spin"));
+  wait_running(job);
+  // The slots sit before the arena (shm_layout.hpp); the first job took slot 0. Say it is done.
+  const ClientSegmentGeometry g = ClientSegmentGeometry::compute(64, client.arena_bytes());
+  auto* slots = reinterpret_cast<JobSlot*>(client.arena() - g.arena_offset + g.slots_offset);
+  const SlotWord was = SlotWord::unpack(slots[0].state.load());
+  REQUIRE(was.state == JobState::kRunning);
+  slots[0].state.store(SlotWord{was.generation, JobState::kDone, was.worker_plus_one}.pack());
+  REQUIRE_MESSAGE(wait_until([&] { return stops_forced(daemon) == 1; }, 10s),
+                  daemon.status().dump());
+  wait_all_ready(daemon);
+  check_echo_works(client);
 }
 
 }  // namespace

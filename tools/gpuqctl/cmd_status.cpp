@@ -100,8 +100,8 @@ void print_status_table(const Json& doc) {
       line += ", job time limit " + format_ms(*limit);
     }
     if (auto forced = number_field(pool, "stops_forced"); forced && *forced > 0) {
-      line +=
-          ", " + text_field(pool, "stops_forced") + " workers stopped for jobs that did not end";
+      line += ", " + text_field(pool, "stops_forced") + (*forced == 1 ? " worker" : " workers") +
+              " stopped for jobs that did not end";
     }
     if (pool.is_object() && pool.contains("accepting") && pool["accepting"] == false) {
       line += ", not accepting jobs";

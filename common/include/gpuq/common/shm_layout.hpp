@@ -257,14 +257,6 @@ struct alignas(64) WorkerShm {
   // 1 while the worker sleeps on `wake` and no one has woken it yet: a waker claims the wakeup
   // by exchanging it to 0, so a burst of pushes wakes distinct workers, not one worker N times.
   std::atomic<uint32_t> asleep;
-  // The job the worker runs while `busy` (a packed JobRef) and its start (a job stamp), stored
-  // (release) after the claim; the supervisor checks them against the slot's state word
-  // before it believes them (docs/design/faults.md, "Jobs that do not end").
-  std::atomic<uint32_t> job;
-  // Set by the supervisor before it stops this worker for a job that did not end: the worker
-  // takes no new job while it is up (the Dekker handshake in docs/design/faults.md).
-  std::atomic<uint32_t> hold;
-  std::atomic<uint64_t> job_started;
   alignas(64) std::atomic<uint64_t> jobs_done;
   std::atomic<uint64_t> jobs_failed;
 };
@@ -292,9 +284,28 @@ static_assert(std::is_standard_layout_v<WorkerShm> && std::is_trivially_destruct
 static_assert(std::is_standard_layout_v<ClientShm> && std::is_trivially_destructible_v<ClientShm>);
 static_assert(sizeof(QueueHeader) % 64 == 0 && sizeof(PoolShm) % 64 == 0);
 static_assert(sizeof(WorkerShm) % 64 == 0 && sizeof(ClientShm) % 64 == 0);
-// What the worker writes per job (busy, job, job_started) shares one line with its pid and
-// state; the counters start the next.
 static_assert(offsetof(WorkerShm, jobs_done) == 64);
+
+// A worker's words that only it and the supervisor map: a memfd the supervisor makes for each
+// worker and passes at start (fd 4, --private-fd). What the supervisor acts on when it stops a
+// worker for a job that did not end must not be writable by clients, which map the queue
+// segment (docs/design/faults.md, "Jobs that do not end").
+struct alignas(64) WorkerPrivate {
+  // Odd while the worker runs a job: it stores `job` and `job_started`, then the odd value
+  // (release) after its claim, and the next even value (seq_cst) after the job's end. A reader
+  // takes `job` and `job_started` as a seqlock's data: the same odd value before and after.
+  std::atomic<uint64_t> job_seq;
+  std::atomic<uint64_t> job_started;  // a job stamp (clock.hpp)
+  std::atomic<uint32_t> job;          // a packed JobRef
+  // Raised by the supervisor before it kills this worker for a job that did not end: the
+  // worker takes no new job while it is up (the Dekker pair with job_seq, faults.md).
+  std::atomic<uint32_t> hold;
+};
+static_assert(std::is_standard_layout_v<WorkerPrivate> &&
+              std::is_trivially_destructible_v<WorkerPrivate>);
+inline constexpr uint64_t kWorkerPrivateBytes = 4096;
+static_assert(sizeof(WorkerPrivate) <= kWorkerPrivateBytes);
+inline constexpr int kWorkerPrivateFd = 4;  // where a worker finds it
 
 // Where things are in a queue segment: a process-local copy of the layout fields of the header
 // and of each pool, taken once. Every process that maps the segment can write those fields (a
