@@ -29,6 +29,9 @@ namespace {
 // worker's page: a worker publishes right after its claim, so one that has not by then is not
 // running it (the slot's word was the client's to forge).
 constexpr uint64_t kPublishWaitNs = 500'000'000;
+// How long after a client leaves the watch looks for jobs of it that a worker claimed after
+// its departure (and remembers that a keep_running_jobs client's are to run on).
+constexpr uint64_t kDepartureWatchNs = 5'000'000'000;
 
 // The op's name for logs and messages: the id comes from the client's descriptor.
 std::string op_name(uint32_t id) {
@@ -78,27 +81,35 @@ std::optional<JobWatch::Seen> JobWatch::observe(const Worker& w) const {
   if ((seen.seq & 1) == 0) return std::nullopt;  // idle
   seen.ref = p.job.load(std::memory_order_relaxed);
   seen.started_stamp = p.job_started.load(std::memory_order_relaxed);
+  seen.session = p.session.load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (p.job_seq.load(std::memory_order_relaxed) != seen.seq) return std::nullopt;  // moved on
   // The job's slot: through the watch's own mapping for a client that has left, else the
-  // registry's (the client index of a live reference is a live client's, or a departed one's
-  // whose track holds the mapping).
+  // registry's, if the client holding the reference's index is the job's (a departed client's
+  // index may have been given to another since). Else an orphan: no slot to read.
   const Track& t = tracks_[w.id];
-  if (t.active && t.departed && t.ref == seen.ref && (t.seq == 0 || t.seq == seen.seq)) {
+  if (t.active && t.departed && t.ref == seen.ref && t.session == seen.session &&
+      (t.seq == 0 || t.seq == seen.seq)) {
     seen.slot = slot_in(t.departed->address(), t.geometry, t.slot_count, seen.ref);
-    seen.session = t.session;
     return seen;
   }
-  if (const Client* c = clients_.by_index(JobRef::unpack(seen.ref).client); c != nullptr) {
+  if (const Client* c = clients_.by_index(JobRef::unpack(seen.ref).client);
+      c != nullptr && c->session == seen.session) {
     seen.slot = slot_in(c->segment.address(), c->geometry, c->slot_count, seen.ref);
     seen.client = c;
-    seen.session = c->session;
   }
   return seen;
 }
 
+bool JobWatch::wants_tick(uint64_t now) const {
+  return now < departure_watch_until_ns_ ||
+         std::any_of(tracks_.begin(), tracks_.end(), [](const Track& t) { return t.active; });
+}
+
 void JobWatch::tick(uint64_t now) {
   const uint64_t grace_ns = uint64_t{config_.cancel_grace_ms} * 1'000'000;
+  std::erase_if(kept_sessions_,
+                [&](const auto& kept) { return now - kept.second > kDepartureWatchNs; });
   for (const auto& wp : workers_->all()) {
     Worker& w = *wp;
     Track& t = tracks_[w.id];
@@ -120,7 +131,9 @@ void JobWatch::tick(uint64_t now) {
       continue;
     }
     JobSlot* slot = seen->slot;
-    if (t.active && t.seq == 0 && t.ref == seen->ref) t.seq = seen->seq;  // published now
+    if (t.active && t.seq == 0 && t.ref == seen->ref && t.session == seen->session) {
+      t.seq = seen->seq;  // published now
+    }
     if (!t.active || t.seq != seen->seq) {
       Track fresh;
       fresh.active = true;
@@ -140,6 +153,15 @@ void JobWatch::tick(uint64_t now) {
       fresh.started_ns = now - std::min(now, age_ns(seen->started_stamp));
       fresh.limit_ms = limit_for(w.pool, slot);
       fresh.client_pid = seen->client != nullptr ? seen->client->pid : 0;
+      if (seen->client == nullptr && slot == nullptr && kept_sessions_.count(seen->session) == 0) {
+        // An orphan: its client left between the scan of its slots and the worker's claim of
+        // this job (client_leaving never saw it). Cancelled like the others; with no slot to
+        // raise a flag in, stopped by force after the grace.
+        fresh.why = kCancelByClient;
+        fresh.asked_ns = now;
+        GPUQ_LOG_INFO("worker %u (pid %d) runs a job of a client that has left: cancelled it", w.id,
+                      w.pid);
+      }
       t = std::move(fresh);
     }
     WorkerPrivate& p = w.priv();
@@ -221,6 +243,10 @@ std::string JobWatch::forced_message(const Track& t, ErrorCode code, uint32_t wo
 }
 
 void JobWatch::client_leaving(const Client& client, uint64_t now) {
+  // A worker may still claim one of its jobs before it reads the client's UnmapClient: watch
+  // for such orphans for a while.
+  departure_watch_until_ns_ = now + kDepartureWatchNs;
+  if (client.keep_running_jobs) kept_sessions_[client.session] = now;
   ClientSegmentView view(client.segment.address(), client.geometry, client.slot_count);
   std::shared_ptr<MemfdSegment> mapping;
   for (uint32_t s = 0; s < client.slot_count; ++s) {
@@ -237,7 +263,8 @@ void JobWatch::client_leaving(const Client& client, uint64_t now) {
     const Worker& w = *workers_->all()[worker];
     const WorkerPrivate& p = w.priv();
     const uint64_t seq = p.job_seq.load(std::memory_order_acquire);
-    const bool running_it = (seq & 1) != 0 && p.job.load(std::memory_order_relaxed) == ref;
+    const bool running_it = (seq & 1) != 0 && p.job.load(std::memory_order_relaxed) == ref &&
+                            p.session.load(std::memory_order_relaxed) == client.session;
     Track& t = tracks_[worker];
     if (t.stopping || ((seq & 1) != 0 && !running_it)) continue;
     // Unless the client asked to keep them: stopped, and followed (a kept one is followed too,
@@ -330,10 +357,13 @@ std::optional<RunningJob> JobWatch::running(const Worker& w) const {
   // younger than its limit.
   const uint64_t now = monotonic_ns();
   r.age_ns = tracked ? now - std::min(now, t.started_ns) : age_ns(seen->started_stamp);
-  r.op_id =
-      tracked || seen->slot == nullptr
-          ? t.op_id
-          : std::atomic_ref<const uint32_t>(seen->slot->desc.op_id).load(std::memory_order_relaxed);
+  r.op_id = 0;
+  if (tracked) {
+    r.op_id = t.op_id;
+  } else if (seen->slot != nullptr) {
+    r.op_id =
+        std::atomic_ref<const uint32_t>(seen->slot->desc.op_id).load(std::memory_order_relaxed);
+  }
   r.time_limit_ms = tracked ? t.limit_ms : limit_for(w.pool, seen->slot);
   if (seen->client != nullptr) {
     r.client_pid = seen->client->pid;

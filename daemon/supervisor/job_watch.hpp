@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,6 +75,9 @@ class JobWatch {
   std::optional<ForcedEnd> take_forced(uint32_t worker);
   // The earliest time something here is due (a limit, the end of a grace), or 0.
   uint64_t next_due() const;
+  // A job is followed, or a client left a moment ago: the slow tick must run even with no
+  // client connected.
+  bool wants_tick(uint64_t now) const;
 
   // What worker `w` runs now (status), or nothing when it is idle.
   std::optional<RunningJob> running(const Worker& w) const;
@@ -126,6 +130,8 @@ class JobWatch {
   WorkerSet* workers_ = nullptr;
   std::vector<Track> tracks_;
   std::vector<std::optional<ForcedEnd>> forced_;
+  uint64_t departure_watch_until_ns_ = 0;
+  std::map<uint64_t, uint64_t> kept_sessions_;  // keep_running_jobs clients gone: when they left
 };
 
 }  // namespace gpuq::daemon

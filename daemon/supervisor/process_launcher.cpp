@@ -41,7 +41,12 @@ Result<pid_t> ForkExecLauncher::launch(const LaunchSpec& spec) {
     // and the exit status (the supervisor logs the worker's death). Wire fds 1, 2, 3, 4; pin;
     // die with the supervisor; exec. The private page first goes above them all, so that the
     // dup2s below cannot close it whatever number it had.
-    const int page = private_page >= 0 ? fcntl(private_page, F_DUPFD, 10) : -1;
+    const int page = private_page >= 0 ? fcntl(private_page, F_DUPFD_CLOEXEC, 10) : -1;
+    if (private_page >= 0 && page < 0) {
+      static const char kNoPage[] = "gpuq-worker: no descriptor for its private page\n";
+      (void)!write(2, kNoPage, sizeof kNoPage - 1);
+      _exit(127);
+    }
     if (control == 3) {
       (void)fcntl(3, F_SETFD, 0);  // keep it across exec
     } else {
@@ -49,7 +54,7 @@ Result<pid_t> ForkExecLauncher::launch(const LaunchSpec& spec) {
     }
     (void)dup2(out, 1);
     (void)dup2(err, 2);
-    if (page >= 0) (void)dup2(page, 4);  // dup2 leaves FD_CLOEXEC clear: it survives exec
+    if (page >= 0) (void)dup2(page, 4);  // the copy at 4 has FD_CLOEXEC clear: it survives exec
     (void)sched_setaffinity(0, sizeof cpus, &cpus);  // not pinned beats not running
     (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
     (void)sigprocmask(SIG_SETMASK, &empty, nullptr);

@@ -318,8 +318,8 @@ void Supervisor::update_timer() {
                      (due != 0 && due < monotonic_ns() + JobRecovery::kAuditNs);
   // The slow tick runs while clients are connected (the audit, limits of new jobs) and while
   // a job is followed (a departed client's, whose grace must end with no client left).
-  const uint64_t period =
-      timed ? kTickNs : (clients_.registered() > 0 || due != 0 ? JobRecovery::kAuditNs : 0);
+  const bool slow = clients_.registered() > 0 || watch_.wants_tick(monotonic_ns());
+  const uint64_t period = timed ? kTickNs : (slow ? JobRecovery::kAuditNs : 0);
   if (period == timer_period_ns_) return;
   const timespec tick{static_cast<time_t>(period / 1'000'000'000),
                       static_cast<long>(period % 1'000'000'000)};

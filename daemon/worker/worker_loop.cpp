@@ -71,6 +71,12 @@ class Worker {
       GPUQ_LOG_ERROR("no private page (--private-fd): gpuqd passes one to every worker");
       return 1;
     }
+    // Not for processes an op may start: they would outlive this worker with its page.
+    if (auto r = GPUQ_POSIX_CALL(::fcntl, options_.private_fd, F_SETFD, FD_CLOEXEC); !r) {
+      GPUQ_LOG_ERROR("private page (fd %d): %s", options_.private_fd,
+                     r.error().to_string().c_str());
+      return 1;
+    }
     auto page = MemfdSegment::map(UniqueFd(options_.private_fd), kWorkerPrivateBytes);
     if (!page) {
       GPUQ_LOG_ERROR("cannot map this worker's private page (fd %d): %s", options_.private_fd,
@@ -296,7 +302,13 @@ class Worker {
     std::atomic_thread_fence(std::memory_order_release);
     priv_->job.store(value, std::memory_order_relaxed);
     priv_->job_started.store(out.started_stamp, std::memory_order_relaxed);
+    priv_->session.store(mc.session, std::memory_order_relaxed);
     priv_->job_seq.store(++job_seq_, std::memory_order_release);
+    // The supervisor raises the time-limit bit only for a job it has seen published, so one
+    // here now is a leftover meant for the slot's previous job: not this one's.
+    if ((slot.cancel_requested.load(std::memory_order_relaxed) & kCancelByTimeLimit) != 0) {
+      slot.cancel_requested.fetch_and(~kCancelByTimeLimit, std::memory_order_relaxed);
+    }
     self_->busy.store(1, std::memory_order_relaxed);
     // One copy, validated once (no re-reads): the fixed fields, then only the params in use.
     // params_bytes stays as the client wrote it, so that validation rejects one over the limit.
@@ -345,6 +357,12 @@ class Worker {
     went_on_ = out.finished_stamp;
     if (out.code != 0) set_slot_message(slot, error_message_.c_str());
     std::memcpy(&slot.outcome, &out, sizeof out);
+    // Not running a job any more, said before the end is published: a supervisor that or-ed a
+    // time-limit bit into this slot and then reads job_seq sees this store if the client can
+    // have freed the slot since (its reset is a release, after it saw the end). seq_cst: also
+    // the Dekker pair with the supervisor's `hold`, which the loop reads (seq_cst) before it
+    // takes another job.
+    priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
     GPUQ_FAULT_POINT("worker.before_complete");
     const SlotWord done{sw.generation, final_state, options_.worker_id + 1};
     // An exchange, seq_cst: as cheap as a store and the fence notify would add after it.
@@ -353,9 +371,6 @@ class Worker {
     // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
     // pinned to its own CPU): give it the core now instead of spinning in front of it.
     if (slot.done.notify_all_after_rmw()) (void)sched_yield();  // cannot fail on Linux
-    // Not running a job any more. seq_cst: the Dekker pair with the supervisor's `hold`, which
-    // the loop reads (seq_cst) before it takes another job.
-    priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
     self_->busy.store(0, std::memory_order_relaxed);
     if (final_state == JobState::kDone) {
       // Only this worker writes it while it lives: no locked instruction needed.

@@ -9,12 +9,13 @@
 //   - a client that exits with a running job frees its worker (unless it asked to keep it);
 //   - two stuck workers: status and readiness say so, and a third client is served within the
 //     limit plus the grace plus a worker start.
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gpuq/common/shm_layout.hpp"
@@ -185,11 +186,14 @@ void exit_with_running_job(const DaemonProcess& daemon, const JobSpec& spec, boo
 TEST_CASE("a client that exits with a running job frees its worker") {
   SUBCASE("by default its job is cancelled, by force when it ignores that") {
     DaemonProcess daemon(limits_config(1, 0, 300));
+    const pid_t worker = daemon.worker_pids().at(0);
     exit_with_running_job(daemon, job_spec("plugin_block"), false);
     // No status requests meanwhile: with no client left, only the supervisor's own timer can
-    // end the grace (a request would wake its loop).
-    std::this_thread::sleep_for(3s);
+    // end the grace (a request would wake its loop). The worker's pid is gone once gpuqd has
+    // killed and reaped it.
+    const bool reaped = wait_until([&] { return ::kill(worker, 0) == -1 && errno == ESRCH; }, 20s);
     const json after = daemon.status();
+    REQUIRE_MESSAGE(reaped, after.dump());
     REQUIRE_MESSAGE(pool_status(after)["stops_forced"] == 1, after.dump());
     wait_all_ready(daemon);
     Client client = connect_client(daemon);

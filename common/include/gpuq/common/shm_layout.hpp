@@ -296,6 +296,7 @@ struct alignas(64) WorkerPrivate {
   // takes `job` and `job_started` as a seqlock's data: the same odd value before and after.
   std::atomic<uint64_t> job_seq;
   std::atomic<uint64_t> job_started;  // a job stamp (clock.hpp)
+  std::atomic<uint64_t> session;      // the job's client's session (a reused index is not it)
   std::atomic<uint32_t> job;          // a packed JobRef
   // Raised by the supervisor before it kills this worker for a job that did not end: the
   // worker takes no new job while it is up (the Dekker pair with job_seq, faults.md).
