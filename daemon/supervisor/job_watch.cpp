@@ -145,6 +145,7 @@ void JobWatch::tick(uint64_t now) {
         if ((sw.generation & JobRef::kGenerationMask) == JobRef::unpack(seen->ref).generation) {
           fresh.generation = sw.generation;
           fresh.generation_known = true;
+          fresh.word = SlotWord{sw.generation, JobState::kRunning, w.id + 1}.pack();
         }
         fresh.op_id =
             std::atomic_ref<const uint32_t>(slot->desc.op_id).load(std::memory_order_relaxed);
@@ -172,14 +173,22 @@ void JobWatch::tick(uint64_t now) {
         t.why = kCancelByClient;
         t.asked_ns = now;
       } else if (t.limit_ms != 0 && now - t.started_ns >= uint64_t{t.limit_ms} * 1'000'000) {
-        if (slot != nullptr) {
+        // Into the slot when its word is known to be this job's; else straight to the grace.
+        if (slot != nullptr && t.generation_known) {
           slot->cancel_requested.fetch_or(kCancelByTimeLimit, std::memory_order_seq_cst);
           // The job may have ended (and its slot been freed and reused) since `observe`: then
-          // the flag is not this job's to keep.
-          if (p.job_seq.load(std::memory_order_seq_cst) != t.seq) {
+          // the flag is not this job's to keep. A client frees a slot with FREE and then the
+          // flag's reset, both release: a bit that landed after the reset sees FREE or later.
+          const bool moved = slot->state.load(std::memory_order_seq_cst) != t.word;
+          const bool ended = p.job_seq.load(std::memory_order_seq_cst) != t.seq;
+          if (moved || ended) {
             slot->cancel_requested.fetch_and(~kCancelByTimeLimit, std::memory_order_seq_cst);
-            t = Track{};
-            continue;
+            if (ended) {
+              t = Track{};
+              continue;
+            }
+            // Still running here, though its slot says otherwise (its client rewrote it): no
+            // flag, and the grace starts all the same.
           }
         }
         GPUQ_FAULT_POINT("supervisor.time_limit_flagged");

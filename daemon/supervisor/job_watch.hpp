@@ -92,6 +92,7 @@ class JobWatch {
     uint64_t session = 0;
     uint32_t generation = 0;  // full, from the slot's state word
     bool generation_known = false;
+    uint64_t word = 0;           // that state word (RUNNING on this worker), when generation_known
     uint64_t started_ns = 0;     // CLOCK_MONOTONIC
     uint64_t started_stamp = 0;  // as the worker stamped it; 0 when not known
     uint32_t limit_ms = 0;

@@ -357,12 +357,6 @@ class Worker {
     went_on_ = out.finished_stamp;
     if (out.code != 0) set_slot_message(slot, error_message_.c_str());
     std::memcpy(&slot.outcome, &out, sizeof out);
-    // Not running a job any more, said before the end is published: a supervisor that or-ed a
-    // time-limit bit into this slot and then reads job_seq sees this store if the client can
-    // have freed the slot since (its reset is a release, after it saw the end). seq_cst: also
-    // the Dekker pair with the supervisor's `hold`, which the loop reads (seq_cst) before it
-    // takes another job.
-    priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
     GPUQ_FAULT_POINT("worker.before_complete");
     const SlotWord done{sw.generation, final_state, options_.worker_id + 1};
     // An exchange, seq_cst: as cheap as a store and the fence notify would add after it.
@@ -371,6 +365,10 @@ class Worker {
     // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
     // pinned to its own CPU): give it the core now instead of spinning in front of it.
     if (slot.done.notify_all_after_rmw()) (void)sched_yield();  // cannot fail on Linux
+    // Not running a job any more: after the client's wakeup, off its critical path. seq_cst:
+    // the Dekker pair with the supervisor's `hold`, which the loop reads (seq_cst) before it
+    // takes another job.
+    priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
     self_->busy.store(0, std::memory_order_relaxed);
     if (final_state == JobState::kDone) {
       // Only this worker writes it while it lives: no locked instruction needed.

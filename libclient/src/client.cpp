@@ -382,10 +382,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // it after its last use of `this` ("Jobs keep their connection alive").
   [[nodiscard]] std::shared_ptr<ClientImpl> free_slot(uint32_t s, uint32_t generation) {
     JobSlot& js = slot(s);
-    // Release: a supervisor whose time-limit bit lands after this reset then sees the worker's
-    // job_seq move on (docs/design/faults.md, "Jobs that do not end").
-    js.cancel_requested.store(0, std::memory_order_release);
+    // FREE, then the flag's reset, both release: a supervisor whose time-limit bit lands after
+    // the reset then sees the slot's word moved on, and takes its bit back (docs/design/
+    // faults.md, "Jobs that do not end"). No Job can take the slot before both are done.
     js.state.store(SlotWord{generation + 1, JobState::kFree, 0}.pack(), std::memory_order_release);
+    js.cancel_requested.store(0, std::memory_order_release);
     std::lock_guard lock(slot_mutex_);
     uncount_locked(s, false);
     free_slots_.push_back(s);  // FIFO: a slot is reused as late as possible
@@ -419,8 +420,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
       if (!is_terminal(w.state)) return false;
       uncount_locked(a.first, false);
-      js.cancel_requested.store(0, std::memory_order_release);
       js.state.store(SlotWord{a.second + 1, JobState::kFree, 0}.pack(), std::memory_order_release);
+      js.cancel_requested.store(0, std::memory_order_release);  // after FREE: see free_slot
       free_slots_.push_back(a.first);
       return true;
     });
