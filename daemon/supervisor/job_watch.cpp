@@ -41,9 +41,8 @@ std::string op_name(uint32_t id) {
 
 }  // namespace
 
-JobWatch::JobWatch(const Config& config, QueueView& queue, const ClientRegistry& clients,
-                   const StampScale& stamps)
-    : config_(config), queue_(queue), clients_(clients), stamps_(stamps) {}
+JobWatch::JobWatch(const Config& config, const ClientRegistry& clients, const StampScale& stamps)
+    : config_(config), clients_(clients), stamps_(stamps) {}
 
 void JobWatch::attach(WorkerSet* workers) {
   workers_ = workers;

@@ -59,8 +59,7 @@ class JobWatch {
  public:
   // `stamps`: converts the workers' job stamps into nanoseconds (the supervisor keeps its TSC
   // rate up to date in it).
-  JobWatch(const Config& config, QueueView& queue, const ClientRegistry& clients,
-           const StampScale& stamps);
+  JobWatch(const Config& config, const ClientRegistry& clients, const StampScale& stamps);
 
   // The workers to watch (their private pages); before the first tick.
   void attach(WorkerSet* workers);
@@ -125,7 +124,6 @@ class JobWatch {
   std::string forced_message(const Track& t, ErrorCode code, uint32_t worker, pid_t pid) const;
 
   const Config& config_;
-  QueueView& queue_;
   const ClientRegistry& clients_;
   const StampScale& stamps_;
   WorkerSet* workers_ = nullptr;

@@ -34,7 +34,7 @@ Supervisor::Supervisor(SupervisorOptions options)
       files_(options_.config, options_.runtime_dir),
       clients_(options_.config, files_.queue(), loop_),
       recovery_(options_.config, files_.queue(), clients_, job_clock_),
-      watch_(options_.config, files_.queue(), clients_, stamps_) {
+      watch_(options_.config, clients_, stamps_) {
   if (!options_.launcher) options_.launcher = std::make_shared<ForkExecLauncher>();
   clients_.set_handlers([this](Client& c, Message& m) { handle_message(c, m); },
                         [this](Client& c) { on_client_leaving(c); });
