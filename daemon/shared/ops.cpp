@@ -148,6 +148,57 @@ Result<void> add_plugin_ops(std::vector<PluginOp> ops) {
   return {};
 }
 
+Result<uint32_t> add_python_op(const std::string& name, const std::string& summary, uint32_t pool,
+                               std::optional<uint32_t> id) {
+  static std::vector<std::unique_ptr<PythonOp>> owned;
+  auto& reg = registry();
+  const std::string where = "python pool " + std::to_string(pool) + ": op '" + name + "'";
+  if (!valid_op_name(name)) {
+    return Error(ErrorCode::kInvalidArgument,
+                 where + ": the name is not 1-48 characters of [a-z0-9_]");
+  }
+  uint32_t next = kFirstPluginOpId;
+  for (auto& have : reg) {
+    next = std::max(next, have.id + 1);
+    if (name != have.name) continue;
+    if (have.python == nullptr) {
+      return Error(ErrorCode::kInvalidArgument,
+                   where + ": the name is taken by " +
+                       (have.plugin != nullptr ? "plug-in " + have.plugin->library
+                                               : std::string("a built-in op")));
+    }
+    if (id && *id != have.id) {
+      return Error(ErrorCode::kInvalidArgument, where + ": registered twice");
+    }
+    // The registry is immutable once jobs run: this is still start-up.
+    auto* p = const_cast<PythonOp*>(have.python);
+    if (std::find(p->pools.begin(), p->pools.end(), pool) == p->pools.end()) {
+      p->pools.push_back(pool);
+    }
+    return have.id;
+  }
+  if (id && *id < next) {
+    return Error(ErrorCode::kInvalidArgument,
+                 where + ": id " + std::to_string(*id) + " is below the next free one");
+  }
+  owned.push_back(std::make_unique<PythonOp>(PythonOp{name, summary, {pool}}));
+  const PythonOp* p = owned.back().get();
+  reg.push_back(OpInfo{id.value_or(next), p->name.c_str(), p->summary.c_str(), nullptr,
+                       std::nullopt, nullptr, p});
+  return reg.back().id;
+}
+
+std::string python_op_list(uint32_t pool) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const OpInfo& op : op_registry()) {
+    if (op.python != nullptr && std::find(op.python->pools.begin(), op.python->pools.end(), pool) !=
+                                    op.python->pools.end()) {
+      list.push_back({op.id, op.name});
+    }
+  }
+  return list.dump();
+}
+
 std::span<const OpInfo> op_registry() {
   return registry();
 }
@@ -162,7 +213,7 @@ const OpInfo* find_op(uint32_t id) {
 std::string plugin_op_list() {
   nlohmann::json list = nlohmann::json::array();
   for (const OpInfo& op : op_registry()) {
-    if (op.id >= kFirstPluginOpId) list.push_back({op.id, op.name});
+    if (op.plugin != nullptr) list.push_back({op.id, op.name});
   }
   return list.dump();
 }

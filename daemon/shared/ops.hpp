@@ -31,6 +31,10 @@ struct OpContext {
   // an op needs to tell whether they overlap.
   uint64_t input_offset = 0;
   uint64_t output_offset = 0;
+  // An op that fails may leave a record of its failure at the start of the output buffer and
+  // say its size here (a Python op: the exception's type and traceback); the client gets it as
+  // the failed job's output size. At most output_capacity.
+  mutable uint64_t failure_output_bytes = 0;
 };
 
 struct OpOutput {
@@ -51,6 +55,9 @@ struct OpInfo {
   // A plug-in op (ids from kFirstPluginOpId; plugins.hpp): its functions in a worker (null in
   // the supervisor, which never loads a plug-in) and which pool kinds it has one for.
   const struct PluginOp* plugin = nullptr;
+  // A Python op (a function a Python pool's module registered with @gpuq.op): which pools
+  // have it. Only a Python worker of one of those pools runs it.
+  const struct PythonOp* python = nullptr;
 };
 
 // Plug-in ops get ids kFirstPluginOpId + their index over all plug-ins (config order, then
@@ -69,6 +76,25 @@ struct PluginOp {
   void* gpu_fn = nullptr;
 };
 
+// A Python op as the registry holds it (docs/python.md, "Python pools"). Its ids follow the
+// plug-in ops: the supervisor numbers them (pool order, then each module's registration order;
+// one id per name, however many pools have it) and tells each Python worker its pool's.
+struct PythonOp {
+  std::string name;
+  std::string summary;
+  std::vector<uint32_t> pools;  // the Python pools that have it
+};
+
+// The op a Python pool runs for gpuq.Executor: a pickled callable (refused by a pool whose
+// python.allow_callables is false). Every Python pool has it.
+inline constexpr const char* kPythonCallOp = "python_call";
+
+// Adds a Python op with id `id` (above every id registered so far), or adds `pool` to the
+// op of that name when it has one. Same rules as add_plugin_ops. Errors: InvalidArgument
+// naming the op and the pool when a name is malformed or taken by a built-in or plug-in op.
+Result<uint32_t> add_python_op(const std::string& name, const std::string& summary, uint32_t pool,
+                               std::optional<uint32_t> id = std::nullopt);
+
 // Appends plug-in ops to this process's registry, ids kFirstPluginOpId onwards, in order. Call
 // once at start-up, before any thread reads the registry (not thread-safe; the registry is
 // immutable afterwards). Errors: InvalidArgument naming the op and its plug-in when a name is
@@ -82,6 +108,8 @@ bool valid_op_name(std::string_view name);
 // its list with WorkerReady, and the supervisor refuses a worker whose list differs from its
 // own (a plug-in file changed on disk since gpuqd started would renumber the ops).
 std::string plugin_op_list();
+// The Python ops of `pool`, as plugin_op_list: what a Python worker sends with WorkerReady.
+std::string python_op_list(uint32_t pool);
 
 // All registered ops, in id order: the built-ins, then any plug-in ops. Thread-safe once
 // add_plugin_ops has run (immutable).

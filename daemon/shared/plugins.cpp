@@ -14,6 +14,7 @@
 #include <string_view>
 #include <variant>
 
+#include "child_output.hpp"
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/posix_call.hpp"
@@ -150,113 +151,27 @@ int list_plugin_ops_main(const std::string& path) {
 Result<std::vector<PluginOp>> list_plugin_ops_isolated(const std::string& worker_path,
                                                        const std::string& plugin_path,
                                                        uint32_t timeout_ms) {
-  int out_fds[2], err_fds[2];
-  if (auto r = GPUQ_POSIX_CALL(::pipe2, out_fds, O_CLOEXEC); !r) {
-    return plugin_error(plugin_path, r.error().message());
-  }
-  UniqueFd out_read(out_fds[0]), out_write(out_fds[1]);
-  if (auto r = GPUQ_POSIX_CALL(::pipe2, err_fds, O_CLOEXEC); !r) {
-    return plugin_error(plugin_path, r.error().message());
-  }
-  UniqueFd err_read(err_fds[0]), err_write(err_fds[1]);
-  std::string a0 = worker_path, a1 = "--list-plugin-ops", a2 = plugin_path;
-  char* argv[] = {a0.data(), a1.data(), a2.data(), nullptr};
   // The child sees no GPU, as a CPU worker: a plug-in whose register touched CUDA would find
-  // none rather than create a context (the environment is prepared before fork).
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::string_view(*e).rfind("CUDA_VISIBLE_DEVICES=", 0) != 0) env.emplace_back(*e);
-  }
+  // none rather than create a context.
+  std::vector<std::string> env = environment_without({"CUDA_VISIBLE_DEVICES"});
   env.emplace_back("CUDA_VISIBLE_DEVICES=-1");
-  std::vector<char*> envp;
-  envp.reserve(env.size() + 1);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  auto forked = GPUQ_POSIX_CALL(::fork);
-  if (!forked) return plugin_error(plugin_path, forked.error().message());
-  const auto pid = static_cast<pid_t>(*forked);
-  if (pid == 0) {
-    // The child, until execve: the parent may have other threads, so only async-signal-safe
-    // calls, raw (the checked wrappers allocate on failure). A failed dup2 shows as the
-    // worker's output missing; a failed execve as exit status 127.
-    ::dup2(out_write.get(), 1);
-    ::dup2(err_write.get(), 2);
-    ::execve(argv[0], argv, envp.data());
-    static const char kMsg[] = "execve of the worker failed\n";
-    ssize_t ignored = ::write(2, kMsg, sizeof kMsg - 1);
-    (void)ignored;
-    _exit(127);
+  auto child =
+      run_child_for_output({worker_path, "--list-plugin-ops", plugin_path}, env, timeout_ms);
+  if (!child) {
+    return plugin_error(plugin_path, child.error().code() == ErrorCode::kTimeout
+                                         ? "listing its ops " + child.error().message()
+                                         : child.error().message());
   }
-  out_write.reset();
-  err_write.reset();
-  std::string answer, errors;
-  const uint64_t deadline = monotonic_ns() + uint64_t{timeout_ms} * 1'000'000;
-  bool timed_out = false;
-  std::string poll_failure;
-  UniqueFd* const streams[2] = {&out_read, &err_read};
-  pollfd fds[2] = {{out_read.get(), POLLIN, 0}, {err_read.get(), POLLIN, 0}};
-  int open_fds = 2;
-  while (open_fds > 0) {
-    const uint64_t now = monotonic_ns();
-    if (now >= deadline) {
-      timed_out = true;
-      break;
-    }
-    // EINTR restarts the poll with the same timeout; the deadline check above bounds it.
-    auto ready =
-        GPUQ_POSIX_CALL(::poll, fds, 2, static_cast<int>((deadline - now) / 1'000'000) + 1);
-    if (!ready) {
-      poll_failure = ready.error().message();
-      break;
-    }
-    if (*ready == 0) continue;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      char chunk[4096];
-      // A read error ends that stream as its end does; the child's exit status says the rest.
-      auto n = GPUQ_POSIX_CALL(::read, fds[i].fd, chunk, sizeof chunk);
-      if (!n || *n == 0) {
-        streams[i]->reset();
-        fds[i].fd = -1;
-        --open_fds;
-        continue;
-      }
-      (i == 0 ? answer : errors).append(chunk, static_cast<size_t>(*n));
-    }
-  }
-  out_read.reset();
-  err_read.reset();
-  if (timed_out || !poll_failure.empty()) {
-    // The child is not reaped yet, so it cannot be missed; a failure would leave waitpid below
-    // waiting for the child to end by itself.
-    if (auto r = GPUQ_POSIX_CALL(::kill, pid, SIGKILL); !r) {
-      GPUQ_LOG_WARN("plug-in %s: %s", plugin_path.c_str(), r.error().message().c_str());
-    }
-  }
-  int status = 0;
-  if (auto r = GPUQ_POSIX_CALL(::waitpid, pid, &status, 0); !r) {
-    // Not this process's child any more (ECHILD: SIGCHLD ignored, or reaped elsewhere): its
-    // status is unknown, and the output alone decides (status 0).
-    GPUQ_LOG_WARN("plug-in %s: %s", plugin_path.c_str(), r.error().message().c_str());
-    status = 0;
-  }
-  if (!poll_failure.empty()) return plugin_error(plugin_path, poll_failure);
-  if (timed_out) {
-    return plugin_error(
-        plugin_path, "listing its ops did not finish within " + std::to_string(timeout_ms) + " ms");
-  }
-  while (!errors.empty() && (errors.back() == '\n' || errors.back() == '\r')) errors.pop_back();
+  const int status = child->status;
+  const std::string& errors = child->err;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     if (!errors.empty() && errors.rfind("plug-in ", 0) == 0) {
       return Error(ErrorCode::kInvalidArgument, errors);
     }
-    return plugin_error(
-        plugin_path,
-        "listing its ops failed (" +
-            (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
-                                 : "exit status " + std::to_string(WEXITSTATUS(status))) +
-            ")" + (errors.empty() ? std::string() : ": " + errors));
+    return plugin_error(plugin_path, "listing its ops failed (" + describe_child_status(status) +
+                                         ")" + (errors.empty() ? std::string() : ": " + errors));
   }
+  const std::string& answer = child->out;
   std::vector<PluginOp> ops;
   try {
     for (const auto& j : json::parse(answer)) {

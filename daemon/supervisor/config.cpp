@@ -223,6 +223,109 @@ Result<void> read_gpus(const json& v, const std::string& path, PoolConfig& p) {
   return {};
 }
 
+bool valid_module_name(const std::string& m) {
+  if (m.empty() || m.size() > 200 || m.front() == '.' || m.back() == '.' ||
+      m.find("..") != std::string::npos) {
+    return false;
+  }
+  return std::all_of(m.begin(), m.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.';
+  });
+}
+
+bool valid_env_name(const std::string& n) {
+  if (n.empty() || std::isdigit(static_cast<unsigned char>(n[0])) != 0) return false;
+  return std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+  });
+}
+
+Result<std::vector<std::string>> read_strings(
+    const json& v, const std::string& path,
+    const std::function<const char*(const std::string&)>& check) {
+  if (!v.is_array()) return bad(path, "must be a list of strings, got " + v.dump());
+  std::vector<std::string> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string ip = path + "[" + std::to_string(i) + "]";
+    if (!v[i].is_string()) return bad(ip, "must be a string, got " + v[i].dump());
+    std::string s = v[i].get<std::string>();
+    if (const char* why = check(s); why != nullptr) return bad(ip, "'" + s + "' " + why);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// A pool's "python" section.
+Result<PythonPoolConfig> read_python(const json& v, const std::string& path) {
+  if (!v.is_object()) return bad(path, "must be an object");
+  PythonPoolConfig py;
+  bool have_interpreter = false, have_venv = false, have_modules = false;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& key = it.key();
+    const std::string kp = path + "." + key;
+    const json& val = it.value();
+    if (key == "interpreter" || key == "venv") {
+      if (!val.is_string() || val.get<std::string>().empty() ||
+          val.get<std::string>().find('\0') != std::string::npos) {
+        return bad(kp, "must be a non-empty string, got " + val.dump());
+      }
+      const std::string s = val.get<std::string>();
+      if (key == "venv") {
+        if (s.front() != '/') return bad(kp, "must be an absolute path, got " + val.dump());
+        py.interpreter = s + (s.back() == '/' ? "" : "/") + "bin/python";
+        have_venv = true;
+      } else {
+        if (s.find('/') != std::string::npos && s.front() != '/') {
+          return bad(kp, "must be an absolute path or a name looked up in PATH, got " + val.dump());
+        }
+        py.interpreter = s;
+        have_interpreter = true;
+      }
+    } else if (key == "modules") {
+      auto m = read_strings(val, kp, [](const std::string& s) -> const char* {
+        return valid_module_name(s) ? nullptr : "is not a module name (like \"pkg.models\")";
+      });
+      if (!m) return m.error();
+      if (m->empty()) return bad(kp, "must name at least one module");
+      py.modules = std::move(*m);
+      have_modules = true;
+    } else if (key == "path") {
+      auto p = read_strings(val, kp, [](const std::string& s) -> const char* {
+        return !s.empty() && s.front() == '/' ? nullptr : "is not an absolute path";
+      });
+      if (!p) return p.error();
+      py.path = std::move(*p);
+    } else if (key == "env") {
+      if (!val.is_object()) return bad(kp, "must be an object of strings, got " + val.dump());
+      for (auto e = val.begin(); e != val.end(); ++e) {
+        const std::string ep = kp + "." + e.key();
+        if (!valid_env_name(e.key()))
+          return bad(ep, "is not a variable name ([A-Za-z_][A-Za-z0-9_]*)");
+        if (e.key() == "CUDA_VISIBLE_DEVICES" || e.key() == "CUDA_DEVICE_ORDER" ||
+            e.key() == "GPUQ_WORKER_ID") {
+          return bad(ep, "is set by gpuqd for each worker (the pool's GPUs decide it)");
+        }
+        if (!e.value().is_string()) return bad(ep, "must be a string, got " + e.value().dump());
+        py.env.emplace_back(e.key(), e.value().get<std::string>());
+      }
+    } else if (key == "allow_callables") {
+      if (!val.is_boolean()) return bad(kp, "must be true or false, got " + val.dump());
+      py.allow_callables = val.get<bool>();
+    } else {
+      return bad(kp, "unknown key (known: interpreter, venv, modules, path, env, allow_callables)");
+    }
+  }
+  if (have_interpreter && have_venv) {
+    return bad(path, "give \"interpreter\" or \"venv\", not both");
+  }
+  if (!have_modules && !py.allow_callables) {
+    return bad(path + ".modules",
+               "is required (the modules whose @gpuq.op functions the pool runs), unless "
+               "allow_callables is true");
+  }
+  return py;
+}
+
 Result<PoolConfig> read_pool(const json& v, const std::string& path,
                              const std::vector<int>& available) {
   if (!v.is_object()) return bad(path, "must be an object");
@@ -293,6 +396,10 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       auto ms = read_uint(val, kp, 0, UINT32_MAX);
       if (!ms) return ms.error();
       p.job_time_limit_ms = static_cast<uint32_t>(*ms);
+    } else if (key == "python") {
+      auto py = read_python(val, kp);
+      if (!py) return py.error();
+      p.python = std::move(*py);
     } else if (gpu && (key == "workers" || key == "cpus")) {
       return bad(kp, key == "workers"
                          ? "is not a gpu pool key: a gpu pool has workers_per_gpu workers on "
@@ -303,11 +410,12 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
                         key == "memory_limit")) {
       return bad(kp, "is a key of \"kind\": \"gpu\" pools only");
     } else {
-      return bad(kp, gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
-                           "workers_per_gpu, fallback, memory_limit, job_time_limit_ms)"
-                         : "unknown key (known: name, kind, workers, cpus, job_time_limit_ms; "
-                           "gpus, workers_per_gpu, fallback and memory_limit with \"kind\": "
-                           "\"gpu\")");
+      return bad(kp,
+                 gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
+                       "workers_per_gpu, fallback, memory_limit, job_time_limit_ms, python)"
+                     : "unknown key (known: name, kind, workers, cpus, job_time_limit_ms, "
+                       "python; gpus, workers_per_gpu, fallback and memory_limit with \"kind\": "
+                       "\"gpu\")");
     }
   }
   if (p.name.empty()) return bad(path + ".name", "is required");
@@ -501,11 +609,17 @@ Result<Config> parse_config(const std::string& json_text, const std::vector<int>
       return bad("pools[" + std::to_string(i) + "].name", "'" + p.name + "' is used twice");
     }
     if (p.kind == PoolKind::kGpu && p.fallback == PoolFallback::kCpu) {
-      auto cpu = std::find_if(c.pools.begin(), c.pools.end(),
-                              [](const PoolConfig& q) { return q.kind == PoolKind::kCpu; });
+      // A Python pool's jobs go to the first Python cpu pool (its ops are Python ops), any
+      // other pool's to the first cpu pool that is not one.
+      const bool py = p.python.has_value();
+      auto cpu = std::find_if(c.pools.begin(), c.pools.end(), [py](const PoolConfig& q) {
+        return q.kind == PoolKind::kCpu && q.python.has_value() == py;
+      });
       if (cpu == c.pools.end()) {
         return bad("pools[" + std::to_string(i) + "].fallback",
-                   "\"cpu\" sends jobs to the first cpu pool, and this config has none");
+                   py ? "\"cpu\" sends a Python pool's jobs to the first Python cpu pool, and "
+                        "this config has none"
+                      : "\"cpu\" sends jobs to the first cpu pool, and this config has none");
       }
       p.fallback_pool = static_cast<int>(cpu - c.pools.begin());
     }

@@ -27,6 +27,19 @@ struct GpuSelector {
 // What a gpu pool does with jobs while it has no GPU (docs/config.md, "GPU pool keys").
 enum class PoolFallback { kNone, kCpu };
 
+// A Python pool's "python" section (docs/python.md, "Python pools"): its workers are this
+// interpreter running gpuq's worker runtime (`python -m gpuq._worker`) with these modules'
+// ops.
+struct PythonPoolConfig {
+  // The interpreter: an absolute path, or a name looked up in PATH when gpuqd starts ("venv"
+  // sets it to <venv>/bin/python).
+  std::string interpreter = "python3";
+  std::vector<std::string> modules;  // imported in each worker, in order
+  std::vector<std::string> path;     // prepended to sys.path, in order (absolute directories)
+  std::vector<std::pair<std::string, std::string>> env;  // added to the workers' environment
+  bool allow_callables = false;  // whether gpuq.Executor may run clients' pickled callables
+};
+
 struct PoolConfig {
   std::string name;
   PoolKind kind = PoolKind::kCpu;
@@ -48,6 +61,8 @@ struct PoolConfig {
   // The longest a job of this pool may run (0: no limit); a job's own time limit may shorten
   // it (docs/design/faults.md, "Jobs that do not end").
   uint32_t job_time_limit_ms = 0;
+  // A Python pool: its workers run Python ops (and, when allowed, clients' callables).
+  std::optional<PythonPoolConfig> python;
 };
 
 struct Config {

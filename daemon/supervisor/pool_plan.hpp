@@ -22,8 +22,10 @@ struct WorkerPlacement {
 
 // A pool at run time (PoolPlan::pools[pool]).
 struct PoolState {
-  bool available = true;       // false: a gpu pool that found no GPU; it has no workers
-  std::string reason;          // why it is unavailable
+  bool available = true;  // false: a gpu pool that found no GPU; it has no workers
+  std::string reason;     // why it is unavailable
+  // A Python pool whose op listing failed: what the interpreter printed (the traceback).
+  std::string start_error;
   std::vector<uint32_t> gpus;  // a gpu pool's GPUs, indexes into PoolPlan::discovery.gpus
 };
 
@@ -48,5 +50,16 @@ Result<PoolPlan> plan_pools(Config& config, const std::string& gpu_worker_path, 
 // never dlopens a plug-in (it may link CUDA). Registers them (ids follow config order, as in
 // the workers). Errors: the plug-in that could not be listed, or a clash of op names.
 Result<void> learn_plugin_ops(const Config& config, const std::string& worker_path);
+
+// The Python pools' ops, from a child per pool (`<interpreter> -m gpuq._worker --list-ops`,
+// with the GPU hidden): registers them (add_python_op, after the plug-in ops). A pool whose
+// interpreter is not found or whose listing fails (an import error, a bad op) is unavailable,
+// with the traceback in `plan` (PoolState::start_error); the other pools serve. Resolves each
+// pool's interpreter to an absolute path (PATH). Call after plan_pools, single-threaded.
+void learn_python_ops(Config& config, PoolPlan& plan);
+
+// The environment of a Python pool's processes (the listing child and its workers): this
+// process's, less the CUDA variables, plus the pool's `python.env` and PYTHONUNBUFFERED=1.
+std::vector<std::string> python_environment(const PythonPoolConfig& py);
 
 }  // namespace gpuq::daemon

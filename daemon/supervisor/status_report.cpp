@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -139,11 +140,27 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
       if (!w->backend_info.empty()) {
         pool["workers"].back()["backend"] = json::parse(w->backend_info, nullptr, false);
       }
+      // Why its last start failed (what it printed on stderr: a Python traceback).
+      if (!w->start_error.empty()) pool["workers"].back()["start_error"] = w->start_error;
     }
     pool["workers_ready"] = ready;  // able to take work: ready and not stuck
     pool["workers_stuck"] = stuck_count;
     pool["workers_total"] = total;
     pool["stops_forced"] = stops_forced;
+    if (const auto& py = c.pools[p].python) {
+      json ops = json::array();
+      for (const OpInfo& op : op_registry()) {
+        if (op.python != nullptr && std::find(op.python->pools.begin(), op.python->pools.end(),
+                                              p) != op.python->pools.end()) {
+          ops.push_back(op.name);
+        }
+      }
+      pool["python"] = {{"interpreter", py->interpreter},
+                        {"modules", py->modules},
+                        {"allow_callables", py->allow_callables},
+                        {"ops", ops}};
+    }
+    if (!st.start_error.empty()) pool["start_error"] = st.start_error;
     if (!st.available) {
       pool["status"] = "unavailable";
       pool["reason"] = st.reason;
@@ -167,7 +184,8 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
   // "unavailable" with the reason. With no available pool at all, nothing can run: not ready.
   // A readiness probe (gpuqctl ready) answers from this.
   s["ready"] = !draining && all_pools_serving && available_pools > 0;
-  return s.dump();
+  // Replace, not throw: start_error holds whatever a worker printed (maybe not UTF-8).
+  return s.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 // Ring cells of pool `p` whose entries name a client index in use (a connected client, or

@@ -77,6 +77,7 @@ Result<void> Supervisor::start() {
   if (!plan) return plan.error();
   plan_ = std::move(*plan);
   if (auto r = learn_plugin_ops(cfg, options_.worker_path); !r) return r;
+  learn_python_ops(cfg, plan_);
   uint64_t worker_count = 0;
   for (const auto& p : cfg.pools) worker_count += p.workers;
   clients_.raise_descriptor_limit(worker_count);
@@ -121,6 +122,7 @@ Result<void> Supervisor::start() {
   wo.segment_name = files_.segment_name();
   wo.job_clock = job_clock_;
   wo.plugin_ops = plugin_op_list();
+  for (uint32_t p = 0; p < cfg.pools.size(); ++p) wo.python_ops.push_back(python_op_list(p));
   workers_ = std::make_unique<WorkerSet>(std::move(wo), files_.queue(), loop_, *options_.launcher);
   workers_->set_on_started([this](Worker& w) { on_worker_started(w); });
   status_ = std::make_unique<StatusReport>(

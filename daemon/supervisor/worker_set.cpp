@@ -13,18 +13,18 @@
 #include <string_view>
 #include <utility>
 
+#include "child_output.hpp"
 #include "gpuq/common/cpu_list.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/messages.hpp"
 #include "gpuq/common/posix_call.hpp"
 #include "ops.hpp"
 
-extern char** environ;
-
 namespace gpuq::daemon {
 namespace {
 
 constexpr uint64_t kStableRunNs = 10'000'000'000ull;  // ready this long: back-off resets
+constexpr size_t kErrTailBytes = 8192;                // Worker::err_tail
 
 std::string describe_exit(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
@@ -91,27 +91,32 @@ LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
   const PoolConfig& pool = c.pools[w.pool];
   const bool gpu_worker = pool.kind == PoolKind::kGpu && !options_.plan->fake_gpus;
   LaunchSpec spec;
-  spec.argv = {gpu_worker ? options_.gpu_worker_path : options_.worker_path,
-               "--queue-segment",
-               options_.segment_name,
-               "--worker-id",
-               std::to_string(w.id),
-               "--pool-id",
-               std::to_string(w.pool),
-               "--supervisor-pid",
-               std::to_string(getpid()),
-               "--spin-us",
-               std::to_string(c.worker_spin_us),
-               "--job-clock",
-               stamp_clock_name(options_.job_clock),
-               "--private-fd",
-               std::to_string(kWorkerPrivateFd)};
+  if (pool.python) {
+    // A Python worker: the pool's interpreter running gpuq's worker runtime (docs/python.md).
+    spec.argv = {pool.python->interpreter, "-m", "gpuq._worker"};
+  } else {
+    spec.argv = {gpu_worker ? options_.gpu_worker_path : options_.worker_path};
+  }
+  spec.argv.insert(
+      spec.argv.end(),
+      {"--queue-segment", options_.segment_name, "--worker-id", std::to_string(w.id), "--pool-id",
+       std::to_string(w.pool), "--supervisor-pid", std::to_string(getpid()), "--spin-us",
+       std::to_string(c.worker_spin_us), "--job-clock", stamp_clock_name(options_.job_clock),
+       "--private-fd", std::to_string(kWorkerPrivateFd)});
   if (pool.job_time_limit_ms > 0) {
     spec.argv.insert(spec.argv.end(),
                      {"--job-time-limit-ms", std::to_string(pool.job_time_limit_ms)});
   }
-  for (const std::string& plugin : c.plugins)
-    spec.argv.insert(spec.argv.end(), {"--plugin", plugin});
+  if (pool.python) {
+    for (const auto& m : pool.python->modules) spec.argv.insert(spec.argv.end(), {"--module", m});
+    for (const auto& p : pool.python->path) spec.argv.insert(spec.argv.end(), {"--path", p});
+    spec.argv.insert(spec.argv.end(), {"--ops", options_.python_ops[w.pool]});
+    if (pool.python->allow_callables) spec.argv.emplace_back("--allow-callables");
+    if (gpu_worker) spec.argv.emplace_back("--gpu");
+  } else {
+    for (const std::string& plugin : c.plugins)
+      spec.argv.insert(spec.argv.end(), {"--plugin", plugin});
+  }
   if (gpu_worker && pool.memory_limit_bytes > 0) {
     spec.argv.insert(spec.argv.end(),
                      {"--memory-limit-bytes", std::to_string(pool.memory_limit_bytes)});
@@ -120,14 +125,10 @@ LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
     std::snprintf(fraction, sizeof fraction, "%.17g", pool.memory_limit_fraction);
     spec.argv.insert(spec.argv.end(), {"--memory-limit-fraction", fraction});
   }
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string_view v(*e);
-    if (v.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0 || v.rfind("CUDA_DEVICE_ORDER=", 0) == 0 ||
-        v.rfind("NOTIFY_SOCKET=", 0) == 0) {
-      continue;
-    }
-    spec.env.emplace_back(v);
-  }
+  spec.env =
+      pool.python
+          ? python_environment(*pool.python)
+          : environment_without({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NOTIFY_SOCKET"});
   const WorkerPlacement& at = options_.plan->placements[w.id];
   // A CPU worker must never see a GPU ("-1"); a GPU worker sees its own GPU only, named by
   // UUID, and PCI bus order makes an index (when there is no UUID) mean what discovery meant.
@@ -186,6 +187,7 @@ Result<void> WorkerSet::spawn(Worker& w) {
   w.err = std::move(err_read);
   w.out_buf.clear();
   w.err_buf.clear();
+  w.err_tail.clear();
   w.state = WorkerState::kStarting;
   w.kill_at_ns = 0;
   // A worker the loop cannot hear from could never report ready or be fed: stop it, and let
@@ -288,18 +290,21 @@ void WorkerSet::on_control(uint32_t id) {
 
 void WorkerSet::on_ready(Worker& w, const Message& m) {
   auto ready = decode_worker_ready(m.body);
-  if (!ready || ready->plugin_ops != options_.plugin_ops) {
+  const std::string& expected =
+      options_.config->pools[w.pool].python ? options_.python_ops[w.pool] : options_.plugin_ops;
+  if (!ready || ready->plugin_ops != expected) {
     // Its ids would not be the ones clients were given: it would run the wrong ops.
     GPUQ_LOG_ERROR(
         "worker %u (pid %d) loaded other plug-in ops (%s) than gpuqd learned at start (%s): "
         "a plug-in file changed since? stopping it; restart gpuqd to load the new plug-ins",
         w.id, w.pid, ready ? ready->plugin_ops.c_str() : ready.error().to_string().c_str(),
-        options_.plugin_ops.c_str());
+        expected.c_str());
     launcher_.kill(w.pid);  // reaped as a worker that died before it was ready
     return;
   }
   w.state = WorkerState::kReady;
   w.start_failures = 0;
+  w.start_error.clear();
   w.ready_since_ns = monotonic_ns();
   w.start_ns = std::max<uint64_t>(w.ready_since_ns - w.spawned_ns, 1);
   w.backend_info = ready->backend;  // empty when the backend had nothing to say
@@ -327,6 +332,12 @@ void WorkerSet::on_output(uint32_t tag) {
       const size_t len = nl == std::string::npos ? buf.size() : nl;
       GPUQ_LOG_INFO("worker %u (pid %d) %s: %.*s", w.id, w.pid, is_err ? "stderr" : "stdout",
                     static_cast<int>(len), buf.data());
+      if (is_err) {
+        w.err_tail.append(buf.data(), len).push_back('\n');
+        if (w.err_tail.size() > kErrTailBytes) {
+          w.err_tail.erase(0, w.err_tail.size() - kErrTailBytes);
+        }
+      }
       buf.erase(0, nl == std::string::npos ? len : len + 1);
     }
     if (eof && fd.valid()) {
@@ -382,6 +393,7 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
   }
   if (w.state != WorkerState::kReady) {
     ++w.start_failures;
+    w.start_error = w.err_tail.empty() ? "(it printed nothing on stderr) " + exit.how : w.err_tail;
   } else if (now - w.ready_since_ns > kStableRunNs) {
     w.backoff_ms = c.restart_backoff_initial_ms;
   }

@@ -34,6 +34,10 @@ struct Worker {
   pid_t pid = 0;  // 0: not running
   UniqueFd control, out, err;
   std::string out_buf, err_buf;
+  // The current process's last lines on stderr (at most kErrTailBytes), and those of the last
+  // process that died before it was ready: a Python worker's traceback, for status.
+  std::string err_tail;
+  std::string start_error;
   WorkerState state = WorkerState::kStarting;
   uint32_t start_failures = 0;  // deaths before ready, in a row
   uint32_t backoff_ms = 0;
@@ -77,6 +81,8 @@ struct WorkerSetOptions {
   std::string segment_name;     // the queue segment the workers map
   StampClock job_clock = StampClock::kMonotonic;
   std::string plugin_ops;  // the plug-in ops gpuqd learned (JSON array); a worker must agree
+  // What a Python pool's worker must report instead: its pool's Python ops (by pool).
+  std::vector<std::string> python_ops;
 };
 
 class WorkerSet {

@@ -30,7 +30,9 @@ Result<ValidatedJob> validate_descriptor(const JobDescriptor& d, uint64_t arena_
   const OpInfo* op = find_op(d.op_id);
   if (op == nullptr) {
     return Error(ErrorCode::kUnknownOp,
-                 "op_id " + std::to_string(d.op_id) + " is not registered with this worker");
+                 "op_id " + std::to_string(d.op_id) +
+                     " is not an op of this worker's pool (a Python op runs only on the Python "
+                     "pools whose modules define it)");
   }
   if ((d.flags & ~kJobFlagsKnown) != 0) {
     return Error(ErrorCode::kInvalidArgument,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "gpuq/error.hpp"
 #include "ops.hpp"
@@ -32,6 +33,10 @@ class OpBackend {
 
   // Runs one validated job (its buffers lie inside the client's arena).
   virtual Result<OpOutput> run(const OpInfo& op, const OpContext& ctx) = 0;
+
+  // The ops this worker has beyond the built-ins, as plugin_op_list() writes them: sent with
+  // WorkerReady, and the supervisor refuses a worker whose list is not the one it expects.
+  virtual std::string op_list() const { return plugin_op_list(); }
 
   // Checked after each job, once its outcome is written: true if this worker cannot run
   // another (a sticky CUDA error poisons the context); the worker then exits with status 3 and

@@ -107,7 +107,7 @@ class Worker {
         backend.is_object() && !backend.empty()) {
       ready.backend = backend.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     }
-    ready.plugin_ops = plugin_op_list();
+    ready.plugin_ops = backend_.op_list();
     if (auto r = send_message(options_.control_fd, WorkerReadyMessage::kType, encode(ready)); !r) {
       GPUQ_LOG_ERROR("cannot report ready: %s", r.error().to_string().c_str());
       return 1;
@@ -343,6 +343,7 @@ class Worker {
       } else if (r.error().code() != ErrorCode::kCancelled) {
         final_state = JobState::kFailed;
         set_outcome(out, r.error());
+        out.output_bytes = std::min(ctx.failure_output_bytes, ctx.output_capacity);
       } else if (const uint32_t why = slot.cancel_requested.load(std::memory_order_relaxed);
                  (why & kCancelByClient) == 0 && (why & kCancelByTimeLimit) != 0) {
         // The op stopped because the supervisor asked it to at the job's time limit.

@@ -17,7 +17,10 @@ Its futures are ``concurrent.futures.Future`` objects and are awaitable in async
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 import threading
 from typing import Any, Optional
 
@@ -28,13 +31,24 @@ from ._client import Client, default_runtime_dir, status
 from ._errors import *  # noqa: F401,F403 - the exception classes
 from ._errors import SystemError  # noqa: A004 - gpuq.SystemError, by the code's name
 from ._errors import __all__ as _error_names
+from ._calls import RemoteTraceback
+from ._executor import Executor, register_joblib
 from ._future import Future, JobInfo
+from ._pyops import WorkerContext, cancelled, context, on_start, op
 
 __version__ = _native.version()
 
 __all__ = [
     "Client",
+    "Executor",
     "Future",
+    "RemoteTraceback",
+    "WorkerContext",
+    "op",
+    "on_start",
+    "cancelled",
+    "context",
+    "register_joblib",
     "JobInfo",
     "connect",
     "default_client",
@@ -106,3 +120,29 @@ def zeros(shape: Any, dtype: Any = np.float32) -> np.ndarray:
 def array(obj: Any, dtype: Any = None) -> np.ndarray:
     """:meth:`Client.array` on the default client."""
     return default_client().array(obj, dtype)
+
+
+# joblib's "gpuq" backend (parallel_backend("gpuq", pool=...)): registered as soon as joblib is
+# imported, before or after gpuq, without importing it here (it takes a quarter of a second).
+class _JoblibHook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "joblib":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            register_joblib()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if "joblib" in sys.modules:
+    register_joblib()
+else:
+    sys.meta_path.insert(0, _JoblibHook())

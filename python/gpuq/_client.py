@@ -376,6 +376,49 @@ class Client:
         f = self.submit(op, *inputs, timeout=timeout, **kwargs)
         return f.result(max(0.0, deadline - time.monotonic()))
 
+    # ---- Python ops ----------------------------------------------------------------------------
+
+    def submit_call(self, op: str, *args: Any, pool: Optional[str] = None,
+                    output_bytes: Optional[int] = None, timeout: Optional[float] = None,
+                    expire_after: Optional[float] = None, retryable: bool = False,
+                    time_limit: Optional[float] = None,
+                    params: Optional[Dict[str, Any]] = None, **kwargs: Any) -> Future:
+        """Submits a job of the Python op ``op`` (a ``@gpuq.op`` function of a Python pool)
+        and returns its :class:`gpuq.Future`; :meth:`call` waits for it.
+
+        ``args`` and ``kwargs`` are the function's arguments: numpy arrays (passed in place
+        when they are in this client's segment, else copied in once; the op sees read-only
+        views) and JSON values (numbers, strings, lists, dicts). ``params``: keyword arguments
+        whose names clash with this method's own. ``pool``: default, the first Python pool
+        that has the op. ``output_bytes``: room for the result (default: the arrays' bytes
+        plus 64 KiB); a larger result fails :class:`gpuq.InvalidArgument` naming the size
+        needed. The other options are :meth:`submit`'s.
+
+        The future's result is what the function returned: an array, a tuple, a numpy scalar,
+        a str or dict, or None; arrays are views of this client's segment. An exception in the
+        function fails the job with :class:`gpuq.OpFailed`, whose ``remote_type`` and
+        ``remote_traceback`` (and ``__cause__``) give the worker's exception."""
+        from . import _calls
+        if params:
+            clash = set(params) & set(kwargs)
+            if clash:
+                raise _errors.InvalidArgument(f"keyword {sorted(clash)[0]!r} given in params and "
+                                              "as a keyword")
+            kwargs = dict(kwargs, **params)
+        header, arrays = _calls.build_header(args, kwargs)
+        return _calls.submit_python(self, op, header, arrays, _calls.pool_for(self, op, pool),
+                                    output_bytes, timeout, expire_after, retryable, time_limit,
+                                    False, False)
+
+    def call(self, op: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
+        """:meth:`submit_call` and wait for its result; ``timeout``: seconds for the whole
+        call."""
+        if timeout is None:
+            return self.submit_call(op, *args, **kwargs).result()
+        deadline = time.monotonic() + _seconds_to_ns(timeout, "timeout") / 1e9
+        f = self.submit_call(op, *args, timeout=timeout, **kwargs)
+        return f.result(max(0.0, deadline - time.monotonic()))
+
     # ---- tensor ops ----------------------------------------------------------------------------
 
     def _tensor(self, op: str, named: Sequence[Tuple[str, Any]], y_shape_of: Any,

@@ -121,6 +121,8 @@ class Future(concurrent.futures.Future):
     _w: Optional["_Waiters"] = None
     _done_callbacks: Optional[List[Callable[[concurrent.futures.Future], Any]]] = None
     _t: Optional[Tuple[int, int, str, int, int, int, int, int]] = None
+    # A Python op's job: (info, exc) -> the exception to raise (its remote type and traceback).
+    _on_error: Optional[Callable[[JobInfo, BaseException], BaseException]] = None
 
     # Built in Client; never by users.
     def __init__(self, job: Any, keep: Any, convert: Optional[Callable[[JobInfo], Any]],
@@ -192,6 +194,11 @@ class Future(concurrent.futures.Future):
             exc = _errors.Cancelled(t[2] or "the job was cancelled")
         else:
             exc = _errors.error_for(t[1], t[2] or _STATUS_NAMES[status])
+            if self._on_error is not None:
+                try:
+                    exc = self._on_error(JobInfo(t), exc)
+                except Exception:  # noqa: BLE001 - the plain error, then
+                    pass
         self._end(_CANCELLED_AND_NOTIFIED if status == CANCELLED else _FINISHED, result, exc, t)
 
     def _fail(self, exc: BaseException) -> None:

@@ -39,8 +39,12 @@ class Daemon:
     """A gpuqd process of this test's own (see the module's docstring)."""
 
     def __init__(self, config: Optional[Dict[str, Any]] = None, gpuqd: Optional[str] = None,
-                 start_timeout: float = 60.0, stop_timeout: float = 30.0) -> None:
+                 start_timeout: float = 60.0, stop_timeout: float = 30.0,
+                 wait_ready: bool = True) -> None:
         self.gpuqd = find_gpuqd(gpuqd)
+        # False: start() returns once the daemon answers status, ready or not (a pool whose
+        # workers fail to start never is).
+        self.wait_ready = wait_ready
         self.config = config
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -74,8 +78,9 @@ class Daemon:
             try:
                 doc = json.loads(_native.status_json(self.runtime_dir))
                 # Every worker up (a gpu pool without a GPU stays "unavailable").
-                if doc.get("ready") and all(p.get("status") in ("ready", "unavailable")
-                                            for p in doc.get("pools", [])):
+                if not self.wait_ready or (
+                        doc.get("ready") and all(p.get("status") in ("ready", "unavailable")
+                                                 for p in doc.get("pools", []))):
                     return self
             except _errors.PermissionDenied:
                 return self  # it answers, but not to this user (its config says so)

@@ -394,10 +394,15 @@ std::vector<int64_t> shape_or_raise(gpuq::Result<gpuq::Shape>&& s) {
 
 }  // namespace
 
+namespace gpuq::python {
+void bind_worker(nb::module_& m);  // worker.cpp
+}
+
 NB_MODULE(_native, m) {
   // Objects alive when the interpreter exits (a module-level client, its arrays) are normal.
   nb::set_leak_warnings(false);
   m.doc() = "gpuq's native binding of libgpuq; use the gpuq package, not this module.";
+  gpuq::python::bind_worker(m);
 
   m.def(
       "set_error_factory",

@@ -1,0 +1,314 @@
+"""Python ops: the decorators a Python pool's modules use, and the wire format of a Python op's
+job, shared by the client (gpuq.Client.call, gpuq.Executor) and the worker (gpuq._worker).
+
+A job's input span holds a JSON header (its place given by the params ``py.h`` and ``py.n``,
+byte offset and length within the span) and the argument arrays, each at an offset within the
+span. The worker writes its answer at the start of the output buffer::
+
+    b"GQR1" | u32 header length | JSON header | ... array data at 64-byte aligned offsets
+
+Named ops never exchange pickles: a client may not make a worker unpickle (run) its bytes
+unless the pool allows callables, and a worker's answer to a named op is arrays and JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["op", "on_start", "cancelled", "context", "WorkerContext"]
+
+CALL_OP = "python_call"  # the op gpuq.Executor's jobs name (daemon: kPythonCallOp)
+RESULT_MAGIC = b"GQR1"
+ALIGN = 64
+
+# ---- registration (in a worker, or in the daemon's listing child) -----------------------------
+
+_ops: Dict[str, Tuple[Callable[..., Any], str]] = {}
+_on_start: List[Callable[[], Any]] = []
+
+
+def _valid_name(name: str) -> bool:
+    return (isinstance(name, str) and 1 <= len(name) <= 48 and
+            all(c.isdigit() or c == "_" or ("a" <= c <= "z") for c in name))
+
+
+def op(name: str, summary: Optional[str] = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Registers the decorated function as the Python op ``name`` of the pools whose modules
+    import it (1-48 characters of [a-z0-9_])::
+
+        @gpuq.op("classify")
+        def classify(images, *, top_k=5):
+            ...                       # images: a read-only numpy view of the caller's array
+            return scores, labels     # arrays, a tuple of them, a scalar or None
+
+    A job calls it with the caller's arrays as numpy views (read-only, zero copy) and its
+    keyword arguments; what it returns reaches the caller as numpy arrays. The function is
+    returned unchanged (it can still be called directly)."""
+    if not _valid_name(name):
+        raise ValueError(f"gpuq.op: {name!r} is not a valid op name (1-48 characters of "
+                         "[a-z0-9_])")
+    if name == CALL_OP:
+        raise ValueError(f"gpuq.op: {name!r} is reserved for gpuq.Executor's callables")
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(fn):
+            raise TypeError(f"gpuq.op({name!r}) decorates a function, not {type(fn).__name__}")
+        have = _ops.get(name)
+        if have is not None and have[0] is not fn:
+            raise ValueError(f"gpuq.op: {name!r} is registered twice "
+                             f"({_qualname(have[0])} and {_qualname(fn)})")
+        doc = summary if summary is not None else (fn.__doc__ or "").strip().split("\n")[0]
+        _ops[name] = (fn, doc[:200])
+        return fn
+
+    return register
+
+
+def on_start(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Registers ``fn`` to run once in each worker before it reports ready (load weights onto
+    the GPU once). An exception is the worker's start-up failure: its traceback goes to the
+    daemon's log and to ``gpuqctl status``."""
+    if not callable(fn):
+        raise TypeError("gpuq.on_start decorates a function")
+    if fn not in _on_start:
+        _on_start.append(fn)
+    return fn
+
+
+def _qualname(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class WorkerContext:
+    """What a Python op may ask of the worker running it (:func:`gpuq.context`).
+
+    ``device``: on a GPU pool the worker's one CUDA device, index 0 of what it sees (its
+    ``CUDA_VISIBLE_DEVICES`` is its GPU alone); None on a CPU pool. ``torch_device``: the same
+    as a ``torch.device`` when torch is loaded. ``stream``: the worker's CUDA stream as the
+    framework's own object (``torch.cuda.Stream``, else ``cupy.cuda.Stream``), which the worker
+    made current for its whole life, so code that uses the current stream runs on it without
+    asking. ``pool_id`` and ``worker_id``: the daemon's numbers for them."""
+
+    def __init__(self) -> None:
+        self.device: Optional[int] = None
+        self.torch_device: Any = None
+        self.stream: Any = None
+        self.cupy_stream: Any = None
+        self.pool_id = -1
+        self.worker_id = -1
+        self.gpu = False
+
+    def cancelled(self) -> bool:
+        return cancelled()
+
+    def __repr__(self) -> str:
+        return (f"<gpuq.WorkerContext pool={self.pool_id} worker={self.worker_id} "
+                f"device={self.device} stream={self.stream!r}>")
+
+
+_context = WorkerContext()
+
+
+def context() -> WorkerContext:
+    """The running worker's :class:`WorkerContext` (in a Python op or an ``on_start``)."""
+    return _context
+
+
+def cancelled() -> bool:
+    """In a Python op: whether its job was asked to stop (its client cancelled it, or its time
+    limit passed). An op that loops should look now and then and return (or raise
+    :class:`gpuq.Cancelled`); one that does not is stopped by killing its worker after the
+    daemon's ``cancel_grace_ms``."""
+    from . import _native
+    return bool(_native.job_cancelled())
+
+
+# ---- arrays <-> JSON --------------------------------------------------------------------------
+
+
+def dtype_spec(dt: np.dtype) -> Any:
+    if dt.hasobject:
+        raise TypeError(f"arrays of dtype {dt} (Python objects) cannot be shared")
+    return dt.str if dt.fields is None else dt.descr
+
+
+def dtype_from(spec: Any) -> np.dtype:
+    if isinstance(spec, str):
+        return np.dtype(spec)
+    return np.dtype([tuple(f) for f in spec])
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _json_value(v: Any, what: str) -> Any:
+    try:
+        json.dumps(v, allow_nan=True)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what}: {type(v).__name__} is neither an array nor JSON-able "
+                        f"({e}); pass numpy arrays, numbers, strings, lists or dicts") from None
+    return v
+
+
+def is_array(v: Any) -> bool:
+    return isinstance(v, (np.ndarray, np.generic))
+
+
+# ---- the worker's side ------------------------------------------------------------------------
+
+
+def decode_call(buf: memoryview, params: Dict[str, Any]) -> Tuple[list, dict]:
+    """The job's args and kwargs from its input span: arrays as read-only views."""
+    try:
+        h, n = int(params["py.h"]), int(params["py.n"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("not a Python op job: its params lack py.h and py.n (submit it with "
+                         "gpuq.Client.call)") from None
+    if h < 0 or n < 0 or h + n > len(buf):
+        raise ValueError(f"the header [{h}, +{n}) lies outside the job's {len(buf)}-byte input")
+    header = json.loads(bytes(buf[h:h + n]))
+
+    def value(a: Any) -> Any:
+        if "nd" in a:
+            spec, shape, off = a["nd"]
+            dt = dtype_from(spec)
+            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            size = count * dt.itemsize
+            if off < 0 or off + size > len(buf):
+                raise ValueError(f"an array [{off}, +{size}) lies outside the job's input")
+            return np.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
+        return a["js"]
+
+    args = [value(a) for a in header.get("args", [])]
+    kwargs = {k: value(a) for k, a in header.get("kwargs", {}).items()}
+    return args, kwargs
+
+
+def _result_arrays(result: Any) -> Tuple[str, List[np.ndarray], Any]:
+    """(kind, arrays, json value) of what an op returned."""
+    if result is None:
+        return "none", [], None
+    if is_array(result):
+        return ("array" if isinstance(result, np.ndarray) else "scalar"), [np.asarray(result)], None
+    if isinstance(result, (bool, int, float, complex)):
+        return "scalar", [np.asarray(result)], None
+    if isinstance(result, (tuple, list)) and all(
+            is_array(x) or isinstance(x, (bool, int, float, complex)) for x in result):
+        return "tuple", [np.asarray(x) for x in result], None
+    # A framework's tensor (torch, CuPy, JAX): to host memory, through numpy.
+    conv = _to_numpy(result)
+    if conv is not None:
+        return "array", [conv], None
+    if isinstance(result, (tuple, list)):
+        arrays = [_to_numpy(x) if not is_array(x) else np.asarray(x) for x in result]
+        if all(a is not None for a in arrays):
+            return "tuple", arrays, None  # type: ignore[return-value]
+    if isinstance(result, (str, dict)):
+        return "json", [], _json_value(result, "the op's result")
+    raise TypeError(f"the op returned {type(result).__name__}; return a numpy array (or a "
+                    "torch/CuPy/JAX array), a tuple of them, a scalar, a str or dict, or None")
+
+
+def _to_numpy(x: Any) -> Optional[np.ndarray]:
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch":
+        return x.detach().cpu().numpy()
+    if mod == "cupy":
+        return x.get()
+    if mod in ("jax", "jaxlib"):
+        return np.asarray(x)
+    return None
+
+
+def write_answer(out: memoryview, header: Dict[str, Any], arrays: Sequence[np.ndarray]) -> int:
+    """Writes header and arrays at the start of ``out``; the bytes used. Raises
+    ResultTooLarge when they do not fit."""
+    specs = []
+    # The header's size depends on the offsets, which depend on its size: place the data
+    # after a generous guess, then check.
+    hdr_guess = len(json.dumps(header)) + 96 * (len(arrays) + 1) + 64
+    off = align(8 + hdr_guess)
+    for a in arrays:
+        specs.append([dtype_spec(a.dtype), list(a.shape), off])
+        off = align(off + a.nbytes)
+    header = dict(header, arrays=specs)
+    hb = json.dumps(header).encode()
+    end = specs[-1][2] + arrays[-1].nbytes if arrays else 8 + len(hb)
+    if 8 + len(hb) > (specs[0][2] if specs else len(out) + 1) or end > len(out):
+        raise ResultTooLarge(max(end, 8 + len(hb)), len(out))
+    out[0:4] = RESULT_MAGIC
+    out[4:8] = struct.pack("<I", len(hb))
+    out[8:8 + len(hb)] = hb
+    for a, (_, _, o) in zip(arrays, specs):
+        if a.nbytes:
+            dst = np.frombuffer(out, dtype=np.uint8, count=a.nbytes, offset=o)
+            dst[:] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return end
+
+
+def write_result(out: memoryview, result: Any) -> int:
+    kind, arrays, value = _result_arrays(result)
+    header: Dict[str, Any] = {"kind": kind}
+    if kind == "json":
+        header["value"] = value
+    return write_answer(out, header, arrays)
+
+
+def write_error(out: memoryview, kind: str, message: str, tb: str, **extra: Any) -> int:
+    """The failure record (type, message, traceback), trimmed to fit; 0 when none fits."""
+    for limit in (len(tb), 16384, 2048, 0):
+        rec = {"error": dict({"type": kind, "message": message[:4096],
+                              "traceback": tb[-limit:] if limit else ""}, **extra)}
+        try:
+            return write_answer(out, rec, [])
+        except ResultTooLarge:
+            continue
+    return 0
+
+
+class ResultTooLarge(Exception):
+    def __init__(self, needed: int, capacity: int) -> None:
+        super().__init__(f"the result needs {needed} bytes, and the job's output buffer holds "
+                         f"{capacity}: pass output_bytes={needed} (or more)")
+        self.needed = needed
+        self.capacity = capacity
+
+
+# ---- the client's side ------------------------------------------------------------------------
+
+
+def read_answer(out: np.ndarray, nbytes: int) -> Dict[str, Any]:
+    """The header the worker wrote at the start of ``out`` (a uint8 array), arrays resolved as
+    views of ``out`` under "arrays"."""
+    if nbytes < 8 or bytes(out[0:4]) != RESULT_MAGIC:
+        raise ValueError("the worker's answer is missing or malformed")
+    (n,) = struct.unpack("<I", bytes(out[4:8]))
+    header = json.loads(bytes(out[8:8 + n]))
+    views = []
+    for spec, shape, off in header.get("arrays", []):
+        dt = dtype_from(spec)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        views.append(out[off:off + count * dt.itemsize].view(dt).reshape(shape))
+    header["arrays"] = views
+    return header
+
+
+def result_value(header: Dict[str, Any]) -> Any:
+    kind = header.get("kind")
+    arrays = header["arrays"]
+    if kind == "none":
+        return None
+    if kind == "array":
+        return arrays[0]
+    if kind == "scalar":
+        return arrays[0][()]
+    if kind == "tuple":
+        return tuple(a[()] if a.ndim == 0 else a for a in arrays)
+    if kind == "json":
+        return header.get("value")
+    raise ValueError(f"unknown result kind {kind!r}")

@@ -1,0 +1,313 @@
+"""A Python pool's worker: ``python -m gpuq._worker ...``, started by gpuqd, never by hand.
+
+It imports the pool's modules (their ``@gpuq.op`` functions and ``@gpuq.on_start`` hooks),
+checks that their ops are the ones gpuqd numbered when it started, and runs gpuq's own worker
+runtime (the C++ job loop of every worker, in gpuq._native) with :class:`Runtime` for the Python
+ops. On a GPU pool it sees its one GPU (``CUDA_VISIBLE_DEVICES``), makes a stream current in the
+frameworks it finds loaded (torch, CuPy), applies the pool's ``memory_limit`` to their
+allocators and page-locks the clients' segments.
+
+``--list-ops``: imports the modules and prints their ops as JSON (gpuqd runs this once per
+pool at start, with the GPU hidden).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pickle
+import sys
+import traceback
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import _errors, _pyops
+from ._pyops import CALL_OP, ResultTooLarge
+
+_USAGE = ("usage: python -m gpuq._worker [--module M]... [--path DIR]... "
+          "(--list-ops --pool-id N | --ops JSON [--allow-callables] [--gpu] WORKER-ARGS...)\n"
+          "gpuq._worker is started by gpuqd for a Python pool; it is not meant to be run by hand.")
+
+
+def _import_modules(paths: List[str], modules: List[str]) -> None:
+    for p in reversed(paths):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    for m in modules:
+        importlib.import_module(m)
+
+
+def _frameworks() -> Tuple[Any, Any]:
+    """torch and cupy, when the pool's modules loaded them (never imported here)."""
+    return sys.modules.get("torch"), sys.modules.get("cupy")
+
+
+class Runtime:
+    """What the C++ worker loop calls (python/src/worker.cpp: PythonBackend)."""
+
+    def __init__(self, ops: Dict[str, Any], allow_callables: bool, gpu: bool) -> None:
+        self.ops = ops
+        self.allow_callables = allow_callables
+        self.gpu = gpu
+        self.poisoned = False
+        self.memory_limit: Tuple[int, float] = (0, 0.0)
+        self.configured: set = set()
+        self.registered: Dict[int, int] = {}  # client -> base address page-locked
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    def start(self, pool_id: int, limit_bytes: int, limit_fraction: float) -> None:
+        ctx = _pyops._context
+        ctx.pool_id = pool_id
+        ctx.worker_id = int(os.environ.get("GPUQ_WORKER_ID", "-1"))
+        ctx.gpu = self.gpu
+        self.memory_limit = (limit_bytes, limit_fraction)
+        if self.gpu:
+            ctx.device = 0
+            self._configure_frameworks()
+        for fn in list(_pyops._on_start):
+            fn()
+        if self.gpu:
+            self._configure_frameworks()  # those on_start loaded
+
+    def _configure_frameworks(self) -> None:
+        ctx = _pyops._context
+        torch, cupy = _frameworks()
+        limit_bytes, fraction = self.memory_limit
+        if torch is not None and "torch" not in self.configured:
+            self.configured.add("torch")
+            torch.cuda.set_device(0)
+            ctx.torch_device = torch.device("cuda", 0)
+            stream = torch.cuda.Stream(device=0)
+            torch.cuda.set_stream(stream)
+            ctx.stream = stream
+            total = torch.cuda.get_device_properties(0).total_memory
+            frac = min(1.0, limit_bytes / total) if limit_bytes else fraction
+            torch.cuda.set_per_process_memory_fraction(frac, 0)
+        if cupy is not None and "cupy" not in self.configured:
+            self.configured.add("cupy")
+            cupy.cuda.Device(0).use()
+            if torch is not None and ctx.stream is not None:
+                s = cupy.cuda.ExternalStream(ctx.stream.cuda_stream)
+            else:
+                s = cupy.cuda.Stream(non_blocking=True)
+            s.use()
+            ctx.cupy_stream = s
+            if ctx.stream is None:
+                ctx.stream = s
+            pool = cupy.get_default_memory_pool()
+            if limit_bytes:
+                pool.set_limit(size=limit_bytes)
+            else:
+                pool.set_limit(fraction=fraction)
+
+    def describe(self) -> str:
+        torch, cupy = _frameworks()
+        d: Dict[str, Any] = {"python": sys.version.split()[0],
+                             "ops": sorted(n for n in self.ops),
+                             "allow_callables": self.allow_callables}
+        if torch is not None:
+            d["torch"] = torch.__version__
+        if cupy is not None:
+            d["cupy"] = cupy.__version__
+        return json.dumps(d)
+
+    # -- clients' segments: page-locked on a GPU pool -------------------------------------------
+
+    def client_mapped(self, client: int, base: int, size: int) -> None:
+        if not self.gpu:
+            return
+        torch, cupy = _frameworks()
+        if torch is not None:
+            err = torch.cuda.cudart().cudaHostRegister(base, size, 0)
+            if int(err) == 0:
+                self.registered[client] = base
+        elif cupy is not None:
+            try:
+                cupy.cuda.runtime.hostRegister(base, size, 0)
+                self.registered[client] = base
+            except Exception:  # noqa: BLE001 - pageable copies still work
+                pass
+
+    def client_unmapping(self, client: int, base: int, size: int) -> None:
+        if self.registered.pop(client, None) is None:
+            return
+        torch, cupy = _frameworks()
+        if torch is not None:
+            torch.cuda.cudart().cudaHostUnregister(base)
+        elif cupy is not None:
+            cupy.cuda.runtime.hostUnregister(base)
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def run(self, name: str, inp: memoryview, out: memoryview,
+            params: Dict[str, Any]) -> Tuple[int, str, int, int]:
+        if name == CALL_OP:
+            return self._run_callable(inp, out, params)
+        entry = self.ops.get(name)
+        if entry is None:
+            return (_errors.UnknownOp.code, f"{name}: not an op of this Python pool", 0, 0)
+        fn = entry[0]
+        try:
+            args, kwargs = _pyops.decode_call(inp, params)
+        except Exception as e:  # noqa: BLE001 - the client's mistake, not the op's
+            return (_errors.InvalidArgument.code, f"{name}: {e}", 0, 0)
+        try:
+            result = fn(*args, **kwargs)
+            return (0, "", _pyops.write_result(out, result), 0)
+        except ResultTooLarge as e:
+            n = _pyops.write_error(out, "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
+            return (_errors.InvalidArgument.code, f"{name}: {e}", n, 0)
+        except BaseException as e:  # noqa: BLE001 - every failure is the job's, reported
+            return self._failed(name, e, out)
+        finally:
+            del args, kwargs
+
+    def _failed(self, name: str, e: BaseException, out: memoryview,
+                pickled: bool = False) -> Tuple[int, str, int, int]:
+        if isinstance(e, (SystemExit, KeyboardInterrupt)) and not isinstance(e, Exception):
+            # The op asked the interpreter to exit: it does, as a crash would.
+            os._exit(70)
+        if isinstance(e, _errors.Cancelled) or (
+                _pyops.cancelled() and isinstance(e, _errors.Error) and
+                e.code == _errors.Cancelled.code):
+            return (_errors.Cancelled.code, f"{name}: cancelled while running", 0, 0)
+        self._check_device(e)
+        kind = f"{type(e).__module__}.{type(e).__qualname__}"
+        if type(e).__module__ == "builtins":
+            kind = type(e).__qualname__
+        # From the op's own frame on: the worker's frames that called it are noise.
+        where = e.__traceback__.tb_next if e.__traceback__ is not None else None
+        tb = "".join(traceback.format_exception(type(e), e, where or e.__traceback__))
+        msg = f"{name}: {kind}: {e}"
+        extra: Dict[str, Any] = {}
+        n = 0
+        if pickled:
+            try:
+                blob = pickle.dumps(e, protocol=5)
+                n = _pyops.write_answer(
+                    out, {"error": {"type": kind, "message": str(e)[:4096], "traceback": tb[-16384:]},
+                          "kind": "exception"}, [np.frombuffer(blob, dtype=np.uint8)])
+            except Exception:  # noqa: BLE001 - unpicklable: the record without it
+                n = 0
+        if n == 0:
+            n = _pyops.write_error(out, kind, str(e), tb, **extra)
+        if len(msg) > 150:
+            msg = msg[:147] + "..."
+        return (_errors.OpFailed.code, msg, n, 0)
+
+    def _check_device(self, e: BaseException) -> None:
+        """After a failure on a GPU pool: whether the CUDA context still works (a sticky error
+        poisons it; the worker then exits to be replaced, after this job's outcome)."""
+        if not self.gpu:
+            return
+        torch, cupy = _frameworks()
+        try:
+            if torch is not None:
+                torch.cuda.synchronize()
+            elif cupy is not None:
+                cupy.cuda.runtime.deviceSynchronize()
+        except Exception:  # noqa: BLE001 - any error here means the context is gone
+            self.poisoned = True
+
+    def _run_callable(self, inp: memoryview, out: memoryview,
+                      params: Dict[str, Any]) -> Tuple[int, str, int, int]:
+        if not self.allow_callables:
+            return (_errors.PermissionDenied.code,
+                    "this pool does not run callables: its config has python.allow_callables "
+                    "false (docs/python.md, \"gpuq.Executor\")", 0, 0)
+        try:
+            h, n = int(params["py.h"]), int(params["py.n"])
+            header = json.loads(bytes(inp[h:h + n]))
+            po, pn = header["pickle"]
+            buffers = [inp[o:o + k] for o, k in header.get("buffers", [])]
+            fn, args, kwargs = pickle.loads(inp[po:po + pn], buffers=buffers)
+        except Exception as e:  # noqa: BLE001
+            return self._failed(CALL_OP, e, out, pickled=True)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001
+            return self._failed(getattr(fn, "__name__", CALL_OP), e, out, pickled=True)
+        finally:
+            del args, kwargs, buffers
+        try:
+            bufs: List[pickle.PickleBuffer] = []
+            blob = pickle.dumps(result, protocol=5, buffer_callback=bufs.append)
+            arrays = [np.frombuffer(blob, dtype=np.uint8)]
+            arrays += [np.frombuffer(b.raw(), dtype=np.uint8) for b in bufs]
+            return (0, "", _pyops.write_answer(out, {"kind": "pickle"}, arrays), 0)
+        except ResultTooLarge as e:
+            n = _pyops.write_error(out, "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
+            return (_errors.InvalidArgument.code, f"{CALL_OP}: {e}", n, 0)
+        except BaseException as e:  # noqa: BLE001 - an unpicklable result
+            return self._failed(CALL_OP, e, out, pickled=True)
+
+    def must_exit(self) -> bool:
+        return self.poisoned
+
+
+def _fail(message: str) -> int:
+    print(f"gpuq python worker: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    modules: List[str] = []
+    paths: List[str] = []
+    ops_json: Optional[str] = None
+    list_ops = allow_callables = gpu = False
+    pool_id = 0
+    rest: List[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("--list-ops", "--allow-callables", "--gpu"):
+            list_ops |= a == "--list-ops"
+            allow_callables |= a == "--allow-callables"
+            gpu |= a == "--gpu"
+            i += 1
+            continue
+        if i + 1 >= len(args):
+            print(_USAGE, file=sys.stderr)
+            return 2
+        v = args[i + 1]
+        if a == "--module":
+            modules.append(v)
+        elif a == "--path":
+            paths.append(v)
+        elif a == "--ops":
+            ops_json = v
+        elif a == "--pool-id" and list_ops:
+            pool_id = int(v)
+        else:
+            rest += [a, v]
+            if a == "--pool-id":
+                pool_id = int(v)
+        i += 2
+    if not list_ops and ops_json is None:
+        print(_USAGE, file=sys.stderr)
+        return 2
+    # A traceback of a failing import or on_start is the start-up failure gpuqd reports.
+    _import_modules(paths, modules)
+    if list_ops:
+        json.dump([{"name": n, "summary": s} for n, (_, s) in _pyops._ops.items()], sys.stdout)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return 0
+    expected = {name: op_id for op_id, name in json.loads(ops_json or "[]")}
+    have = set(_pyops._ops) | {CALL_OP}
+    if have != set(expected):
+        return _fail(
+            f"the modules define ops {sorted(have - {CALL_OP})}, but gpuqd started with "
+            f"{sorted(set(expected) - {CALL_OP})}: did a module change since? restart gpuqd")
+    from . import _native
+    _native.register_python_ops(pool_id, sorted((i, n) for n, i in expected.items()))
+    runtime = Runtime(dict(_pyops._ops), allow_callables, gpu)
+    return int(_native.run_worker(["gpuq-python-worker"] + rest, runtime))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

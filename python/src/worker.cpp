@@ -1,0 +1,203 @@
+// gpuq._native's worker half: a Python worker (`python -m gpuq._worker`, started by gpuqd for a
+// Python pool) runs gpuq's own worker runtime (daemon/worker: the job loop, descriptor
+// validation, cancellation, the ring, the fault handling) with an OpBackend that calls back
+// into Python for the pool's ops. The loop runs with the GIL released; each Python op takes it
+// for the call. The built-in CPU ops (noop, echo, sleep, checksum) run as in gpuq-worker.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <variant>
+#include <vector>
+
+#include "op_backend.hpp"
+#include "ops.hpp"
+#include "worker_loop.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace gpuq::python {
+namespace {
+
+using daemon::OpBackend;
+using daemon::OpContext;
+using daemon::OpInfo;
+using daemon::OpOutput;
+
+// The running job's cancel flag, for gpuq.cancelled() (one job at a time per worker).
+std::atomic<const std::atomic<uint32_t>*> g_cancel_flag{nullptr};
+
+// What the Python side printed for an exception, as one line for an Error.
+std::string describe_python_error(nb::python_error& e) {
+  std::string what = e.what();
+  e.restore();
+  PyErr_Print();  // the whole traceback, on stderr (the daemon's log)
+  return what;
+}
+
+class PythonBackend final : public OpBackend {
+ public:
+  // `handler`: gpuq._worker's Runtime (start, describe, run, client_mapped, client_unmapping,
+  // must_exit).
+  void set(nb::object handler) { handler_ = std::move(handler); }
+  void set_options(const daemon::WorkerOptions& o) { options_ = o; }
+
+  Result<void> start() override {
+    nb::gil_scoped_acquire gil;
+    try {
+      handler_.attr("start")(options_.pool_id, options_.memory_limit_bytes,
+                             options_.memory_limit_fraction);
+    } catch (nb::python_error& e) {
+      return Error(ErrorCode::kInternal, "on_start: " + describe_python_error(e));
+    }
+    return {};
+  }
+
+  nlohmann::json describe() const override {
+    nb::gil_scoped_acquire gil;
+    try {
+      return nlohmann::json::parse(nb::cast<std::string>(handler_.attr("describe")()));
+    } catch (...) {
+      return nlohmann::json::object();
+    }
+  }
+
+  std::string op_list() const override { return daemon::python_op_list(options_.pool_id); }
+
+  void client_mapped(uint32_t client, void* base, uint64_t bytes) override {
+    call_quietly("client_mapped", client, reinterpret_cast<uintptr_t>(base), bytes);
+  }
+  void client_unmapping(uint32_t client, void* base, uint64_t bytes) override {
+    call_quietly("client_unmapping", client, reinterpret_cast<uintptr_t>(base), bytes);
+  }
+
+  Result<OpOutput> run(const OpInfo& op, const OpContext& ctx) override {
+    if (op.run != nullptr) return op.run(ctx);  // a built-in CPU op
+    if (op.python == nullptr) {
+      return Error(ErrorCode::kUnknownOp, std::string(op.name) +
+                                              ": not an op of Python pools (tensor and plug-in ops "
+                                              "run on cpu and gpu pools)");
+    }
+    g_cancel_flag.store(&ctx.cancel_requested, std::memory_order_relaxed);
+    struct Clear {
+      ~Clear() { g_cancel_flag.store(nullptr, std::memory_order_relaxed); }
+    } clear;
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::dict params;
+      for (const auto& p : ctx.params.entries()) {
+        std::visit([&](const auto& v) { params[p.key.c_str()] = nb::cast(v); }, p.value);
+      }
+      // Views of the client's segment, zero copy: the input read-only, except for a callable's
+      // (gpuq.Executor copies its arguments into the job's own block, and a function may
+      // change its arguments in place, as in a ProcessPoolExecutor).
+      const bool writable_input = std::string_view(op.name) == daemon::kPythonCallOp;
+      nb::object in = nb::steal(PyMemoryView_FromMemory(
+          reinterpret_cast<char*>(const_cast<std::byte*>(ctx.input)),
+          static_cast<Py_ssize_t>(ctx.input_bytes), writable_input ? PyBUF_WRITE : PyBUF_READ));
+      nb::object out = nb::steal(
+          PyMemoryView_FromMemory(reinterpret_cast<char*>(ctx.output),
+                                  static_cast<Py_ssize_t>(ctx.output_capacity), PyBUF_WRITE));
+      if (!in.is_valid() || !out.is_valid()) throw nb::python_error();
+      auto [code, message, bytes, value] =
+          nb::cast<std::tuple<int, std::string, uint64_t, uint64_t>>(
+              handler_.attr("run")(op.name, in, out, params));
+      // The views go now: what an op kept of them reads released memory no more (a view
+      // that numpy arrays still hold stays, and is the op's mistake; docs/python.md).
+      (void)PyObject_CallMethod(in.ptr(), "release", nullptr);
+      if (PyErr_Occurred() != nullptr) PyErr_Clear();
+      (void)PyObject_CallMethod(out.ptr(), "release", nullptr);
+      if (PyErr_Occurred() != nullptr) PyErr_Clear();
+      if (bytes > ctx.output_capacity) bytes = ctx.output_capacity;
+      if (code == 0) return OpOutput{bytes, value};
+      ctx.failure_output_bytes = bytes;
+      const ErrorCode ec =
+          code > 0 && code <= kMaxErrorCode ? static_cast<ErrorCode>(code) : ErrorCode::kOpFailed;
+      return Error(ec, message);
+    } catch (nb::python_error& e) {
+      return Error(ErrorCode::kOpFailed, std::string(op.name) + ": the worker runtime failed: " +
+                                             describe_python_error(e));
+    } catch (const std::exception& e) {
+      return Error(ErrorCode::kOpFailed,
+                   std::string(op.name) + ": the worker runtime failed: " + e.what());
+    }
+  }
+
+  bool must_exit() const override {
+    nb::gil_scoped_acquire gil;
+    try {
+      return nb::cast<bool>(handler_.attr("must_exit")());
+    } catch (nb::python_error& e) {
+      describe_python_error(e);
+      return true;
+    }
+  }
+
+ private:
+  template <typename... A>
+  void call_quietly(const char* method, A... args) {
+    nb::gil_scoped_acquire gil;
+    try {
+      handler_.attr(method)(args...);
+    } catch (nb::python_error& e) {
+      describe_python_error(e);
+    }
+  }
+
+  nb::object handler_;
+  daemon::WorkerOptions options_;
+};
+
+PythonBackend& backend() {
+  static PythonBackend* b = new PythonBackend();  // leaked: used until the process exits
+  return *b;
+}
+
+OpBackend& backend_for(const daemon::WorkerOptions& o) {
+  backend().set_options(o);
+  return backend();
+}
+
+}  // namespace
+
+void bind_worker(nb::module_& m) {
+  m.def(
+      "register_python_ops",
+      [](uint32_t pool, const std::vector<std::tuple<uint32_t, std::string>>& ops) {
+        for (const auto& [id, name] : ops) {
+          auto r = daemon::add_python_op(name, "", pool, id);
+          if (!r) throw std::invalid_argument(r.error().message());
+        }
+      },
+      "pool"_a, "ops"_a, "Adds this worker's Python ops to the registry, with gpuqd's ids.");
+  m.def(
+      "run_worker",
+      [](std::vector<std::string> args, nb::object handler) {
+        backend().set(std::move(handler));
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        nb::gil_scoped_release unlocked;
+        return daemon::worker_main(static_cast<int>(args.size()), argv.data(), "gpuq-python-worker",
+                                   backend_for);
+      },
+      "argv"_a, "handler"_a,
+      "Runs gpuq's worker loop with `handler` for the Python ops (GIL released); the exit "
+      "status.");
+  m.def(
+      "job_cancelled",
+      [] {
+        const auto* flag = g_cancel_flag.load(std::memory_order_relaxed);
+        return flag != nullptr && flag->load(std::memory_order_relaxed) != 0;
+      },
+      "Whether the running job was asked to stop (its client cancelled it, its time limit).");
+}
+
+}  // namespace gpuq::python

@@ -1,0 +1,7 @@
+"""Plain functions for gpuq.Executor tests: pickled by reference (as loky and
+ProcessPoolExecutor pickle a module's functions), so the workers import this module from the
+pool's python.path."""
+
+
+def scale(a, k):
+    return a * k

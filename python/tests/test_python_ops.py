@@ -1,0 +1,310 @@
+"""Python pools (docs/python.md, "Python ops"): a real gpuqd whose Python workers run the ops of
+python/tests/pyops/pyops_mod.py in this test's own interpreter (sys.executable), on CPUs."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import pathlib
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import gpuq
+import gpuq.testing
+
+HERE = pathlib.Path(__file__).resolve().parent
+OPS_DIR = str(HERE / "pyops")
+sys.path.insert(0, OPS_DIR)
+import pyops_helpers  # noqa: E402 - a module the workers import too (python.path)
+
+
+def python_pool(name="py", workers=2, modules=("pyops_mod",), **extra):
+    py = {"interpreter": sys.executable, "modules": list(modules), "path": [OPS_DIR],
+          "env": {"GPUQ_TEST_ENV": "yes"}}
+    py.update(extra)
+    return {"name": name, "kind": "cpu", "workers": workers, "python": py}
+
+
+CONFIG = {"pools": [{"name": "cpu", "kind": "cpu", "workers": 1},
+                    python_pool(),
+                    python_pool("pycall", workers=1, allow_callables=True)],
+          "restart_backoff_initial_ms": 10, "cancel_grace_ms": 500}
+
+
+@pytest.fixture(scope="module")
+def pydaemon():
+    with gpuq.testing.Daemon(CONFIG) as d:
+        yield d
+
+
+@pytest.fixture
+def pc(pydaemon):
+    with gpuq.connect(pydaemon.runtime_dir, name="pytest-python") as c:
+        yield c
+
+
+def pool_status(daemon, name):
+    return next(p for p in daemon.status()["pools"] if p["name"] == name)
+
+
+def wait_ready(daemon, name, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p = pool_status(daemon, name)
+        if p["status"] == "ready":
+            return p
+        time.sleep(0.05)
+    raise AssertionError(f"pool {name} not ready: {pool_status(daemon, name)}")
+
+
+# ---- registration -------------------------------------------------------------------------------
+
+
+def test_ops_are_registered_and_listed(pc, pydaemon):
+    assert {"double", "identity", "stats", "python_call"} <= set(pc.ops)
+    st = pool_status(pydaemon, "py")
+    assert st["python"]["modules"] == ["pyops_mod"]
+    assert st["python"]["allow_callables"] is False
+    assert "double" in st["python"]["ops"] and "python_call" in st["python"]["ops"]
+    w = st["workers"][0]
+    assert w["backend"]["allow_callables"] is False and "double" in w["backend"]["ops"]
+
+
+def test_worker_environment_pinning_and_on_start(pc, pydaemon):
+    seen = {}
+    for _ in range(20):
+        r = pc.call("whoami")
+        seen[r["worker"]] = r
+    st = pool_status(pydaemon, "py")
+    ids = {w["id"] for w in st["workers"]}
+    for wid, r in seen.items():
+        assert wid in ids
+        assert r["pool"] == 1
+        assert r["cuda_visible_devices"] == "-1"  # a CPU pool never sees a GPU
+        assert r["env"] == "yes"                  # python.env
+        assert r["started"] == 1                  # on_start ran once, before ready
+        w = next(w for w in st["workers"] if w["id"] == wid)
+        assert w["pid"] == r["pid"]
+        assert os.sched_getaffinity(r["pid"]) == set(w["cpus"])
+
+
+# ---- arrays in and out --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.uint16, np.int64,
+                                   np.complex64, np.bool_])
+def test_arrays_keep_dtype_and_shape(pc, dtype):
+    x = (np.arange(24) % 2 if dtype is np.bool_ else np.arange(24)).astype(dtype).reshape(2, 3, 4)
+    y = pc.call("identity", x)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    np.testing.assert_array_equal(y, x)
+    assert pc.in_segment(y)  # the result lies in the caller's segment
+
+
+def test_params_and_several_arrays(pc):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(pc.call("double", a, factor=3), a * 3)
+    np.testing.assert_array_equal(pc.call("double", a), a * 2)  # the default
+    b = pc.array(a)  # in the segment: passed in place
+    np.testing.assert_array_equal(pc.call("add", a, b), a + b)
+    np.testing.assert_array_equal(pc.call("add", a, b=b), a + b)  # an array as a keyword
+    # A non-contiguous array is copied in contiguous.
+    big = np.arange(40, dtype=np.int32).reshape(5, 8)
+    np.testing.assert_array_equal(pc.call("identity", big[:, ::2]), big[:, ::2])
+    assert pc.call("kwargs", n=1, s="text", f=0.5, l=[1, 2], d={"k": None}) == \
+        {"n": 1, "s": "text", "f": 0.5, "l": [1, 2], "d": {"k": None}}
+
+
+def test_results_tuple_scalar_none(pc):
+    x = np.array([1.0, 5.0, 3.0], dtype=np.float32)
+    mean, mx, seven = pc.call("stats", x)
+    assert mean == pytest.approx(3.0) and mean.dtype == np.float32
+    assert mx == 5.0 and seven == 7 and seven.dtype == np.int32
+    assert pc.call("nothing") is None
+
+
+def test_input_views_are_read_only(pc):
+    with pytest.raises(gpuq.OpFailed, match="read-only"):
+        pc.call("write_input", np.zeros(4))
+
+
+def test_result_larger_than_output_bytes(pc):
+    with pytest.raises(gpuq.InvalidArgument, match="output_bytes=") as e:
+        pc.call("big", 1 << 20)
+    assert e.value.needed > 1 << 20
+    assert pc.call("big", 1 << 20, output_bytes=e.value.needed).shape == (1 << 20,)
+
+
+def test_bad_arguments_fail_before_submitting(pc):
+    with pytest.raises(gpuq.InvalidArgument, match="JSON"):
+        pc.call("kwargs", x=object())
+    with pytest.raises(gpuq.UnknownOp, match="no Python pool"):
+        pc.call("no_such_op")
+    with pytest.raises(gpuq.InvalidArgument, match="output_bytes"):
+        pc.call("identity", np.zeros(2), output_bytes=1)
+
+
+def test_python_op_on_another_pool_is_refused(pc):
+    with pytest.raises(gpuq.UnknownOp, match="not an op of this worker's pool"):
+        pc.call("identity", np.zeros(2), pool="cpu")
+
+
+def test_builtin_ops_run_on_python_pools(pc):
+    assert pc.submit("noop", pool="py").result() == 0
+    assert pc.submit("sleep", pool="py", us=10).result() == 10
+    with pytest.raises(gpuq.UnknownOp, match="not an op of Python pools"):
+        pc.run("conv2d", np.zeros(4, np.float32), pool="py")
+
+
+# ---- failures -----------------------------------------------------------------------------------
+
+
+def test_exception_carries_type_message_and_traceback(pc):
+    with pytest.raises(gpuq.OpFailed) as e:
+        pc.call("fail", msg="bad input 42")
+    err = e.value
+    assert "ValueError: bad input 42" in str(err)
+    assert err.remote_type == "ValueError"
+    assert "pyops_mod.py" in err.remote_traceback and "raise ValueError(msg)" in \
+        err.remote_traceback
+    assert isinstance(err.__cause__, gpuq.RemoteTraceback)
+    assert "_worker.py" not in err.remote_traceback  # the op's frames only
+    assert pc.call("double", np.ones(2)).tolist() == [2.0, 2.0]  # the worker serves on
+
+
+def test_cancel_reaches_the_op(pc):
+    f = pc.submit_call("spin")
+    time.sleep(0.3)
+    assert f.running() or not f.done()
+    f.cancel()
+    with pytest.raises(gpuq.Cancelled):
+        f.result(timeout=10)
+
+
+def test_interpreter_crash_is_worker_died_and_respawn(pc, pydaemon):
+    before = {w["id"]: w["restarts"] for w in pool_status(pydaemon, "py")["workers"]}
+    with pytest.raises(gpuq.WorkerDied, match="signal 6"):
+        pc.call("crash")
+    wait_ready(pydaemon, "py")
+    after = {w["id"]: w["restarts"] for w in pool_status(pydaemon, "py")["workers"]}
+    assert sum(after.values()) == sum(before.values()) + 1
+    np.testing.assert_array_equal(pc.call("double", np.ones(3)), np.full(3, 2.0))
+
+
+def test_time_limit_stops_a_blocked_op(pc, pydaemon):
+    with pytest.raises(gpuq.TimedOut):
+        pc.call("sleep_forever", time_limit=0.2)
+    wait_ready(pydaemon, "py")
+
+
+def test_import_error_makes_the_pool_unavailable():
+    cfg = {"pools": [{"name": "cpu", "workers": 1},
+                     python_pool("broken", workers=1, modules=["pyops_import_error"])]}
+    with gpuq.testing.Daemon(cfg) as d:
+        st = pool_status(d, "broken")
+        assert st["status"] == "unavailable"
+        assert "fails to import on purpose" in st["reason"]
+        assert "Traceback" in st["start_error"] and "pyops_import_error.py" in st["start_error"]
+        assert "fails to import on purpose" in d.log()
+        with gpuq.connect(d.runtime_dir) as c:  # the other pools serve
+            assert c.submit("noop", pool="cpu").result() == 0
+            with pytest.raises(gpuq.NoDevice, match="fails to import"):
+                c.submit("noop", pool="broken").result()
+
+
+def test_failing_on_start_is_a_start_failure():
+    cfg = {"pools": [{"name": "cpu", "workers": 1},
+                     python_pool("badstart", workers=1, modules=["pyops_bad_start"])],
+           "restart_backoff_initial_ms": 10, "restart_backoff_max_ms": 20,
+           "max_start_failures": 2}
+    with gpuq.testing.Daemon(cfg, wait_ready=False) as d:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = pool_status(d, "badstart")
+            if st["workers"][0]["state"] == "failed":
+                break
+            time.sleep(0.1)
+        w = st["workers"][0]
+        assert w["state"] == "failed"
+        assert "on_start fails on purpose" in w["start_error"]
+        assert "Traceback" in w["start_error"]
+        assert "on_start fails on purpose" in d.log()
+        assert st["status"] == "down" and d.status()["ready"] is False
+
+
+def test_bad_python_config_is_refused(tmp_path):
+    for py, why in [({"modules": []}, "at least one module"),
+                    ({"modules": ["a b"]}, "not a module name"),
+                    ({"modules": ["m"], "path": ["rel"]}, "absolute path"),
+                    ({"modules": ["m"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}, "set by gpuqd"),
+                    ({"modules": ["m"], "allow_callables": "yes"}, "true or false"),
+                    ({"modules": ["m"], "venv": "/v", "interpreter": "/p"}, "not both"),
+                    ({"modules": ["m"], "colour": 1}, "unknown key"),
+                    ({}, "modules: is required")]:
+        cfg = {"pools": [{"name": "p", "workers": 1, "python": py}]}
+        with pytest.raises(RuntimeError, match=why):
+            gpuq.testing.Daemon(cfg).start()
+
+
+def test_missing_interpreter_makes_the_pool_unavailable():
+    cfg = {"pools": [{"name": "cpu", "workers": 1},
+                     {"name": "nopy", "workers": 1,
+                      "python": {"interpreter": "/nonexistent/python3", "modules": ["m"]}}]}
+    with gpuq.testing.Daemon(cfg) as d:
+        st = pool_status(d, "nopy")
+        assert st["status"] == "unavailable" and "not an executable" in st["reason"]
+
+
+# ---- callables: gpuq.Executor and joblib ---------------------------------------------------------
+
+
+def test_callables_are_refused_by_default(pc):
+    with gpuq.Executor(pool="py", client=pc) as ex:
+        with pytest.raises(gpuq.PermissionDenied, match="allow_callables"):
+            ex.submit(pyops_helpers.scale, np.ones(2), 2).result()
+
+
+def test_executor_runs_callables(pc):
+    with gpuq.Executor(client=pc) as ex:
+        assert ex.pool == "pycall"  # the first pool that allows them
+        a = np.arange(1 << 16, dtype=np.float64)
+        np.testing.assert_array_equal(ex.submit(pyops_helpers.scale, a, 2).result(), a * 2)
+        assert ex.submit(lambda x, y=1: x + y, 1, y=5).result() == 6  # cloudpickle
+        assert list(ex.map(abs, [-1, -2, 3])) == [1, 2, 3]
+        with pytest.raises(ValueError, match="invalid literal") as e:
+            ex.submit(int, "zz").result()
+        assert isinstance(e.value.__cause__, gpuq.RemoteTraceback)
+        fs = [ex.submit(pow, i, 2) for i in range(20)]
+        assert sorted(f.result() for f in concurrent.futures.as_completed(fs)) == \
+            [i * i for i in range(20)]
+
+
+def test_executor_arguments_are_private_copies(pc):
+    a = pc.array(np.zeros(4))
+    with gpuq.Executor(client=pc) as ex:
+        def bump(x):
+            x += 1  # writable, as in a ProcessPoolExecutor
+            return x
+        np.testing.assert_array_equal(ex.submit(bump, a).result(), np.ones(4))
+    np.testing.assert_array_equal(a, np.zeros(4))  # the caller's array is untouched
+
+
+def test_executor_max_pending_and_shutdown(pc):
+    ex = gpuq.Executor(client=pc, max_pending=2)
+    fs = [ex.submit(time.sleep, 0.05) for _ in range(6)]
+    ex.shutdown(wait=True)
+    assert all(f.done() for f in fs)
+    with pytest.raises(RuntimeError, match="shutdown"):
+        ex.submit(abs, 1)
+
+
+def test_joblib_backend(pc, pydaemon, monkeypatch):
+    joblib = pytest.importorskip("joblib")
+    monkeypatch.setenv("GPUQ_RUNTIME_DIR", pydaemon.runtime_dir)
+    with joblib.parallel_backend("gpuq", pool="pycall"):
+        out = joblib.Parallel(n_jobs=4)(joblib.delayed(pyops_helpers.scale)(np.full(3, i), 2)
+                                        for i in range(10))
+    assert [o.tolist() for o in out] == [[2 * i] * 3 for i in range(10)]
