@@ -25,7 +25,8 @@
 #
 # Environment:
 #   OUT                      output folder (default <repo>/build-device/out)
-#   GPUQ_DEVICE_STAGES       stages, in order (default "info configure build test bench")
+#   GPUQ_DEVICE_STAGES       stages, in order (default "info configure build test python bench";
+#                            python: the gpu Python pool tests, torch, in a venv of the machine's)
 #   GPUQ_DEVICE_BUILD        build folder (default <repo>/build-device; kept, so a rerun is
 #                            incremental; GPUQ_DEVICE_CLEAN=1 removes it first)
 #   GPUQ_DEVICE_DEPS         the bundle (default <repo>/build-device-deps)
@@ -45,7 +46,7 @@ readonly ROOT="${PWD}"
 readonly BUILD="${GPUQ_DEVICE_BUILD:-${ROOT}/build-device}"
 readonly DEPS="${GPUQ_DEVICE_DEPS:-${ROOT}/build-device-deps}"
 OUT="${OUT:-${BUILD}/out}"
-readonly STAGES="${GPUQ_DEVICE_STAGES:-info configure build test bench}"
+readonly STAGES="${GPUQ_DEVICE_STAGES:-info configure build test python bench}"
 readonly BUDGET="${GPUQ_DEVICE_BUDGET:-420}"
 readonly TEST_TIMEOUT="${GPUQ_DEVICE_TEST_TIMEOUT:-180}"
 readonly BENCH_TIMEOUT="${GPUQ_DEVICE_BENCH_TIMEOUT:-120}"
@@ -290,6 +291,27 @@ if [[ " ${STAGES} " == *" test "* ]]; then
     record test - $((SECONDS - t0))
   fi
 fi
+
+# ---- python: the gpu Python pool tests (python/tests/test_python_gpu.py, torch) -------------
+# The gpuq package built into a venv that sees the machine's own packages (torch, nanobind,
+# scikit-build-core; no internet), against the bundle's headers, then pytest -m gpu against the
+# gpuqd of this build. Exit 77 (skipped) when torch or a device is missing.
+python_gpu() {
+  local venv="${BUILD}/pyvenv" lim
+  if [[ ! -x "${venv}/bin/python" ]]; then "${PY}" -m venv --system-site-packages "${venv}"; fi
+  "${venv}/bin/python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 77)' \
+    || return $?
+  "${venv}/bin/python" -m pip install -q --no-build-isolation --no-deps --no-index \
+    --config-settings=build-dir="${BUILD}/pybuild" \
+    --config-settings=cmake.define.Boost_DIR="${DEPS}/lib/cmake/Boost" \
+    --config-settings=cmake.define.nlohmann_json_DIR="${DEPS}/lib/cmake/nlohmann_json" \
+    "${ROOT}/python"
+  lim="$(limit "${TEST_TIMEOUT}")"
+  GPUQ_GPUQD="${BUILD}/daemon/gpuqd" timeout -k 10 "${lim}" "${venv}/bin/python" -m pytest -v \
+    -m gpu -p no:cacheprovider --junitxml="${OUT}/python-gpu.xml" \
+    "${ROOT}/python/tests/test_python_gpu.py"
+}
+stage python python_gpu
 
 # ---- bench: the GPU benchmark, full run ------------------------------------------------------
 bench() {

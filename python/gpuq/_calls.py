@@ -57,10 +57,12 @@ def build_header(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Dict[st
 
 
 def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarray],
-           keep: list, copy_all: bool) -> Tuple[int, int, int, int]:
-    """Lays the header and arrays out in the segment. (span offset, span length, header offset
-    within the span, header length). ``copy_all``: copy even arrays already in the segment (a
-    callable's arguments, which its worker may change in place)."""
+           keep: list, copy_all: bool,
+           output_bytes: int) -> Tuple[int, int, int, int, np.ndarray, int]:
+    """Lays the header, the arrays and the room for the answer out in the segment, in one
+    block: (span offset, span length, header offset within the span, header length, the
+    answer's room as a uint8 array, its offset). ``copy_all``: copy even arrays already in the
+    segment (a callable's arguments, which its worker may change in place)."""
     in_place: Dict[int, int] = {}
     copies: List[int] = []
     for i, a in enumerate(arrays):
@@ -74,7 +76,8 @@ def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarr
     sized = json.dumps(header).encode()
     hdr_room = _pyops.align(len(sized) + 64 * (len(arrays) + 1))
     block_bytes = hdr_room + sum(_pyops.align(arrays[i].nbytes) for i in copies)
-    block = client.empty(block_bytes, np.uint8)
+    block = client.empty(block_bytes + output_bytes, np.uint8)
+    out = block[block_bytes:]
     keep.append(block)
     block_off = client._offset(conn, block)
     where: Dict[int, int] = dict(in_place)
@@ -104,7 +107,7 @@ def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarr
     hb = json.dumps(header).encode()
     assert len(hb) <= hdr_room
     block[:len(hb)] = np.frombuffer(hb, dtype=np.uint8)
-    return start, end - start, block_off - start, len(hb)
+    return start, end - start, block_off - start, len(hb), out, block_off + block_bytes
 
 
 def submit_python(client: Any, op: str, header: Dict[str, Any], arrays: List[np.ndarray],
@@ -120,10 +123,8 @@ def submit_python(client: Any, op: str, header: Dict[str, Any], arrays: List[np.
                                       f"{output_bytes!r}")
     conn = client._c()
     keep: list = []
-    in_off, in_len, h_off, h_len = _place(client, conn, header, arrays, keep, callable_job)
-    out = client.empty(output_bytes, np.uint8)
-    keep.append(out)
-    out_off = client._offset(conn, out)
+    in_off, in_len, h_off, h_len, out, out_off = _place(client, conn, header, arrays, keep,
+                                                        callable_job, output_bytes)
     timeout_ns = -1 if timeout is None else _seconds_to_ns(timeout, "timeout")
     expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
     job = conn.native.submit(op, in_off, in_len, out_off, output_bytes, pool or "",

@@ -1,8 +1,10 @@
 // Plug-in ops in one process: load_plugin on the example and test plug-ins, add_plugin_ops
 // (ids, name checks), the cpu backend running saxpy through the C ABI with the job's params,
-// and the config key "plugins".
+// and the config key "plugins". Then Python ops (add_python_op: ids after the plug-ins', one per
+// name across pools, each pool's list) and a pool's "python" section.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -123,6 +125,107 @@ TEST_CASE("config: plugins must be absolute, readable and listed once") {
   REQUIRE(!twice.ok());
   CHECK(twice.error().message().find("plugins[1]") != std::string::npos);
   CHECK(!parse_config(R"({"plugins":"x"})", cpus).ok());
+}
+
+// After the plug-in cases: the registry only grows.
+TEST_CASE("python ops: ids after every other op, one per name, listed per pool") {
+  REQUIRE(register_plugins_once());
+  uint32_t last = 0;
+  for (const auto& op : op_registry()) last = std::max(last, op.id);
+  auto call0 = add_python_op(kPythonCallOp, "callables", 0);
+  REQUIRE(call0.ok());
+  CHECK(*call0 == last + 1);
+  auto classify = add_python_op("classify", "a model", 0);
+  REQUIRE(classify.ok());
+  CHECK(*classify == last + 2);
+  // Pool 3 has the same two ops: the same ids, and the pool joins each op's list.
+  CHECK(add_python_op(kPythonCallOp, "", 3).value() == *call0);
+  CHECK(add_python_op("classify", "", 3).value() == *classify);
+  CHECK(add_python_op("only3", "", 3).value() == last + 3);
+  const std::string c = std::to_string(*call0), k = std::to_string(*classify);
+  CHECK(python_op_list(0) == "[[" + c + ",\"python_call\"],[" + k + ",\"classify\"]]");
+  CHECK(python_op_list(3) == "[[" + c + ",\"python_call\"],[" + k + ",\"classify\"],[" +
+                                 std::to_string(last + 3) + ",\"only3\"]]");
+  CHECK(python_op_list(1) == "[]");
+  // A Python op is no plug-in op: C++ workers still agree with the supervisor's plug-in list.
+  CHECK(plugin_op_list().find("classify") == std::string::npos);
+  const OpInfo* info = find_op(*classify);
+  REQUIRE(info != nullptr);
+  CHECK(info->python != nullptr);
+  CHECK((info->run == nullptr));
+  CHECK(info->plugin == nullptr);
+
+  // Names taken by a built-in or plug-in op, malformed names, and an id out of order.
+  auto builtin = add_python_op("echo", "", 0);
+  REQUIRE(!builtin.ok());
+  CHECK(builtin.error().message() ==
+        "python pool 0: op 'echo': the name is taken by a built-in op");
+  auto plugin = add_python_op("saxpy", "", 0);
+  REQUIRE(!plugin.ok());
+  CHECK(plugin.error().message().find("taken by plug-in") != std::string::npos);
+  CHECK(!add_python_op("Bad-Name", "", 0).ok());
+  CHECK(!add_python_op("low_id", "", 0, kFirstPluginOpId).ok());
+  // A worker's own registration, with the supervisor's id: as given.
+  CHECK(add_python_op("given", "", 5, last + 10).value() == last + 10);
+}
+
+TEST_CASE("config: a pool's python section") {
+  const std::vector<int> cpus = {0, 1};
+  auto c = parse_config(R"({"pools":[{"name":"py","workers":1,"python":{
+      "venv":"/opt/venv","modules":["pkg.models","ops"],"path":["/srv/app"],
+      "env":{"OMP_NUM_THREADS":"1"},"allow_callables":true}},
+      {"name":"g","kind":"gpu","gpus":[0],"fallback":"cpu","python":{"modules":["m"]}}]})",
+                        cpus);
+  REQUIRE(c.ok());
+  REQUIRE(c->pools[0].python.has_value());
+  const PythonPoolConfig& py = *c->pools[0].python;
+  CHECK(py.interpreter == "/opt/venv/bin/python");
+  CHECK(py.modules == std::vector<std::string>{"pkg.models", "ops"});
+  CHECK(py.path == std::vector<std::string>{"/srv/app"});
+  REQUIRE(py.env.size() == 1);
+  CHECK(py.env[0].first == "OMP_NUM_THREADS");
+  CHECK(py.allow_callables);
+  CHECK(c->pools[1].python->interpreter == "python3");  // the default, looked up in PATH
+  CHECK(!c->pools[1].python->allow_callables);          // the default
+  CHECK(c->pools[1].fallback_pool == 0);  // a Python gpu pool falls back to a Python cpu pool
+
+  struct Bad {
+    const char* python;
+    const char* message;
+  };
+  for (const Bad& b : {
+           Bad{R"({"modules":[]})", "pools[0].python.modules: must name at least one module"},
+           Bad{R"({"modules":["a b"]})", "pools[0].python.modules[0]: 'a b' is not a module"},
+           Bad{R"({"modules":["m"],"path":["rel"]})", "pools[0].python.path[0]: 'rel' is not an"},
+           Bad{R"({"modules":["m"],"env":{"CUDA_VISIBLE_DEVICES":"0"}})",
+               "pools[0].python.env.CUDA_VISIBLE_DEVICES: is set by gpuqd"},
+           Bad{R"({"modules":["m"],"env":{"1X":"0"}})", "pools[0].python.env.1X: is not a"},
+           Bad{R"({"modules":["m"],"env":{"X":1}})", "pools[0].python.env.X: must be a string"},
+           Bad{R"({"modules":["m"],"allow_callables":1})",
+               "pools[0].python.allow_callables: must be true or false"},
+           Bad{R"({"modules":["m"],"venv":"rel"})", "pools[0].python.venv: must be an absolute"},
+           Bad{R"({"modules":["m"],"interpreter":"bin/python"})",
+               "pools[0].python.interpreter: must be an absolute path or a name"},
+           Bad{R"({"modules":["m"],"venv":"/v","interpreter":"/p"})", "not both"},
+           Bad{R"({"modules":["m"],"colour":1})", "pools[0].python.colour: unknown key"},
+           Bad{R"({})", "pools[0].python.modules: is required"},
+           Bad{R"([])", "pools[0].python: must be an object"},
+       }) {
+    CAPTURE(b.python);
+    auto r = parse_config(std::string(R"({"pools":[{"name":"p","workers":1,"python":)") +
+                              b.python + "}]}",
+                          cpus);
+    REQUIRE(!r.ok());
+    CHECK(r.error().message().find(b.message) != std::string::npos);
+  }
+  // Callables alone need no module.
+  CHECK(parse_config(R"({"pools":[{"name":"p","python":{"allow_callables":true}}]})", cpus).ok());
+  // A gpu pool's fallback to "cpu" needs a cpu pool of its own sort.
+  auto nofb = parse_config(
+      R"({"pools":[{"name":"c"},{"name":"g","kind":"gpu","fallback":"cpu","python":{"modules":["m"]}}]})",
+      cpus);
+  REQUIRE(!nofb.ok());
+  CHECK(nofb.error().message().find("first Python cpu pool") != std::string::npos);
 }
 
 }  // namespace
