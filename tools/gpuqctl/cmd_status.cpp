@@ -73,6 +73,19 @@ std::string format_job(const Json& worker) {
   return text;
 }
 
+// "  <what>:" and `text` (a traceback) below it, each line indented; nothing when it is empty.
+void print_indented(const std::string& what, const std::string& text) {
+  if (text.empty()) return;
+  std::cout << "  " << what << ":\n";
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::cout << "    " << std::string_view(text).substr(begin, end - begin) << '\n';
+    begin = end + 1;
+  }
+}
+
 void print_status_table(const Json& doc) {
   std::string header = "gpuqd " + text_field(doc, "version") + ", pid " + text_field(doc, "pid");
   if (auto up = number_field(doc, "uptime_s")) header += ", up " + format_uptime(*up);
@@ -107,6 +120,20 @@ void print_status_table(const Json& doc) {
       line += ", not accepting jobs";
     }
     std::cout << '\n' << line << '\n';
+    // A Python pool: its interpreter and ops, and the traceback of a failed op listing.
+    if (auto py = pool.is_object() ? pool.find("python") : pool.end();
+        py != pool.end() && py->is_object()) {
+      std::string ops;
+      if (auto o = py->find("ops"); o != py->end() && o->is_array()) {
+        for (const Json& name : *o) {
+          ops += (ops.empty() ? "" : ", ") + (name.is_string() ? name.get<std::string>() : name.dump());
+        }
+      }
+      std::cout << "  python " << text_field(*py, "interpreter") << ", ops: "
+                << (ops.empty() ? "none" : ops)
+                << (py->value("allow_callables", false) ? "; runs callables" : "") << '\n';
+    }
+    print_indented("start error", text_field(pool, "start_error", ""));
 
     auto workers = pool.is_object() ? pool.find("workers") : pool.end();
     if (workers == pool.end() || !workers->is_array() || workers->empty()) {
@@ -123,6 +150,8 @@ void print_status_table(const Json& doc) {
                         text_field(w, "jobs_done").c_str(), text_field(w, "jobs_failed").c_str(),
                         text_field(w, "restarts").c_str())
                 << format_job(w) << '\n';
+      print_indented("worker " + text_field(w, "id") + " start error",
+                     text_field(w, "start_error", ""));
     }
   }
 }
