@@ -10,6 +10,12 @@ Measured in one run on one machine, with 2 worker processes in every system:
   cpp         libgpuq's C++ client (``gpuq::Client``) on the same connection, through
               ``gpuq._native.cpp_noop_round_trips`` (a C++ loop, GIL released): the floor the
               Python client is compared with (no-op round trips only);
+  pyop        only when named in --systems: gpuq's Python ops. The same daemon gets a Python
+              pool ``py`` of 2 workers (this interpreter, importing bench_ops.py from this
+              directory), and a second client of its own calls its ops with
+              ``client.submit_call(op, x, pool="py")`` (what ``client.call`` does, then
+              ``.result()``), ``x`` made once with ``client.array`` (in the segment: zero copy);
+  pyop-copy   the same, ``x`` a plain numpy array, copied into the segment on every call;
   loky        ``loky.get_reusable_executor(max_workers=2)``;
   ppe         ``concurrent.futures.ProcessPoolExecutor(2)``;
   mp          ``multiprocessing.Pool(2)`` (``apply_async``);
@@ -17,14 +23,20 @@ Measured in one run on one machine, with 2 worker processes in every system:
 
 Cases:
 
-  noop   gpuq: the ``noop`` op; the peers: a function that returns None.
+  noop   gpuq: the ``noop`` op; pyop: the Python op ``nothing`` (returns None); the peers: a
+         function that returns None.
   1MiB   a 1 MiB float32 array in, the same array back. gpuq: the ``echo`` op copies the input
   64MiB  into an ``out`` array preallocated in the client's segment and the future's result is
          that array; gpuq reads the input in place when it is already in the segment (``gpuq``:
          ``client.array`` made once and reused, zero copy) and copies it in first when it is a
-         plain numpy array (``gpuq-copy``). The peers: a function returning its argument (the
-         array is pickled to the worker and the result pickled back; Ray passes both through
-         its object store).
+         plain numpy array (``gpuq-copy``). pyop: the Python op ``identity`` returns the
+         read-only view of the input it is given, which the worker writes into the job's
+         answer (a block the client allocates in its segment per call, with the header and,
+         for pyop-copy, the copy of the input); the future's result is a view of it. The
+         peers: a function returning its argument (the array is pickled to the worker and the
+         result pickled back; Ray passes both through its object store).
+
+--cases picks some of them (default all).
 
 Figures, for each system and case:
 
@@ -38,7 +50,12 @@ Figures, for each system and case:
               until N have finished; N over the time from the first submit to the last result.
               Task j uses out array j mod K (gpuq), so no two tasks in flight share one. A gpuq
               client may have at most ``client_share`` jobs queued in the pool (10 with this
-              config); past that ``submit`` waits for room, which the figure includes.
+              config, the Python pool's too); past that ``submit`` waits for room, which the
+              figure includes.
+  breakdown   after the rounds (--breakdown N, default 1000, at most the case's latency count):
+              N more round trips of each gpuq variant (not C++) and case, each split into the
+              submit call, the job's queued and run times (the daemon's stamps,
+              ``Future.info``) and the rest; medians.
 
 Method: every system is started and warmed up (pools started, a few tasks of each case run and
 their results checked) before the first measurement, and stays up, idle, while the others are
@@ -53,10 +70,14 @@ children) is reported as ``interference``.
 Targets (printed with PASS/MISS; the run's exit status does not depend on them):
   loky no-op p50 / gpuq no-op p50 >= 50;
   loky 64 MiB p50 / gpuq 64 MiB p50 (array in the segment) >= 10 (copied-in variant: shown);
-  gpuq Python-client no-op p50 - C++-client no-op p50 <= 3 us.
+  gpuq Python-client no-op p50 - C++-client no-op p50 <= 3 us;
+  loky 1 MiB p50 / gpuq Python op 1 MiB p50 (array in the segment) >= 20 (copied-in: shown).
+Only the targets whose systems and case were measured are shown.
 
 Usage (from the repository root, in a venv with ``pip install ./python loky`` and optionally
-ray): ``GPUQ_GPUQD=build/daemon/gpuqd python bench/python/bench_python.py``. ``--quick`` is a
+ray): ``GPUQ_GPUQD=build/daemon/gpuqd python bench/python/bench_python.py``; the Python ops
+against the peers: ``... bench_python.py --systems pyop,gpuq,loky,ppe,mp --cases noop,1MiB``
+(its results file: bench/results/python-ops-<UTC date>.json). ``--quick`` is a
 smoke run (well under a minute; its figures mean nothing). Exit status: 0 when every
 measurement ran and every result was right (Ray skipped or not), 1 on any failure, 2 on bad
 arguments. See bench/python/README.md and BENCHMARKS.md.
@@ -92,7 +113,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 WORKERS = 2
 DAEMON_CONFIG = {"pools": [{"name": "cpu", "kind": "cpu", "workers": WORKERS}]}
+# The Python pool of --systems pyop: gpuqd's Python workers run this interpreter and import
+# bench_ops.py from this directory (its ops ``nothing`` and ``identity``).
+PY_POOL = "py"
+OPS_DIR = os.path.dirname(os.path.abspath(__file__))
+PY_POOL_CONFIG = {"name": PY_POOL, "kind": "cpu", "workers": WORKERS,
+                  "python": {"interpreter": sys.executable, "modules": ["bench_ops"],
+                             "path": [OPS_DIR]}}
 MIB = 1 << 20
+KIB = 1 << 10
 
 # Cases: name -> array bytes (0: no array).
 CASES: Dict[str, int] = {"noop": 0, "1MiB": 1 * MIB, "64MiB": 64 * MIB}
@@ -104,31 +133,37 @@ SYSTEMS: Dict[str, Tuple[str, str]] = {
     "gpuq": ("gpuq, Python client", "gpuq"),
     "gpuq-copy": ("gpuq, numpy copied in", "gpuq"),
     "cpp": ("gpuq, C++ client", "gpuq"),
+    "pyop": ("gpuq Python op", "pyop"),
+    "pyop-copy": ("gpuq Python op, copied in", "pyop"),
     "loky": ("loky", "peer"),
     "ppe": ("ProcessPoolExecutor", "peer"),
     "mp": ("multiprocessing.Pool", "peer"),
     "ray": ("ray", "ray"),
 }
-SELECTABLE = ("gpuq", "cpp", "loky", "ppe", "mp", "ray")  # gpuq-copy comes with gpuq
+# gpuq-copy comes with gpuq, pyop-copy with pyop.
+SELECTABLE = ("gpuq", "cpp", "pyop", "loky", "ppe", "mp", "ray")
+DEFAULT_SYSTEMS = ("gpuq", "cpp", "loky", "ppe", "mp", "ray")
 PEERS = ("loky", "ppe", "mp", "ray")
+# gpuq's variants compared with the peers: system -> suffix of its keys in "speedups".
+VARIANTS = {"gpuq": "", "gpuq-copy": "_copied", "pyop": "_pyop", "pyop-copy": "_pyop_copied"}
 
 # Total counts over all rounds: (case, measure, tier) -> tasks. "latency": timed round trips;
 # "throughput": tasks finished with K in flight. Ray runs one round with its counts.
 COUNTS: Dict[str, Dict[str, Dict[str, int]]] = {
-    "noop": {"latency": {"gpuq": 30000, "peer": 3000, "ray": 1000},
-             "throughput": {"gpuq": 60000, "peer": 6000, "ray": 2000}},
-    "1MiB": {"latency": {"gpuq": 3000, "peer": 600, "ray": 200},
-             "throughput": {"gpuq": 6000, "peer": 600, "ray": 200}},
-    "64MiB": {"latency": {"gpuq": 30, "peer": 12, "ray": 6},
-              "throughput": {"gpuq": 60, "peer": 24, "ray": 12}},
+    "noop": {"latency": {"gpuq": 30000, "pyop": 9000, "peer": 3000, "ray": 1000},
+             "throughput": {"gpuq": 60000, "pyop": 18000, "peer": 6000, "ray": 2000}},
+    "1MiB": {"latency": {"gpuq": 3000, "pyop": 3000, "peer": 600, "ray": 200},
+             "throughput": {"gpuq": 6000, "pyop": 6000, "peer": 600, "ray": 200}},
+    "64MiB": {"latency": {"gpuq": 30, "pyop": 30, "peer": 12, "ray": 6},
+              "throughput": {"gpuq": 60, "pyop": 60, "peer": 24, "ray": 12}},
 }
 QUICK_COUNTS: Dict[str, Dict[str, Dict[str, int]]] = {
-    "noop": {"latency": {"gpuq": 3000, "peer": 300, "ray": 100},
-             "throughput": {"gpuq": 6000, "peer": 600, "ray": 200}},
-    "1MiB": {"latency": {"gpuq": 300, "peer": 50, "ray": 20},
-             "throughput": {"gpuq": 600, "peer": 60, "ray": 20}},
-    "64MiB": {"latency": {"gpuq": 5, "peer": 3, "ray": 2},
-              "throughput": {"gpuq": 8, "peer": 4, "ray": 4}},
+    "noop": {"latency": {"gpuq": 3000, "pyop": 1000, "peer": 300, "ray": 100},
+             "throughput": {"gpuq": 6000, "pyop": 2000, "peer": 600, "ray": 200}},
+    "1MiB": {"latency": {"gpuq": 300, "pyop": 300, "peer": 50, "ray": 20},
+             "throughput": {"gpuq": 600, "pyop": 600, "peer": 60, "ray": 20}},
+    "64MiB": {"latency": {"gpuq": 5, "pyop": 5, "peer": 3, "ray": 2},
+              "throughput": {"gpuq": 8, "pyop": 8, "peer": 4, "ray": 4}},
 }
 
 
@@ -187,6 +222,29 @@ def run_in_flight(starts: Sequence[Start], finish: Finish, n: int,
     return clock() - t0
 
 
+def time_breakdown(start: Start, n: int) -> Dict[str, Any]:
+    """n gpuq round trips, one in flight, each split by the client's clock and the daemon's
+    job stamps (``Future.info``): the submit call (until it returns), the job's queued and run
+    times, and the rest (the total less those three: the worker's end reaching the client and
+    the result's conversion, plus whatever of the queued time overlapped the submit call).
+    Medians in microseconds."""
+    clock = time.perf_counter_ns
+    rows = []
+    for _ in range(n):
+        t0 = clock()
+        f = start()
+        t1 = clock()
+        f.result()
+        t2 = clock()
+        info = f.info
+        rows.append((t2 - t0, t1 - t0, info.queued_ns, info.run_ns))
+    out: Dict[str, Any] = {"count": n}
+    for i, key in enumerate(("total_us", "submit_us", "queued_us", "run_us")):
+        out[key] = percentile(sorted(r[i] for r in rows), 50)
+    out["rest_us"] = percentile(sorted(r[0] - r[1] - r[2] - r[3] for r in rows), 50)
+    return out
+
+
 def percentile(sorted_ns: Sequence[int], p: float) -> float:
     """Nearest-rank percentile of sorted samples, in microseconds."""
     rank = max(1, math.ceil(p / 100.0 * len(sorted_ns)))
@@ -217,32 +275,89 @@ def _array_check(x: np.ndarray) -> Check:
         np.array_equal(r, x)
 
 
+def daemon_config(systems: Sequence[str]) -> Dict[str, Any]:
+    """The private gpuqd's config: the ``cpu`` pool for gpuq and cpp (DAEMON_CONFIG), the Python
+    pool for pyop."""
+    pools = []
+    if "gpuq" in systems or "cpp" in systems:
+        pools += DAEMON_CONFIG["pools"]
+    if "pyop" in systems:
+        pools.append(PY_POOL_CONFIG)
+    return {"pools": pools}
+
+
+def _segment_bytes(need: float) -> int:
+    """A segment for ``need`` bytes of arrays, a quarter more against fragmentation."""
+    segment = max(64 * MIB, (int(need * 1.25) // MIB + 16) * MIB)
+    limit = 1 << 30  # the daemon's max_client_segment_bytes, which the config leaves
+    if segment > limit:
+        raise RuntimeError(f"the arrays need a {segment // MIB} MiB segment, the daemon "
+                           f"allows {limit // MIB} MiB: lower --inflight-large")
+    return segment
+
+
 class Gpuq:
-    """The private daemon, one client, and the arrays every gpuq case uses (made once)."""
+    """The private daemon, its clients, and the arrays every gpuq case uses (made once).
+
+    ``client`` (gpuq, gpuq-copy, cpp: the native ops of the ``cpu`` pool) and ``py`` (pyop,
+    pyop-copy: the Python ops of the ``py`` pool) are two connections, each with a segment of
+    its own, so that a run of both measures each as it would run alone."""
 
     def __init__(self, gpuqd: str, inputs: Dict[str, np.ndarray], inflight: Dict[str, int],
-                 stack: contextlib.ExitStack) -> None:
+                 systems: Sequence[str], stack: contextlib.ExitStack) -> None:
         import gpuq
         import gpuq.testing
         self.gpuq = gpuq
-        self.daemon = stack.enter_context(gpuq.testing.Daemon(DAEMON_CONFIG, gpuqd=gpuqd))
+        self.config = daemon_config(systems)
+        self.daemon = stack.enter_context(gpuq.testing.Daemon(self.config, gpuqd=gpuqd))
         self.daemon_status = self.daemon.status()
-        # Room for every case's arrays at once: the input in the segment, K out arrays, and up to
-        # K + 1 copies made by the copied-in variant; a quarter more against fragmentation.
-        need = sum(a.nbytes * (1 + k + k + 1) for case, a in inputs.items()
-                   for k in [inflight[case]])
-        segment = max(64 * MIB, (int(need * 1.25) // MIB + 16) * MIB)
-        limit = 1 << 30  # the daemon's max_client_segment_bytes, which DAEMON_CONFIG leaves
-        if segment > limit:
-            raise RuntimeError(f"the arrays need a {segment // MIB} MiB segment, the daemon "
-                               f"allows {limit // MIB} MiB: lower --inflight-large")
-        self.client = gpuq.connect(self.daemon.runtime_dir, segment_bytes=segment,
-                                   name="bench_python")
-        stack.callback(self.client.close)
         self.inputs = inputs
-        self.in_segment = {case: self.client.array(a) for case, a in inputs.items()}
-        self.outs = {case: [self.client.zeros(a.shape, a.dtype) for _ in range(inflight[case])]
-                     for case, a in inputs.items()}
+        self.client: Any = None
+        self.py: Any = None
+        if "gpuq" in systems or "cpp" in systems:
+            # Room for every case's arrays at once: the input in the segment, K out arrays, and
+            # up to K + 1 copies made by the copied-in variant.
+            need = sum(a.nbytes * (1 + k + k + 1) for case, a in inputs.items()
+                       for k in [inflight[case]])
+            self.client = gpuq.connect(self.daemon.runtime_dir, segment_bytes=_segment_bytes(need),
+                                       name="bench_python")
+            stack.callback(self.client.close)
+            self.in_segment = {case: self.client.array(a) for case, a in inputs.items()}
+            self.outs = {case: [self.client.zeros(a.shape, a.dtype)
+                                for _ in range(inflight[case])]
+                         for case, a in inputs.items()}
+        if "pyop" in systems:
+            # Every case's input in the segment, and the largest case's blocks at once: a call
+            # allocates its answer's block (the array's bytes + 64 KiB) and, copied in, a block
+            # for the header and the copy; K in flight, the result just taken and the next call.
+            need = sum(a.nbytes for a in inputs.values()) + max(
+                [(2 * inflight[case] + 2) * (a.nbytes + 64 * KIB + 4 * KIB)
+                 for case, a in inputs.items()] + [0])
+            self.py = gpuq.connect(self.daemon.runtime_dir, segment_bytes=_segment_bytes(need),
+                                   name="bench_python_pyop")
+            stack.callback(self.py.close)
+            self.py_in_segment = {case: self.py.array(a) for case, a in inputs.items()}
+
+    def client_info(self) -> Dict[str, Any]:
+        return {name: {"segment_bytes": c.segment_bytes, "slot_count": c.slot_count,
+                       "pools": c.pools}
+                for name, c in (("native", self.client), ("pyop", self.py)) if c is not None}
+
+    def pyop_tasks(self, case: str, k: int, copied: bool) -> Tasks:
+        """pyop: ``py.submit_call("identity", x, pool="py")`` (or ``"nothing"``), the result
+        the array the worker returned, in ``py``'s segment."""
+        finish = self.gpuq.Future.result
+        if case == "noop":
+            return Tasks([functools.partial(self.py.submit_call, "nothing", pool=PY_POOL)] * k,
+                         finish, lambda slot, r: r is None)
+        x = self.inputs[case] if copied else self.py_in_segment[case]
+        ref = self.inputs[case]
+        in_segment = self.py.in_segment
+        return Tasks([functools.partial(self.py.submit_call, "identity", x, pool=PY_POOL)] * k,
+                     finish,
+                     lambda slot, r: isinstance(r, np.ndarray) and r is not x and
+                     r.shape == ref.shape and r.dtype == ref.dtype and in_segment(r) and
+                     np.array_equal(r, ref))
 
     def tasks(self, case: str, k: int, copied: bool) -> Tasks:
         finish = self.gpuq.Future.result
@@ -391,7 +506,7 @@ def run_rounds(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndar
             if name in systems:
                 try:
                     peers[name] = Peer(name, stack)
-                    for case in CASES:  # start the workers, run each case, check
+                    for case in args.cases:  # start the workers, run each case, check
                         t = peers[name].tasks(case, inflight[case], inputs.get(case))
                         run_in_flight(t.starts, t.finish, 1 if CASES[case] >= 16 * MIB
                                       else inflight[case], t.check)
@@ -399,27 +514,39 @@ def run_rounds(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndar
                     res.fail(name, "-", "start", e)
                     peers.pop(name, None)
         g: Optional[Gpuq] = None
-        if "gpuq" in systems or "cpp" in systems:
-            g = Gpuq(args.gpuqd, inputs, inflight, stack)
+        if "gpuq" in systems or "cpp" in systems or "pyop" in systems:
+            g = Gpuq(args.gpuqd, inputs, inflight, systems, stack)
             info["gpuq_daemon"] = g.daemon_status
-            info["gpuq_client"] = {"segment_bytes": g.client.segment_bytes,
-                                   "slot_count": g.client.slot_count, "pools": g.client.pools}
-            for case in CASES:  # run each case once, check, and warm the no-op path
-                for copied in (False, True) if CASES[case] else (False,):
-                    t = g.tasks(case, inflight[case], copied)
-                    run_in_flight(t.starts, t.finish, inflight[case], t.check)
-            t = g.tasks("noop", inflight["noop"], False)
-            run_in_flight(t.starts, t.finish, 2000)
-            g.cpp_round_trips(1000)
+            clients = g.client_info()
+            if "native" in clients:
+                info["gpuq_client"] = clients["native"]
+            if "pyop" in clients:
+                info["gpuq_pyop_client"] = clients["pyop"]
+            if g.client is not None:
+                for case in args.cases:  # run each case once, check, and warm the no-op path
+                    for copied in (False, True) if CASES[case] else (False,):
+                        t = g.tasks(case, inflight[case], copied)
+                        run_in_flight(t.starts, t.finish, inflight[case], t.check)
+                t = g.tasks("noop", inflight["noop"], False)
+                run_in_flight(t.starts, t.finish, 2000)
+                g.cpp_round_trips(1000)
+            if g.py is not None:
+                for case in args.cases:  # the same for the Python ops
+                    for copied in (False, True) if CASES[case] else (False,):
+                        t = g.pyop_tasks(case, inflight[case], copied)
+                        run_in_flight(t.starts, t.finish, inflight[case], t.check)
+                t = g.pyop_tasks("noop", inflight["noop"], False)
+                run_in_flight(t.starts, t.finish, 200)
         info["peers"] = {n: p.info for n, p in peers.items()}
 
-        order = [s for s in ("gpuq", "gpuq-copy", "cpp", "loky", "ppe", "mp")
-                 if (s in systems or (s == "gpuq-copy" and "gpuq" in systems))
-                 and (s in peers or s.startswith("gpuq") or s == "cpp")]
+        order = [s for s in ("gpuq", "gpuq-copy", "cpp", "pyop", "pyop-copy", "loky", "ppe", "mp")
+                 if (s in systems or (s == "gpuq-copy" and "gpuq" in systems)
+                     or (s == "pyop-copy" and "pyop" in systems))
+                 and (s in peers or s.startswith("gpuq") or s.startswith("pyop") or s == "cpp")]
         for rnd in range(args.rounds):
             rotated = order[rnd % len(order):] + order[:rnd % len(order)]
             print(f"round {rnd + 1}/{args.rounds}", file=sys.stderr, flush=True)
-            for case in CASES:
+            for case in args.cases:
                 for system in rotated:
                     n_lat = per_round(count(args.counts, case, "latency", system), args.rounds)
                     n_tp = per_round(count(args.counts, case, "throughput", system), args.rounds)
@@ -432,11 +559,14 @@ def run_rounds(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndar
                                 gc.collect()
                                 res.samples[(case, system)].append(g.cpp_round_trips(n_lat))
                             continue
-                        if system == "gpuq-copy" and case == "noop":
+                        if system in ("gpuq-copy", "pyop-copy") and case == "noop":
                             continue  # no array to copy
                         if system.startswith("gpuq"):
                             assert g is not None
                             tasks = g.tasks(case, k, copied=system == "gpuq-copy")
+                        elif system.startswith("pyop"):
+                            assert g is not None
+                            tasks = g.pyop_tasks(case, k, copied=system == "pyop-copy")
                         else:
                             tasks = peers[system].tasks(case, k, inputs.get(case))
                         measure_block(res, case, system, tasks, n_lat, n_tp)
@@ -447,6 +577,26 @@ def run_rounds(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndar
             order = [s for s in order if s not in bad]
             if not order:
                 break
+        if args.breakdown and g is not None:
+            print("breakdown", file=sys.stderr, flush=True)
+            for case in args.cases:
+                for system in order:
+                    if system not in VARIANTS or (system.endswith("-copy") and case == "noop"):
+                        continue
+                    try:
+                        copied = system.endswith("-copy")
+                        tasks = g.pyop_tasks(case, 1, copied) if system.startswith("pyop") \
+                            else g.tasks(case, 1, copied)
+                        # At most the case's latency count (30 trips of 64 MiB, not 1000).
+                        n = min(args.breakdown, count(args.counts, case, "latency", system))
+                        if n == 0:
+                            continue
+                        time_round_trips(tasks.starts[0], tasks.finish, max(1, n // 10))
+                        gc.collect()
+                        info.setdefault("breakdown", {}).setdefault(case, {})[system] = \
+                            time_breakdown(tasks.starts[0], n)
+                    except Exception as e:  # noqa: BLE001
+                        res.fail(system, case, "breakdown", e)
 
 
 def run_ray(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndarray],
@@ -463,7 +613,7 @@ def run_ray(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndarray
             print("ray", file=sys.stderr, flush=True)
             peer = Peer("ray", stack)
             info.setdefault("peers", {})["ray"] = peer.info
-            for case in CASES:
+            for case in args.cases:
                 tasks = peer.tasks(case, inflight[case], inputs.get(case))
                 measure_block(res, case, "ray", tasks, count(args.counts, case, "latency", "ray"),
                               count(args.counts, case, "throughput", "ray"))
@@ -546,12 +696,14 @@ def _fmt(v: Optional[float], digits: int = 2) -> str:
     return f"{v:.{digits}f}"
 
 
-def print_tables(res: Results, systems_shown: List[str], inflight: Dict[str, int]) -> None:
-    for case, nbytes in CASES.items():
+def print_tables(res: Results, systems_shown: List[str], inflight: Dict[str, int],
+                 cases: Sequence[str]) -> None:
+    for case in cases:
+        nbytes = CASES[case]
         unit, scale = ("ms", 1e3) if nbytes >= 16 * MIB else ("us", 1.0)
         print(f"\n{CASE_TITLES[case]}: round trip with one in flight ({unit}); throughput with "
               f"{inflight[case]} in flight")
-        print(f"  {'system':<24} {'p50':>9} {'p99':>9} {'p99.9':>9} {'mean':>9} {'n':>7}"
+        print(f"  {'system':<26} {'p50':>9} {'p99':>9} {'p99.9':>9} {'mean':>9} {'n':>7}"
               f" {'tasks/s':>11} {'n':>7}")
         for s in systems_shown:
             lat = res.latency(case, s)
@@ -560,48 +712,86 @@ def print_tables(res: Results, systems_shown: List[str], inflight: Dict[str, int
                 continue
             cells = [_fmt(lat[k] / scale) if lat else "-"
                      for k in ("p50_us", "p99_us", "p999_us", "mean_us")]
-            print(f"  {SYSTEMS[s][0]:<24} {cells[0]:>9} {cells[1]:>9} {cells[2]:>9} {cells[3]:>9}"
+            print(f"  {SYSTEMS[s][0]:<26} {cells[0]:>9} {cells[1]:>9} {cells[2]:>9} {cells[3]:>9}"
                   f" {lat['count'] if lat else '-':>7}"
                   f" {_fmt(tp['tasks_per_s'], 0) if tp else '-':>11}"
                   f" {tp['tasks'] if tp else '-':>7}")
 
 
-def targets(res: Results) -> List[Dict[str, Any]]:
+def print_breakdown(bd: Dict[str, Dict[str, Dict[str, Any]]], cases: Sequence[str]) -> None:
+    if not bd:
+        return
+    print("\ngpuq round trips, one in flight, split by the daemon's job stamps (medians, us; "
+          "rest = total - submit - queued - run)")
+    print(f"  {'case':<6} {'system':<26} {'total':>9} {'submit':>9} {'queued':>9} {'run':>9}"
+          f" {'rest':>9} {'n':>6}")
+    for case in cases:
+        for system, b in bd.get(case, {}).items():
+            print(f"  {case:<6} {SYSTEMS[system][0]:<26} " +
+                  " ".join(f"{_fmt(b[k]):>9}" for k in ("total_us", "submit_us", "queued_us",
+                                                           "run_us", "rest_us")) +
+                  f" {b['count']:>6}")
+
+
+def targets(res: Results, systems: Sequence[str], cases: Sequence[str]) -> List[Dict[str, Any]]:
+    """The targets whose systems and case this run measures (all of them by default; with
+    --systems pyop, the Python op's)."""
     def p50(case: str, system: str) -> Optional[float]:
         st = res.latency(case, system)
         return st["p50_us"] if st else None
 
+    def selected(system: str) -> bool:
+        return system in systems or (system.endswith("-copy") and system[:-5] in systems)
+
     out: List[Dict[str, Any]] = []
 
     def add(name: str, value: Optional[float], bound: float, upper: bool, headline: bool,
-            unit: str = "") -> None:
+            needs: Tuple[str, ...], unit: str = "", **extra: Any) -> None:
+        case, *needed = needs
+        if case not in cases or not all(selected(s) for s in needed):
+            return
         verdict = None if value is None else (value <= bound if upper else value >= bound)
         out.append({"name": name, "value": value, "bound": bound, "upper_bound": upper,
-                    "headline": headline, "unit": unit, "pass": verdict})
+                    "headline": headline, "unit": unit, "pass": verdict, **extra})
 
     def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
         return a / b if a is not None and b else None
 
     add("loky no-op p50 / gpuq no-op p50", ratio(p50("noop", "loky"), p50("noop", "gpuq")),
-        50, False, True)
+        50, False, True, ("noop", "loky", "gpuq"))
     add("loky 64 MiB p50 / gpuq 64 MiB p50 (in segment)",
-        ratio(p50("64MiB", "loky"), p50("64MiB", "gpuq")), 10, False, True)
+        ratio(p50("64MiB", "loky"), p50("64MiB", "gpuq")), 10, False, True,
+        ("64MiB", "loky", "gpuq"))
     py, cpp = p50("noop", "gpuq"), p50("noop", "cpp")
     add("gpuq no-op p50, Python - C++ client", None if py is None or cpp is None else py - cpp,
-        3.0, True, True, "us")
+        3.0, True, True, ("noop", "gpuq", "cpp"), "us")
     add("loky 64 MiB p50 / gpuq 64 MiB p50 (copied in)",
-        ratio(p50("64MiB", "loky"), p50("64MiB", "gpuq-copy")), 10, False, False)
+        ratio(p50("64MiB", "loky"), p50("64MiB", "gpuq-copy")), 10, False, False,
+        ("64MiB", "loky", "gpuq-copy"))
+    # The Python op's: also the p50 that 20x this run's loky p50 asks of it.
+    loky1 = p50("1MiB", "loky")
+    need = {"loky_p50_us": loky1, "gpuq_p50_needed_us": None if loky1 is None else loky1 / 20}
+    add("loky 1 MiB p50 / gpuq Python op 1 MiB p50 (in segment)",
+        ratio(loky1, p50("1MiB", "pyop")), 20, False, True, ("1MiB", "loky", "pyop"),
+        gpuq_p50_us=p50("1MiB", "pyop"), **need)
+    add("loky 1 MiB p50 / gpuq Python op 1 MiB p50 (copied in)",
+        ratio(loky1, p50("1MiB", "pyop-copy")), 20, False, False, ("1MiB", "loky", "pyop-copy"),
+        gpuq_p50_us=p50("1MiB", "pyop-copy"), **need)
     return out
 
 
-def speedups(res: Results) -> Dict[str, Dict[str, Dict[str, Optional[float]]]]:
+def speedups(res: Results, cases: Sequence[str]
+             ) -> Dict[str, Dict[str, Dict[str, Optional[float]]]]:
     """peer -> case -> {p50: peer p50 / gpuq p50, throughput: gpuq / peer, and the same for the
-    copied-in variant}."""
+    other variants measured (keys suffixed as in VARIANTS: _copied, _pyop, _pyop_copied)}."""
     out: Dict[str, Dict[str, Dict[str, Optional[float]]]] = {}
+    measured = [v for v in VARIANTS
+                if any(res.latency(c, v) or res.throughput(c, v) for c in cases)]
     for peer in PEERS:
-        for case in CASES:
+        for case in cases:
             row: Dict[str, Optional[float]] = {}
-            for variant, key in (("gpuq", ""), ("gpuq-copy", "_copied")):
+            for variant in measured:
+                key = VARIANTS[variant]
                 a, b = res.latency(case, peer), res.latency(case, variant)
                 row["p50" + key] = a["p50_us"] / b["p50_us"] if a and b else None
                 ta, tb = res.throughput(case, peer), res.throughput(case, variant)
@@ -612,28 +802,36 @@ def speedups(res: Results) -> Dict[str, Dict[str, Dict[str, Optional[float]]]]:
     return out
 
 
-def print_report(res: Results, tgts: List[Dict[str, Any]], ups: Dict[str, Any]) -> None:
-    if ups:
-        print("\ngpuq's advantage: peer p50 / gpuq p50, and gpuq tasks/s / peer tasks/s "
-              "(in segment; copied in)")
-        print(f"  {'peer':<24} " + " ".join(f"{c + ' ' + m:>19}" for c in CASES
+def print_report(res: Results, tgts: List[Dict[str, Any]], ups: Dict[str, Any],
+                 cases: Sequence[str]) -> None:
+    for title, key in (("gpuq", ""), ("gpuq Python op", "_pyop")):
+        if not any(r.get("p50" + key) is not None or r.get("throughput" + key) is not None
+                   for by_case in ups.values() for r in by_case.values()):
+            continue
+        print(f"\n{title}'s advantage: peer p50 / {title} p50, and {title} tasks/s / peer "
+              "tasks/s (in segment; copied in)")
+        print(f"  {'peer':<24} " + " ".join(f"{c + ' ' + m:>19}" for c in cases
                                               for m in ("p50", "tput")))
         for peer, by_case in ups.items():
             cells = []
-            for case in CASES:
+            for case in cases:
                 r = by_case.get(case, {})
                 for m in ("p50", "throughput"):
-                    a, b = r.get(m), r.get(m + "_copied")
+                    a, b = r.get(m + key), r.get(m + key + "_copied")
                     cells.append((_fmt(a, 1) if a is not None else "-") +
                                  ("; " + _fmt(b, 1) if b is not None else ""))
             print(f"  {SYSTEMS[peer][0]:<24} " + " ".join(f"{c:>19}" for c in cells))
-    print(f"\n  {'target':<58} {'measured':>9} {'goal':>9}  result")
+    if tgts:
+        print(f"\n  {'target':<62} {'measured':>9} {'goal':>9}  result")
     for t in tgts:
         goal = f"{'<=' if t['upper_bound'] else '>='} {t['bound']:g}{t['unit']}"
         value = "-" if t["value"] is None else f"{t['value']:.2f}{t['unit']}"
         verdict = "n/a" if t["pass"] is None else ("PASS" if t["pass"] else "MISS")
         name = t["name"] if t["headline"] else "(shown) " + t["name"]
-        print(f"  {name:<58} {value:>9} {goal:>9}  {verdict}")
+        print(f"  {name:<62} {value:>9} {goal:>9}  {verdict}")
+        if t.get("gpuq_p50_needed_us") is not None and t.get("gpuq_p50_us") is not None:
+            print(f"      gpuq Python op p50 {t['gpuq_p50_us']:.1f} us; 20x this run's loky p50 "
+                  f"({t['loky_p50_us']:,.0f} us) needs <= {t['gpuq_p50_needed_us']:.1f} us")
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -649,8 +847,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="smoke run with small counts and one round (its figures mean nothing); "
                         "writes no JSON unless --json is given")
-    p.add_argument("--systems", default=",".join(SELECTABLE),
-                   help=f"comma-separated, of {','.join(SELECTABLE)} (default: all)")
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                   help=f"comma-separated, of {','.join(SELECTABLE)} (default: "
+                        f"{','.join(DEFAULT_SYSTEMS)}; pyop, gpuq's Python ops, only when named)")
+    p.add_argument("--cases", default=",".join(CASES),
+                   help=f"comma-separated, of {','.join(CASES)} (default: all)")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds over all systems (default 3; 1 with --quick); counts are totals")
     p.add_argument("--inflight", type=int, default=10 * WORKERS,
@@ -661,10 +862,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--count", action="append", default=[], metavar="CASE.MEASURE.TIER=N",
                    help="override a count, e.g. noop.latency.peer=5000 (CASE: noop, 1MiB, "
                         "64MiB; MEASURE: latency, throughput; TIER: gpuq (gpuq, copied-in and "
-                        "C++), peer (loky, ppe, mp), ray); repeatable")
+                        "C++), pyop (Python ops, both variants), peer (loky, ppe, mp), ray); "
+                        "repeatable")
     p.add_argument("--json", metavar="PATH",
-                   help="results file (default bench/results/python-<UTC date>.json)")
+                   help="results file (default bench/results/python-<UTC date>.json; "
+                        "python-ops-<UTC date>.json when --systems names pyop)")
     p.add_argument("--no-json", action="store_true", help="write no results file")
+    p.add_argument("--breakdown", type=int, default=None, metavar="N",
+                   help="after the rounds, N more round trips of each gpuq variant (not C++) "
+                        "and case, split into submit call, queued, run and rest by the "
+                        "daemon's job stamps (default 1000; 100 with --quick; at most the "
+                        "case's latency count; 0: none)")
     p.add_argument("--samples", action="store_true",
                    help="store every round trip's nanoseconds in the JSON")
     a = p.parse_args(argv)
@@ -672,8 +880,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for s in a.systems:
         if s not in SELECTABLE:
             p.error(f"--systems: unknown system {s!r} (known: {', '.join(SELECTABLE)})")
+    cases = [c.strip() for c in a.cases.split(",") if c.strip()]
+    for c in cases:
+        if c not in CASES:
+            p.error(f"--cases: unknown case {c!r} (known: {', '.join(CASES)})")
+    if not cases:
+        p.error("--cases: name at least one case")
+    a.cases = [c for c in CASES if c in cases]  # in CASES' order
     if a.rounds is None:
         a.rounds = 1 if a.quick else 3
+    if a.breakdown is None:
+        a.breakdown = 100 if a.quick else 1000
+    if a.breakdown < 0:
+        p.error("--breakdown must be >= 0")
     if a.rounds < 1 or a.inflight < 1 or a.inflight_large < 1:
         p.error("--rounds, --inflight and --inflight-large must be >= 1")
     a.counts = json.loads(json.dumps(QUICK_COUNTS if a.quick else COUNTS))
@@ -710,7 +929,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     inflight = {"noop": args.inflight, "1MiB": args.inflight, "64MiB": args.inflight_large}
     rng = np.random.default_rng(1)
     inputs = {case: rng.random(nbytes // 4, dtype=np.float32)
-              for case, nbytes in CASES.items() if nbytes}
+              for case, nbytes in CASES.items() if nbytes and case in args.cases}
     res = Results(args.samples)
     info: Dict[str, Any] = {}
     non_ray = [s for s in args.systems if s != "ray"]
@@ -737,23 +956,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     load_end = load_average()
 
     shown = [s for s in SYSTEMS
-             if s in args.systems or (s == "gpuq-copy" and "gpuq" in args.systems)]
+             if s in args.systems or (s.endswith("-copy") and s[:-5] in args.systems)]
     print(f"\nload average at start {load_start}, at end {load_end}")
     print(f"run {wall:.1f} s wall; CPU time: this benchmark and its processes {own:.1f} s, other "
           f"processes {other:.1f} s ({100 * other / (wall * ncpu):.0f}% of the machine), stolen "
           f"{steal1 - steal0:.1f} s")
-    print_tables(res, shown, inflight)
-    tgts = targets(res)
-    ups = speedups(res)
-    print_report(res, tgts, ups)
+    print_tables(res, shown, inflight, args.cases)
+    tgts = targets(res, args.systems, args.cases)
+    ups = speedups(res, args.cases)
+    print_report(res, tgts, ups, args.cases)
+    print_breakdown(info.get("breakdown", {}), args.cases)
     for name, why in res.skipped.items():
         print(f"\nSKIPPED {name}: {why}")
     for f in res.failures:
         print(f"FAILURE {f['system']} {f['case']} {f['what']}: {f['error']}")
 
     if not args.no_json and (args.json or not args.quick):
+        stem = "python-ops" if "pyop" in args.systems else "python"
         path = args.json or os.path.join(REPO, "bench", "results",
-                                         f"python-{date.strftime('%Y-%m-%d')}.json")
+                                         f"{stem}-{date.strftime('%Y-%m-%d')}.json")
         doc = {
             "benchmark": "bench_python",
             "date": date.strftime("%Y-%m-%d"),
@@ -770,7 +991,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "multiprocessing_start_method": multiprocessing.get_start_method()},
             "source_commit": source_commit(),
             "gpuqd": args.gpuqd,
-            "daemon_config": DAEMON_CONFIG,
+            "daemon_config": daemon_config(args.systems),
             "workers": WORKERS,
             "load_average_start": load_start,
             "load_average_end": load_end,
@@ -778,14 +999,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "other_processes_share": other / (wall * ncpu),
                              "steal_s": steal1 - steal0},
             "parameters": {"quick": args.quick, "rounds": args.rounds, "inflight": inflight,
-                           "counts": args.counts, "systems": args.systems,
+                           "counts": args.counts, "systems": args.systems, "cases": args.cases,
+                           "breakdown": args.breakdown,
                            "array_dtype": "float32",
-                           "array_bytes": {c: n for c, n in CASES.items() if n}},
+                           "array_bytes": {c: n for c, n in CASES.items()
+                                           if n and c in args.cases}},
             "results": {case: {s: {"latency": res.latency(case, s),
                                    "throughput": res.throughput(case, s)}
                                for s in shown
                                if res.latency(case, s) or res.throughput(case, s)}
-                        for case in CASES},
+                        for case in args.cases},
             "speedups": ups,
             "targets": tgts,
             "all_targets_met": all(t["pass"] for t in tgts if t["headline"]),

@@ -56,8 +56,8 @@ Result<std::vector<std::pair<std::string, std::string>>> list_python_ops(const P
                                                                          uint32_t pool_id,
                                                                          std::string* traceback) {
   const PythonPoolConfig& py = *pool.python;
-  std::vector<std::string> argv = {py.interpreter, "-m",        "gpuq._worker",
-                                   "--list-ops",   "--pool-id", std::to_string(pool_id)};
+  std::vector<std::string> argv = python_worker_command(py);
+  argv.insert(argv.end(), {"--list-ops", "--pool-id", std::to_string(pool_id)});
   for (const auto& m : py.modules) argv.insert(argv.end(), {"--module", m});
   for (const auto& p : py.path) argv.insert(argv.end(), {"--path", p});
   std::vector<std::string> env = python_environment(py);
@@ -97,6 +97,12 @@ Result<void> learn_plugin_ops(const Config& config, const std::string& worker_pa
     if (auto r = add_plugin_ops(std::move(*ops)); !r) return r;
   }
   return {};
+}
+
+std::vector<std::string> python_worker_command(const PythonPoolConfig& py) {
+  return {py.interpreter, "-c",
+          "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+          "from gpuq._worker import main; sys.exit(main())"};
 }
 
 std::vector<std::string> python_environment(const PythonPoolConfig& py) {

@@ -58,6 +58,11 @@ Result<void> learn_plugin_ops(const Config& config, const std::string& worker_pa
 // pool's interpreter to an absolute path (PATH). Call after plan_pools, single-threaded.
 void learn_python_ops(Config& config, PoolPlan& plan);
 
+// The command that starts a Python pool's process (its listing child, its workers): the
+// interpreter running gpuq._worker's main, with the current directory left off sys.path
+// (`python -m` would put it first, and gpuqd's working directory is no place to import from).
+std::vector<std::string> python_worker_command(const PythonPoolConfig& py);
+
 // The environment of a Python pool's processes (the listing child and its workers): this
 // process's, less the CUDA variables, plus the pool's `python.env` and PYTHONUNBUFFERED=1.
 std::vector<std::string> python_environment(const PythonPoolConfig& py);

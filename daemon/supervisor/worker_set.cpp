@@ -93,7 +93,7 @@ LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
   LaunchSpec spec;
   if (pool.python) {
     // A Python worker: the pool's interpreter running gpuq's worker runtime (docs/python.md).
-    spec.argv = {pool.python->interpreter, "-m", "gpuq._worker"};
+    spec.argv = python_worker_command(*pool.python);
   } else {
     spec.argv = {gpu_worker ? options_.gpu_worker_path : options_.worker_path};
   }

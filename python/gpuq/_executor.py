@@ -68,9 +68,13 @@ class Executor(concurrent.futures.Executor):
 
     @property
     def client(self) -> Any:
+        """The :class:`gpuq.Client` the tasks go through."""
         return self._client
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        """Runs ``fn(*args, **kwargs)`` in a worker of the pool; its :class:`gpuq.Future`.
+        Waits while ``max_pending`` tasks are unfinished, or while this client's share of the
+        pool's queue is full."""
         if self._shutdown:
             raise RuntimeError("cannot schedule new futures after shutdown")
         if not callable(fn):
@@ -102,6 +106,9 @@ class Executor(concurrent.futures.Executor):
             self._slots.release()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No new tasks from now on. ``cancel_futures``: cancel the unfinished ones (a running
+        one is stopped, as :meth:`gpuq.Future.cancel` does). ``wait``: return once every task
+        has ended, then close the client the executor made."""
         self._shutdown = True
         with self._lock:
             pending = list(self._pending)
@@ -154,10 +161,12 @@ def _joblib_backend() -> Any:
         def effective_n_jobs(self, n_jobs: int) -> int:
             if n_jobs == 0:
                 raise ValueError("n_jobs == 0 in Parallel has no meaning")
-            workers = self._workers()
+            # Never 1: joblib runs the calls itself, in the caller, when its backend says 1 (a
+            # one-worker pool, n_jobs=1, an unavailable pool's 0), which is what the "gpuq"
+            # backend is there to avoid (the caller would make its own CUDA context).
             if n_jobs is None or n_jobs < 0:
-                return workers
-            return n_jobs
+                return max(2, self._workers())
+            return max(2, n_jobs)
 
         def configure(self, n_jobs: int = 1, parallel: Any = None, **kwargs: Any) -> int:
             self.parallel = parallel

@@ -14,6 +14,7 @@ unless the pool allows callables, and a worker's answer to a named op is arrays 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -103,6 +104,7 @@ class WorkerContext:
         self.gpu = False
 
     def cancelled(self) -> bool:
+        """:func:`gpuq.cancelled`."""
         return cancelled()
 
     def __repr__(self) -> str:
@@ -177,7 +179,7 @@ def decode_call(buf: memoryview, params: Dict[str, Any]) -> Tuple[list, dict]:
         if "nd" in a:
             spec, shape, off = a["nd"]
             dt = dtype_from(spec)
-            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            count = math.prod(shape)
             size = count * dt.itemsize
             if off < 0 or off + size > len(buf):
                 raise ValueError(f"an array [{off}, +{size}) lies outside the job's input")
@@ -229,15 +231,23 @@ def write_answer(out: memoryview, header: Dict[str, Any], arrays: Sequence[np.nd
     """Writes header and arrays at the start of ``out``; the bytes used. Raises
     ResultTooLarge when they do not fit."""
     specs = []
-    # The header's size depends on the offsets, which depend on its size: place the data
-    # after a generous guess, then check.
-    hdr_guess = len(json.dumps(header)) + 96 * (len(arrays) + 1) + 64
-    off = align(8 + hdr_guess)
+    # The header's size depends on the offsets, which depend on its size: the data starts past
+    # a bound of it (an array's entry is at most 40 bytes + 21 per dimension: its dtype text,
+    # then each number at most 20 digits and a comma).
+    simple = len(header) == 1 and "kind" in header
+    bound = 64 + (0 if simple else len(json.dumps(header))) + \
+        sum(40 + 21 * a.ndim for a in arrays)
+    off = align(8 + bound)
     for a in arrays:
         specs.append([dtype_spec(a.dtype), list(a.shape), off])
         off = align(off + a.nbytes)
-    header = dict(header, arrays=specs)
-    hb = json.dumps(header).encode()
+    if simple and all(isinstance(s[0], str) for s in specs):
+        # The common answer, formatted by hand: json.dumps costs more than the rest of a small
+        # job's answer (dtype texts are like "<f4": nothing to escape).
+        hb = ('{"kind":"%s","arrays":[%s]}' % (header["kind"], ",".join(
+            '["%s",[%s],%d]' % (s[0], ",".join(map(str, s[1])), s[2]) for s in specs))).encode()
+    else:
+        hb = json.dumps(dict(header, arrays=specs)).encode()
     end = specs[-1][2] + arrays[-1].nbytes if arrays else 8 + len(hb)
     if 8 + len(hb) > (specs[0][2] if specs else len(out) + 1) or end > len(out):
         raise ResultTooLarge(max(end, 8 + len(hb)), len(out))
@@ -292,7 +302,7 @@ def read_answer(out: np.ndarray, nbytes: int) -> Dict[str, Any]:
     views = []
     for spec, shape, off in header.get("arrays", []):
         dt = dtype_from(spec)
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = math.prod(shape)
         views.append(out[off:off + count * dt.itemsize].view(dt).reshape(shape))
     header["arrays"] = views
     return header

@@ -1,4 +1,5 @@
-"""A Python pool's worker: ``python -m gpuq._worker ...``, started by gpuqd, never by hand.
+"""A Python pool's worker: ``main()`` with gpuqd's arguments (gpuqd runs the pool's interpreter with
+``-c "...; from gpuq._worker import main; sys.exit(main())"``), never started by hand.
 
 It imports the pool's modules (their ``@gpuq.op`` functions and ``@gpuq.on_start`` hooks),
 checks that their ops are the ones gpuqd numbered when it started, and runs gpuq's own worker
@@ -17,6 +18,7 @@ import importlib
 import json
 import os
 import pickle
+import signal
 import sys
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
@@ -144,6 +146,8 @@ class Runtime:
 
     def run(self, name: str, inp: memoryview, out: memoryview,
             params: Dict[str, Any]) -> Tuple[int, str, int, int]:
+        if self.gpu and len(self.configured) < 2:
+            self._configure_frameworks()  # one the job's code has imported since
         if name == CALL_OP:
             return self._run_callable(inp, out, params)
         entry = self.ops.get(name)
@@ -303,6 +307,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _fail(
             f"the modules define ops {sorted(have - {CALL_OP})}, but gpuqd started with "
             f"{sorted(set(expected) - {CALL_OP})}: did a module change since? restart gpuqd")
+    # As gpuq's C++ workers: a terminal's Ctrl-C (sent to gpuqd's whole process group) ends the
+    # worker, instead of raising KeyboardInterrupt in whatever job runs next.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     from . import _native
     _native.register_python_ops(pool_id, sorted((i, n) for n, i in expected.items()))
     runtime = Runtime(dict(_pyops._ops), allow_callables, gpu)

@@ -1,5 +1,8 @@
 """The Python code blocks of docs/python.md and README.md run as written, each in a process of
-its own, against a daemon with the built-in default config."""
+its own, against a daemon with the built-in default config. Blocks fenced ```py instead of
+```python are sketches that need what that daemon has not (a Python pool and its module, a
+GPU, the reader's own model): they are not run here; python/tests/test_python_ops.py and the
+seed-pattern examples (examples/python/patterns) run the same calls for real."""
 
 from __future__ import annotations
 

@@ -308,3 +308,9 @@ def test_joblib_backend(pc, pydaemon, monkeypatch):
         out = joblib.Parallel(n_jobs=4)(joblib.delayed(pyops_helpers.scale)(np.full(3, i), 2)
                                         for i in range(10))
     assert [o.tolist() for o in out] == [[2 * i] * 3 for i in range(10)]
+    # joblib runs the calls in the caller when its backend reports one job: this one never
+    # does, so n_jobs=1 (and a one-worker pool) still runs them in the pool's worker.
+    with joblib.parallel_backend("gpuq", pool="pycall"):
+        pids = set(joblib.Parallel(n_jobs=1)(joblib.delayed(os.getpid)() for _ in range(4)))
+    worker_pids = {w["pid"] for w in pool_status(pydaemon, "pycall")["workers"]}
+    assert pids <= worker_pids and os.getpid() not in pids

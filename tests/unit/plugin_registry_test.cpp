@@ -212,9 +212,8 @@ TEST_CASE("config: a pool's python section") {
            Bad{R"([])", "pools[0].python: must be an object"},
        }) {
     CAPTURE(b.python);
-    auto r = parse_config(std::string(R"({"pools":[{"name":"p","workers":1,"python":)") +
-                              b.python + "}]}",
-                          cpus);
+    auto r = parse_config(
+        std::string(R"({"pools":[{"name":"p","workers":1,"python":)") + b.python + "}]}", cpus);
     REQUIRE(!r.ok());
     CHECK(r.error().message().find(b.message) != std::string::npos);
   }

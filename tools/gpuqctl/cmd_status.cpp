@@ -126,11 +126,12 @@ void print_status_table(const Json& doc) {
       std::string ops;
       if (auto o = py->find("ops"); o != py->end() && o->is_array()) {
         for (const Json& name : *o) {
-          ops += (ops.empty() ? "" : ", ") + (name.is_string() ? name.get<std::string>() : name.dump());
+          ops += (ops.empty() ? "" : ", ") +
+                 (name.is_string() ? name.get<std::string>() : name.dump());
         }
       }
-      std::cout << "  python " << text_field(*py, "interpreter") << ", ops: "
-                << (ops.empty() ? "none" : ops)
+      std::cout << "  python " << text_field(*py, "interpreter")
+                << ", ops: " << (ops.empty() ? "none" : ops)
                 << (py->value("allow_callables", false) ? "; runs callables" : "") << '\n';
     }
     print_indented("start error", text_field(pool, "start_error", ""));
