@@ -33,7 +33,7 @@ std::string find_executable(const std::string& name) {
   std::istringstream dirs(path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin");
   for (std::string dir; std::getline(dirs, dir, ':');) {
     if (dir.empty()) continue;
-    const std::string full = dir + "/" + name;
+    std::string full = dir + "/" + name;
     if (::access(full.c_str(), X_OK) == 0) return full;
   }
   return "";
