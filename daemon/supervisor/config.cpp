@@ -396,6 +396,10 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       auto ms = read_uint(val, kp, 0, UINT32_MAX);
       if (!ms) return ms.error();
       p.job_time_limit_ms = static_cast<uint32_t>(*ms);
+    } else if (key == "worker_spin_us") {
+      auto us = read_uint(val, kp, 0, 100000);
+      if (!us) return us.error();
+      p.worker_spin_us = static_cast<uint32_t>(*us);
     } else if (key == "python") {
       auto py = read_python(val, kp);
       if (!py) return py.error();
@@ -410,12 +414,13 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
                         key == "memory_limit")) {
       return bad(kp, "is a key of \"kind\": \"gpu\" pools only");
     } else {
-      return bad(kp,
-                 gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
-                       "workers_per_gpu, fallback, memory_limit, job_time_limit_ms, python)"
-                     : "unknown key (known: name, kind, workers, cpus, job_time_limit_ms, "
-                       "python; gpus, workers_per_gpu, fallback and memory_limit with \"kind\": "
-                       "\"gpu\")");
+      return bad(kp, gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
+                           "workers_per_gpu, fallback, memory_limit, job_time_limit_ms, "
+                           "worker_spin_us, python)"
+                         : "unknown key (known: name, kind, workers, cpus, job_time_limit_ms, "
+                           "worker_spin_us, python; gpus, workers_per_gpu, fallback and "
+                           "memory_limit with \"kind\": "
+                           "\"gpu\")");
     }
   }
   if (p.name.empty()) return bad(path + ".name", "is required");

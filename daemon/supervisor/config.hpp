@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -63,7 +64,14 @@ struct PoolConfig {
   uint32_t job_time_limit_ms = 0;
   // A Python pool: its workers run Python ops (and, when allowed, clients' callables).
   std::optional<PythonPoolConfig> python;
+  // This pool's workers' idle spin; unset: the top-level worker_spin_us, and for a Python pool
+  // at least kPythonPoolSpinUs (spin_us_of).
+  std::optional<uint32_t> worker_spin_us;
 };
+
+// A Python pool's least default spin: its clients' own Python takes longer than the usual 50 us
+// between one job and the next, and a worker asleep by then costs each call a wakeup.
+inline constexpr uint32_t kPythonPoolSpinUs = 300;
 
 struct Config {
   uint32_t queue_factor = 10;                      // ring capacity = queue_factor x workers
@@ -102,6 +110,12 @@ Result<Config> parse_config(const std::string& json_text, const std::vector<int>
 
 // Reads `path` and parses it; an empty path gives the built-in defaults.
 Result<Config> load_config(const std::string& path, const std::vector<int>& available_cpus);
+
+// How long pool `p`'s idle workers spin before they sleep (docs/config.md, "Pool keys").
+inline uint32_t spin_us_of(const Config& c, const PoolConfig& p) {
+  if (p.worker_spin_us) return *p.worker_spin_us;
+  return p.python ? std::max(c.worker_spin_us, kPythonPoolSpinUs) : c.worker_spin_us;
+}
 
 // Capacity of pool `p`'s ring under `c`. A pool without workers (a gpu pool that found no GPU)
 // still gets a ring of one cell, so that the segment's layout is the same for every pool; no

@@ -161,6 +161,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
                         {"ops", ops}};
     }
     if (!st.start_error.empty()) pool["start_error"] = st.start_error;
+    pool["worker_spin_us"] = spin_us_of(c, c.pools[p]);
     if (!st.available) {
       pool["status"] = "unavailable";
       pool["reason"] = st.reason;

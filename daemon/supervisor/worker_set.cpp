@@ -101,7 +101,7 @@ LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
       spec.argv.end(),
       {"--queue-segment", options_.segment_name, "--worker-id", std::to_string(w.id), "--pool-id",
        std::to_string(w.pool), "--supervisor-pid", std::to_string(getpid()), "--spin-us",
-       std::to_string(c.worker_spin_us), "--job-clock", stamp_clock_name(options_.job_clock),
+       std::to_string(spin_us_of(c, pool)), "--job-clock", stamp_clock_name(options_.job_clock),
        "--private-fd", std::to_string(kWorkerPrivateFd)});
   if (pool.job_time_limit_ms > 0) {
     spec.argv.insert(spec.argv.end(),

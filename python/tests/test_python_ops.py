@@ -66,6 +66,8 @@ def wait_ready(daemon, name, timeout=30.0):
 def test_ops_are_registered_and_listed(pc, pydaemon):
     assert {"double", "identity", "stats", "python_call"} <= set(pc.ops)
     st = pool_status(pydaemon, "py")
+    assert st["worker_spin_us"] == 300  # a Python pool's default
+    assert pool_status(pydaemon, "cpu")["worker_spin_us"] == 50
     assert st["python"]["modules"] == ["pyops_mod"]
     assert st["python"]["allow_callables"] is False
     assert "double" in st["python"]["ops"] and "python_call" in st["python"]["ops"]

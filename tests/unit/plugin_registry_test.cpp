@@ -188,6 +188,17 @@ TEST_CASE("config: a pool's python section") {
   CHECK(c->pools[1].python->interpreter == "python3");  // the default, looked up in PATH
   CHECK(!c->pools[1].python->allow_callables);          // the default
   CHECK(c->pools[1].fallback_pool == 0);  // a Python gpu pool falls back to a Python cpu pool
+  // Spin: a Python pool's default is at least kPythonPoolSpinUs; a pool's own key wins.
+  CHECK(spin_us_of(*c, c->pools[0]) == kPythonPoolSpinUs);
+  auto spin = parse_config(
+      R"({"worker_spin_us":20,"pools":[{"name":"a"},{"name":"b","worker_spin_us":7},
+          {"name":"c","python":{"modules":["m"]},"worker_spin_us":0}]})",
+      cpus);
+  REQUIRE(spin.ok());
+  CHECK(spin_us_of(*spin, spin->pools[0]) == 20);
+  CHECK(spin_us_of(*spin, spin->pools[1]) == 7);
+  CHECK(spin_us_of(*spin, spin->pools[2]) == 0);
+  CHECK(!parse_config(R"({"pools":[{"name":"a","worker_spin_us":100001}]})", cpus).ok());
 
   struct Bad {
     const char* python;
