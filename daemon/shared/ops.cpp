@@ -188,6 +188,14 @@ Result<uint32_t> add_python_op(const std::string& name, const std::string& summa
   return reg.back().id;
 }
 
+void forget_python_pool(uint32_t pool) {
+  for (const OpInfo& op : registry()) {
+    if (op.python == nullptr) continue;
+    auto& pools = const_cast<PythonOp*>(op.python)->pools;  // start-up: see add_python_op
+    pools.erase(std::remove(pools.begin(), pools.end(), pool), pools.end());
+  }
+}
+
 std::string python_op_list(uint32_t pool) {
   nlohmann::json list = nlohmann::json::array();
   for (const OpInfo& op : op_registry()) {

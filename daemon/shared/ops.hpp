@@ -108,6 +108,9 @@ bool valid_op_name(std::string_view name);
 // its list with WorkerReady, and the supervisor refuses a worker whose list differs from its
 // own (a plug-in file changed on disk since gpuqd started would renumber the ops).
 std::string plugin_op_list();
+// Takes `pool` off every Python op's list (its listing failed part way): no op is the pool's.
+void forget_python_pool(uint32_t pool);
+
 // The Python ops of `pool`, as plugin_op_list: what a Python worker sends with WorkerReady.
 std::string python_op_list(uint32_t pool);
 

@@ -152,7 +152,9 @@ void learn_python_ops(Config& c, PoolPlan& plan) {
       first_worker += workers;
       continue;
     }
-    // Unavailable, not fatal: the other pools serve.
+    // Unavailable, not fatal: the other pools serve. No op is this pool's, not even those
+    // registered before the one that failed.
+    forget_python_pool(p);
     PoolState& st = plan.pools[p];
     st.available = false;
     st.reason = "python: " + ops.error().message();

@@ -51,7 +51,7 @@ Result<PoolPlan> plan_pools(Config& config, const std::string& gpu_worker_path, 
 // the workers). Errors: the plug-in that could not be listed, or a clash of op names.
 Result<void> learn_plugin_ops(const Config& config, const std::string& worker_path);
 
-// The Python pools' ops, from a child per pool (`<interpreter> -m gpuq._worker --list-ops`,
+// The Python pools' ops, from a child per pool (the interpreter running gpuq._worker --list-ops,
 // with the GPU hidden): registers them (add_python_op, after the plug-in ops). A pool whose
 // interpreter is not found or whose listing fails (an import error, a bad op) is unavailable,
 // with the traceback in `plan` (PoolState::start_error); the other pools serve. Resolves each

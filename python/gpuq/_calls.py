@@ -74,7 +74,7 @@ def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarr
             keep.append(a)
     # The header's size depends on the offsets: leave room for the largest.
     sized = json.dumps(header).encode()
-    hdr_room = _pyops.align(len(sized) + 64 * (len(arrays) + 1))
+    hdr_room = _pyops.align(len(sized) + 64 + sum(_pyops.spec_bound(a) for a in arrays))
     block_bytes = hdr_room + sum(_pyops.align(arrays[i].nbytes) for i in copies)
     # The native allocation itself (a uint8 array): client.empty's checks cost more than it.
     block = conn.native.allocate(block_bytes + output_bytes)
@@ -106,7 +106,13 @@ def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarr
         header = {"pickle": [where[header["pickle"]] - start, arrays[header["pickle"]].nbytes],
                   "buffers": [[where[i] - start, arrays[i].nbytes] for i in header["buffers"]]}
     hb = json.dumps(header).encode()
-    assert len(hb) <= hdr_room
+    if len(hb) > hdr_room:  # spec_bound is wrong: a bug here, never the caller's
+        raise _errors.Internal(f"a Python op's header ({len(hb)} bytes) outgrew its room "
+                               f"({hdr_room})")
+    if len(hb) > _pyops.MAX_HEADER_BYTES:
+        raise _errors.InvalidArgument(
+            f"the call's JSON arguments take {len(hb)} bytes, more than "
+            f"{_pyops.MAX_HEADER_BYTES}: pass large data as numpy arrays")
     block[:len(hb)] = np.frombuffer(hb, dtype=np.uint8)
     return start, end - start, block_off - start, len(hb), out, block_off + block_bytes
 
@@ -134,7 +140,7 @@ def submit_python(client: Any, op: str, header: Dict[str, Any], arrays: List[np.
     convert = (lambda info, out=out: _callable_result(out, info)) if callable_job else \
         (lambda info, out=out: _pyops.result_value(_pyops.read_answer(out, info.output_size)))
     f = Future(job, keep, convert, conn.watcher)
-    f._on_error = lambda info, exc, out=out: _remote_error(out, info, exc)
+    f._on_error = lambda info, exc, out=out: _remote_error(out, info, exc, callable_job)
     return f
 
 
@@ -144,9 +150,11 @@ def _callable_result(out: np.ndarray, info: JobInfo) -> Any:
     return pickle.loads(arrays[0], buffers=arrays[1:])
 
 
-def _remote_error(out: np.ndarray, info: JobInfo, exc: BaseException) -> BaseException:
+def _remote_error(out: np.ndarray, info: JobInfo, exc: BaseException,
+                  callable_job: bool) -> BaseException:
     """The exception a failed Python op raises: with its remote type and traceback; for a
-    callable, the worker's exception itself when it could be pickled."""
+    callable, the worker's exception itself when it could be pickled (a named op's answer is
+    never unpickled: its worker may serve clients this one does not trust)."""
     if info.output_size < 8:
         return exc
     try:
@@ -155,7 +163,7 @@ def _remote_error(out: np.ndarray, info: JobInfo, exc: BaseException) -> BaseExc
         return exc
     rec = h.get("error") or {}
     tb = rec.get("traceback") or ""
-    if h.get("kind") == "exception" and h["arrays"]:
+    if callable_job and h.get("kind") == "exception" and h["arrays"]:
         try:
             original = pickle.loads(h["arrays"][0].tobytes())
             if isinstance(original, BaseException):
@@ -178,9 +186,12 @@ def python_pools(client: Any, refresh: bool = False) -> List[Dict[str, Any]]:
     cached = getattr(client, "_py_pools", None)
     if cached is not None and not refresh and time.monotonic() - cached[0] < 5.0:
         return cached[1]
+    # Available ones first: an unavailable pool (no GPU, an import error) is only a last resort
+    # (its jobs fail at once, naming why).
+    listed = [p for p in client.status().get("pools", []) if "python" in p]
+    listed.sort(key=lambda p: p.get("status") == "unavailable")
     pools = [{"name": p["name"], "ops": p["python"].get("ops", []),
-              "allow_callables": bool(p["python"].get("allow_callables"))}
-             for p in client.status().get("pools", []) if "python" in p]
+              "allow_callables": bool(p["python"].get("allow_callables"))} for p in listed]
     client._py_pools = (time.monotonic(), pools)
     return pools
 

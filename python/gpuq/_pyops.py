@@ -139,9 +139,49 @@ def dtype_spec(dt: np.dtype) -> Any:
 
 
 def dtype_from(spec: Any) -> np.dtype:
-    if isinstance(spec, str):
-        return np.dtype(spec)
-    return np.dtype([tuple(f) for f in spec])
+    """A dtype from dtype_spec's form: a string, or a structured dtype's descr as JSON lists
+    (nested ones included)."""
+    def fields(descr: Any) -> Any:
+        if isinstance(descr, str):
+            return descr
+        if not isinstance(descr, list):
+            raise ValueError(f"not a dtype: {descr!r}")
+        return [(f[0], fields(f[1])) if len(f) < 3 else (f[0], fields(f[1]), tuple(f[2]))
+                for f in descr]
+
+    return np.dtype(fields(spec))
+
+
+def spec_bound(a: np.ndarray) -> int:
+    """At most how long an array's header entry [dtype, shape, offset] is as JSON: its dtype's
+    text, then each number at most 20 digits and a comma."""
+    spec = dtype_spec(a.dtype)
+    text = len(spec) if isinstance(spec, str) else len(json.dumps(spec))
+    return text + 32 + 21 * a.ndim
+
+
+MAX_HEADER_BYTES = 4 << 20  # a job's header (its JSON arguments): larger data goes in arrays
+MAX_DIMS = 64
+
+
+def array_entry(e: Any, size: int, what: str) -> Tuple[np.dtype, List[int], int, int]:
+    """(dtype, shape, offset, count) of a header's array entry, checked against a buffer of
+    ``size`` bytes before anything is computed from it."""
+    if not isinstance(e, list) or len(e) != 3:
+        raise ValueError(f"{what}: an array entry must be [dtype, shape, offset]")
+    spec, shape, off = e
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
+            type(d) is int and 0 <= d <= size for d in shape):
+        raise ValueError(f"{what}: the shape must be a list of at most {MAX_DIMS} dimensions, "
+                         f"each from 0 to the buffer's {size} bytes")
+    if type(off) is not int or not 0 <= off <= size:
+        raise ValueError(f"{what}: the offset must be an int within the buffer's {size} bytes")
+    dt = dtype_from(spec)
+    count = math.prod(shape)  # each dimension at most `size`, and at most 64 of them
+    if off + count * dt.itemsize > size:
+        raise ValueError(f"{what}: the array [{off}, +{count * dt.itemsize}) lies outside the "
+                         f"{size}-byte buffer")
+    return dt, shape, off, count
 
 
 def align(n: int) -> int:
@@ -173,21 +213,24 @@ def decode_call(buf: memoryview, params: Dict[str, Any]) -> Tuple[list, dict]:
                          "gpuq.Client.call)") from None
     if h < 0 or n < 0 or h + n > len(buf):
         raise ValueError(f"the header [{h}, +{n}) lies outside the job's {len(buf)}-byte input")
+    if n > MAX_HEADER_BYTES:
+        raise ValueError(f"the header is {n} bytes, more than {MAX_HEADER_BYTES}: pass large "
+                         "data as numpy arrays")
     header = json.loads(bytes(buf[h:h + n]))
+    if not isinstance(header, dict) or not isinstance(header.get("args", []), list) or \
+            not isinstance(header.get("kwargs", {}), dict):
+        raise ValueError("the header must be {\"args\": [...], \"kwargs\": {...}}")
 
-    def value(a: Any) -> Any:
+    def value(a: Any, what: str) -> Any:
+        if not isinstance(a, dict) or ("nd" not in a and "js" not in a):
+            raise ValueError(f"{what}: must be {{\"nd\": ...}} or {{\"js\": ...}}")
         if "nd" in a:
-            spec, shape, off = a["nd"]
-            dt = dtype_from(spec)
-            count = math.prod(shape)
-            size = count * dt.itemsize
-            if off < 0 or off + size > len(buf):
-                raise ValueError(f"an array [{off}, +{size}) lies outside the job's input")
+            dt, shape, off, count = array_entry(a["nd"], len(buf), what)
             return np.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
         return a["js"]
 
-    args = [value(a) for a in header.get("args", [])]
-    kwargs = {k: value(a) for k, a in header.get("kwargs", {}).items()}
+    args = [value(a, f"argument {i}") for i, a in enumerate(header.get("args", []))]
+    kwargs = {str(k): value(a, f"keyword {k}") for k, a in header.get("kwargs", {}).items()}
     return args, kwargs
 
 
@@ -235,8 +278,7 @@ def write_answer(out: memoryview, header: Dict[str, Any], arrays: Sequence[np.nd
     # a bound of it (an array's entry is at most 40 bytes + 21 per dimension: its dtype text,
     # then each number at most 20 digits and a comma).
     simple = len(header) == 1 and "kind" in header
-    bound = 64 + (0 if simple else len(json.dumps(header))) + \
-        sum(40 + 21 * a.ndim for a in arrays)
+    bound = 64 + (0 if simple else len(json.dumps(header))) + sum(spec_bound(a) for a in arrays)
     off = align(8 + bound)
     for a in arrays:
         specs.append([dtype_spec(a.dtype), list(a.shape), off])
@@ -300,9 +342,8 @@ def read_answer(out: np.ndarray, nbytes: int) -> Dict[str, Any]:
     (n,) = struct.unpack("<I", bytes(out[4:8]))
     header = json.loads(bytes(out[8:8 + n]))
     views = []
-    for spec, shape, off in header.get("arrays", []):
-        dt = dtype_from(spec)
-        count = math.prod(shape)
+    for i, e in enumerate(header.get("arrays", [])):
+        dt, shape, off, count = array_entry(e, nbytes, f"the answer's array {i}")
         views.append(out[off:off + count * dt.itemsize].view(dt).reshape(shape))
     header["arrays"] = views
     return header

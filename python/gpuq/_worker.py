@@ -294,12 +294,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not list_ops and ops_json is None:
         print(_USAGE, file=sys.stderr)
         return 2
+    # The list goes to the real stdout, alone: what the modules print while they import goes
+    # to stderr (gpuqd's log) instead of in front of it.
+    listing = None
+    if list_ops:
+        sys.stdout.flush()
+        listing = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
     # A traceback of a failing import or on_start is the start-up failure gpuqd reports.
     _import_modules(paths, modules)
-    if list_ops:
-        json.dump([{"name": n, "summary": s} for n, (_, s) in _pyops._ops.items()], sys.stdout)
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+    if listing is not None:
+        json.dump([{"name": n, "summary": s} for n, (_, s) in _pyops._ops.items()], listing)
+        listing.write("\n")
+        listing.close()
         return 0
     expected = {name: op_id for op_id, name in json.loads(ops_json or "[]")}
     have = set(_pyops._ops) | {CALL_OP}

@@ -1,4 +1,4 @@
-// gpuq._native's worker half: a Python worker (`python -m gpuq._worker`, started by gpuqd for a
+// gpuq._native's worker half: a Python worker (gpuq._worker's main(), started by gpuqd for a
 // Python pool) runs gpuq's own worker runtime (daemon/worker: the job loop, descriptor
 // validation, cancellation, the ring, the fault handling) with an OpBackend that calls back
 // into Python for the pool's ops. The loop runs with the GIL released; each Python op takes it
@@ -109,8 +109,9 @@ class PythonBackend final : public OpBackend {
       auto [code, message, bytes, value] =
           nb::cast<std::tuple<int, std::string, uint64_t, uint64_t>>(
               handler_.attr("run")(op.name, in, out, params));
-      // The views go now: what an op kept of them reads released memory no more (a view
-      // that numpy arrays still hold stays, and is the op's mistake; docs/python.md).
+      // The views go now. That guards nothing: numpy arrays made over them keep the bare
+      // pointer, and an op that keeps one past its call may read the next job's bytes, or
+      // crash this worker once the client's segment is unmapped (docs/python.md).
       (void)PyObject_CallMethod(in.ptr(), "release", nullptr);
       if (PyErr_Occurred() != nullptr) PyErr_Clear();
       (void)PyObject_CallMethod(out.ptr(), "release", nullptr);

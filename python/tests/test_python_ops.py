@@ -316,3 +316,63 @@ def test_joblib_backend(pc, pydaemon, monkeypatch):
         pids = set(joblib.Parallel(n_jobs=1)(joblib.delayed(os.getpid)() for _ in range(4)))
     worker_pids = {w["pid"] for w in pool_status(pydaemon, "pycall")["workers"]}
     assert pids <= worker_pids and os.getpid() not in pids
+
+
+# ---- hostile and unusual input --------------------------------------------------------------------
+
+
+def _raw_job(pc, header_bytes, pool="py", op="identity"):
+    """A Python-op job with a header written by hand (what a hostile client could send)."""
+    conn = pc._c()
+    block = pc.empty(len(header_bytes) + 4096, np.uint8)
+    block[:len(header_bytes)] = np.frombuffer(header_bytes, np.uint8)
+    off = pc._offset(conn, block)
+    job = conn.native.submit(op, off, len(header_bytes), off + len(header_bytes), 4096, pool,
+                             [("py.h", 0), ("py.n", len(header_bytes))], -1, False, 0, -1, False)
+    return gpuq.Future(job, [block], None, conn.watcher)
+
+
+@pytest.mark.parametrize("entry", [
+    ["<f8", [10 ** 4000] * 3, 0],          # dimensions far past the buffer: refused at once
+    ["<f8", [1] * 65, 0],                  # too many dimensions
+    ["<f8", [4], -8],                      # an offset before the buffer
+    ["<f8", [4], 1 << 40],                 # past it
+    ["|O", [1], 0],                        # Python objects
+    ["<f8", "4", 0],                       # a shape that is not a list
+    "nd",                                  # not an entry
+])
+def test_crafted_headers_fail_only_their_job(pc, entry):
+    import json
+    hb = json.dumps({"args": [{"nd": entry}], "kwargs": {}}).encode()
+    t0 = time.monotonic()
+    with pytest.raises(gpuq.InvalidArgument, match="identity: "):
+        _raw_job(pc, hb).result(timeout=30)
+    assert time.monotonic() - t0 < 5
+    np.testing.assert_array_equal(pc.call("identity", np.arange(3)), np.arange(3))
+
+
+def test_malformed_header_json(pc):
+    for hb in [b"{not json", b"[1, 2]", b'{"args": 5}', b'{"args": [{"xx": 1}]}',
+               b"[" * 100000]:
+        with pytest.raises(gpuq.InvalidArgument):
+            _raw_job(pc, hb).result(timeout=30)
+    np.testing.assert_array_equal(pc.call("identity", np.arange(3)), np.arange(3))
+
+
+def test_structured_dtypes_both_ways(pc):
+    many = np.zeros(4, dtype=[(f"field_{i}", "<f8") for i in range(12)])
+    many["field_3"] = [1, 2, 3, 4]
+    back = pc.call("identity", many)
+    assert back.dtype == many.dtype
+    np.testing.assert_array_equal(back["field_3"], [1, 2, 3, 4])
+    nested = np.zeros(2, dtype=[("a", [("x", "<i4"), ("y", "<f4", (2,))]), ("b", "u1")])
+    nested["a"]["y"] = [[1, 2], [3, 4]]
+    back = pc.call("identity", nested)
+    assert back.dtype == nested.dtype
+    np.testing.assert_array_equal(back["a"]["y"], [[1, 2], [3, 4]])
+
+
+def test_a_module_that_prints_at_import_still_lists_its_ops(pydaemon):
+    # pyops_mod prints at import; its pool is available and has its ops.
+    assert pool_status(pydaemon, "py")["status"] == "ready"
+    assert "pyops_mod: imported" in pydaemon.log()

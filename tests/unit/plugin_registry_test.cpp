@@ -167,6 +167,10 @@ TEST_CASE("python ops: ids after every other op, one per name, listed per pool")
   CHECK(!add_python_op("low_id", "", 0, kFirstPluginOpId).ok());
   // A worker's own registration, with the supervisor's id: as given.
   CHECK(add_python_op("given", "", 5, last + 10).value() == last + 10);
+  // A pool whose listing failed part way has no op left.
+  forget_python_pool(3);
+  CHECK(python_op_list(3) == "[]");
+  CHECK(python_op_list(0) == "[[" + c + ",\"python_call\"],[" + k + ",\"classify\"]]");
 }
 
 TEST_CASE("config: a pool's python section") {
