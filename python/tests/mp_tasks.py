@@ -18,6 +18,12 @@ def echo_task(i: int) -> tuple:
     return os.getpid(), int(out.sum())
 
 
+def wait_for_all(barrier) -> None:
+    """A pool's initializer: every child has started (and imported gpuq) before any takes a
+    task, so that one quick child cannot run them all while the others still start."""
+    barrier.wait(120)
+
+
 def checksum_of(a: np.ndarray) -> int:
     return gpuq.submit("checksum", a).result(30)
 

@@ -25,8 +25,8 @@ def test_multiprocessing_pool(default_env, method):
     # connection of its own, leaving the parent's jobs alone.
     parent_job = gpuq.submit("sleep", us=300_000)
     ctx = mp.get_context(method)
-    with ctx.Pool(3) as pool:
-        results = pool.map(mp_tasks.echo_task, range(12))
+    with ctx.Pool(3, initializer=mp_tasks.wait_for_all, initargs=(ctx.Barrier(3),)) as pool:
+        results = pool.map(mp_tasks.echo_task, range(12), chunksize=1)
     assert [s for _, s in results] == [1000 * i for i in range(12)]
     assert len({pid for pid, _ in results}) >= 2
     assert parent_job.result(30) == 300_000
