@@ -248,8 +248,6 @@ class Runtime:
         except BaseException as e:  # noqa: BLE001 - an unpicklable result
             return self._failed(CALL_OP, e, out, pickled=True)
 
-    def must_exit(self) -> bool:
-        return self.poisoned
 
 
 def _fail(message: str) -> int:

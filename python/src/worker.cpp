@@ -45,7 +45,7 @@ std::string describe_python_error(nb::python_error& e) {
 class PythonBackend final : public OpBackend {
  public:
   // `handler`: gpuq._worker's Runtime (start, describe, run, client_mapped, client_unmapping,
-  // must_exit).
+  // and its `poisoned` flag).
   void set(nb::object handler) { handler_ = std::move(handler); }
   void set_options(const daemon::WorkerOptions& o) { options_ = o; }
 
@@ -116,6 +116,8 @@ class PythonBackend final : public OpBackend {
       if (PyErr_Occurred() != nullptr) PyErr_Clear();
       (void)PyObject_CallMethod(out.ptr(), "release", nullptr);
       if (PyErr_Occurred() != nullptr) PyErr_Clear();
+      // Read now, with the GIL held: the loop asks must_exit() after every job.
+      must_exit_ = nb::cast<bool>(handler_.attr("poisoned"));
       if (bytes > ctx.output_capacity) bytes = ctx.output_capacity;
       if (code == 0) return OpOutput{bytes, value};
       ctx.failure_output_bytes = bytes;
@@ -131,15 +133,9 @@ class PythonBackend final : public OpBackend {
     }
   }
 
-  bool must_exit() const override {
-    nb::gil_scoped_acquire gil;
-    try {
-      return nb::cast<bool>(handler_.attr("must_exit")());
-    } catch (nb::python_error& e) {
-      describe_python_error(e);
-      return true;
-    }
-  }
+  // Whether the last Python op left the CUDA context poisoned (Runtime.poisoned, read by run()):
+  // no GIL and no Python call per job.
+  bool must_exit() const override { return must_exit_; }
 
  private:
   template <typename... A>
@@ -154,6 +150,7 @@ class PythonBackend final : public OpBackend {
 
   nb::object handler_;
   daemon::WorkerOptions options_;
+  bool must_exit_ = false;
 };
 
 PythonBackend& backend() {
