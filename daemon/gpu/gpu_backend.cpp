@@ -326,6 +326,8 @@ class GpuBackend final : public OpBackend {
   }
 
   bool must_exit() const override { return poisoned_; }
+  uint64_t device_memory_budget() const override { return limit_; }
+  uint64_t device_memory_used() const override { return used_; }
 
   Result<DeviceMemory> allocate(uint64_t bytes, const char* what) {
     if (bytes == 0) return DeviceMemory();

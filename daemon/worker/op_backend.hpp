@@ -42,6 +42,11 @@ class OpBackend {
   // another (a sticky CUDA error poisons the context); the worker then exits with status 3 and
   // the supervisor starts a fresh one.
   virtual bool must_exit() const { return false; }
+
+  // A GPU worker's device memory: its budget (0: none, not a GPU worker), read once after
+  // start(), and what its jobs hold now, read after each job (for metrics: docs/metrics.md).
+  virtual uint64_t device_memory_budget() const { return 0; }
+  virtual uint64_t device_memory_used() const { return 0; }
 };
 
 // The CPU worker's backend: the built-in ops (OpInfo::run) and, where the build has them, the

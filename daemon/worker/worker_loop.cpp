@@ -18,6 +18,7 @@
 
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/fault_point.hpp"
+#include "gpuq/common/job_metrics.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/messages.hpp"
 #include "gpuq/common/posix_call.hpp"
@@ -86,6 +87,10 @@ class Worker {
     private_page_ = std::move(*page);
     priv_ = static_cast<WorkerPrivate*>(private_page_.address());
     job_seq_ = priv_->job_seq.load(std::memory_order_relaxed) & ~uint64_t{1};
+    metrics_ = reinterpret_cast<WorkerMetrics*>(static_cast<char*>(private_page_.address()) +
+                                                kWorkerMetricsOffset);
+    metrics_on_ = metrics_->enabled != 0;
+    std::memcpy(bound_ticks_, metrics_->bound_ticks, sizeof bound_ticks_);
     clients_.resize(l.max_clients);
     pool_ = &queue_.pool(options_.pool_id);
     self_ = &queue_.worker(options_.worker_id);
@@ -99,6 +104,9 @@ class Worker {
       GPUQ_LOG_ERROR("cannot start: %s", started.error().to_string().c_str());
       return 1;
     }
+    memory_budget_ = backend_.device_memory_budget();
+    metrics_->device_memory_budget.store(memory_budget_, std::memory_order_relaxed);
+    metrics_->device_memory_used.store(backend_.device_memory_used(), std::memory_order_relaxed);
     self_->pid.store(getpid(), std::memory_order_relaxed);
     self_->state.store(static_cast<uint32_t>(WorkerState::kReady), std::memory_order_release);
     WorkerReadyMessage ready;
@@ -316,14 +324,17 @@ class Worker {
     std::memcpy(&d, &slot.desc, offsetof(JobDescriptor, params));
     std::memcpy(d.params, slot.desc.params, std::min<uint32_t>(d.params_bytes, kMaxParamBytes));
     JobState final_state = JobState::kDone;
+    MetricOutcome outcome = MetricOutcome::kOk;
 
     // Deadlines are CLOCK_MONOTONIC (stamps may not be): the clock is read only for a job that
     // has one.
     if (d.deadline_ns != kNoDeadline && monotonic_ns() > d.deadline_ns) {
       final_state = JobState::kExpired;
+      outcome = MetricOutcome::kExpired;
       set_outcome(out, Error(ErrorCode::kExpired, "deadline passed while the job was queued"));
     } else if (auto v = validate_descriptor(d, mc.view.arena_bytes(), options_.pool_id); !v) {
       final_state = JobState::kFailed;
+      outcome = MetricOutcome::kFailed;
       set_outcome(out, v.error());
     } else {
       char* arena = mc.view.arena();
@@ -342,15 +353,18 @@ class Worker {
         out.value = r->value;
       } else if (r.error().code() != ErrorCode::kCancelled) {
         final_state = JobState::kFailed;
+        outcome = MetricOutcome::kFailed;
         set_outcome(out, r.error());
         out.output_bytes = std::min(ctx.failure_output_bytes, ctx.output_capacity);
       } else if (const uint32_t why = slot.cancel_requested.load(std::memory_order_relaxed);
                  (why & kCancelByClient) == 0 && (why & kCancelByTimeLimit) != 0) {
         // The op stopped because the supervisor asked it to at the job's time limit.
         final_state = JobState::kFailed;
+        outcome = MetricOutcome::kTimedOut;
         set_outcome(out, time_limit_error(*v->op, slot.time_limit_ms));
       } else {
         final_state = JobState::kCancelled;
+        outcome = MetricOutcome::kCancelled;
         set_outcome(out, r.error());
       }
     }
@@ -378,6 +392,51 @@ class Worker {
     } else {
       self_->jobs_failed.fetch_add(1, std::memory_order_relaxed);
     }
+    if (metrics_on_) record_metrics(d, out, outcome);
+    if (memory_budget_ != 0) {
+      metrics_->device_memory_used.store(backend_.device_memory_used(), std::memory_order_relaxed);
+    }
+  }
+
+  // Counts the job on this worker's metrics page (job_metrics.hpp): plain loads and stores on
+  // lines only this worker writes. From the job's own stamps: no clock read here. The submit
+  // stamp is the client's: one in the future counts as no wait.
+  void record_metrics(const JobDescriptor& d, const JobOutcome& out, MetricOutcome outcome) {
+    OpMetrics& m = metrics_->ops[metrics_slot(d.op_id)];
+    bump(m.outcomes[static_cast<uint32_t>(outcome)]);
+    const uint64_t wait =
+        out.started_stamp > d.submit_stamp ? out.started_stamp - d.submit_stamp : 0;
+    observe(m.queue_wait, bound_ticks_, wait);
+    if (outcome != MetricOutcome::kExpired) {
+      observe(m.run, bound_ticks_, out.finished_stamp - out.started_stamp);
+    }
+  }
+
+  // The metrics slot of op `op_id`: remembered after the first job of each op. Ids of no op
+  // here (a forged descriptor) and ops past the last free slot share the `other` slot.
+  uint32_t metrics_slot(uint32_t op_id) {
+    if (op_id < slot_of_.size() && slot_of_[op_id] != kNoSlot) return slot_of_[op_id];
+    const bool known = op_id < kMaxMappedOpIds && find_op(op_id) != nullptr;
+    const uint32_t slot = find_or_add_slot(known ? op_id : kMetricOtherOp);
+    if (op_id < kMaxMappedOpIds) {
+      if (op_id >= slot_of_.size()) slot_of_.resize(op_id + 1, kNoSlot);
+      slot_of_[op_id] = static_cast<uint16_t>(slot);
+    }
+    return slot;
+  }
+
+  // The slot holding `key` (an op id, or kMetricOtherOp), added if there is none: the page
+  // outlives this process, so a restarted worker finds its predecessor's slots. The last slot
+  // is kept for `other`, so there always is one.
+  uint32_t find_or_add_slot(uint32_t key) {
+    const uint32_t n = std::min(metrics_->op_count.load(std::memory_order_relaxed), kMaxMetricOps);
+    for (uint32_t i = 0; i < n; ++i) {
+      if (metrics_->ops[i].op_id == key) return i;
+    }
+    if (key != kMetricOtherOp && n >= kMaxMetricOps - 1) return find_or_add_slot(kMetricOtherOp);
+    metrics_->ops[n].op_id = key;
+    metrics_->op_count.store(n + 1, std::memory_order_release);  // the supervisor reads it
+    return n;
   }
 
   // Starts fetching the lines a job's handling touches, both last written by its client (the
@@ -457,6 +516,14 @@ class Worker {
   // When the previous job finished, while this worker has gone straight on to the next one
   // (no idle wait, control message or map wait since); 0 otherwise.
   uint64_t went_on_ = 0;
+  // Job metrics (job_metrics.hpp), on the private memfd after WorkerPrivate.
+  static constexpr uint16_t kNoSlot = UINT16_MAX;
+  static constexpr uint32_t kMaxMappedOpIds = 1u << 16;
+  WorkerMetrics* metrics_ = nullptr;
+  bool metrics_on_ = false;
+  uint64_t bound_ticks_[kMetricBounds] = {};
+  std::vector<uint16_t> slot_of_;  // op id -> metrics slot
+  uint64_t memory_budget_ = 0;     // a GPU worker's device memory budget; 0: none
 };
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "gpuq/common/event_count.hpp"
+#include "gpuq/common/job_metrics.hpp"
 #include "gpuq/common/job_ring.hpp"
 #include "gpuq/error.hpp"
 
@@ -29,7 +30,7 @@ namespace gpuq {
 
 inline constexpr uint64_t kQueueMagic = 0x314D485355515047ull;   // "GPQUSHM1"
 inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
-inline constexpr uint32_t kLayoutVersion = 8;                    // 8: time limits
+inline constexpr uint32_t kLayoutVersion = 9;  // 9: job metrics on the private page
 
 inline constexpr uint32_t kMaxPools = 8;
 inline constexpr uint32_t kMaxWorkers = 1024;
@@ -304,8 +305,10 @@ struct alignas(64) WorkerPrivate {
 };
 static_assert(std::is_standard_layout_v<WorkerPrivate> &&
               std::is_trivially_destructible_v<WorkerPrivate>);
-inline constexpr uint64_t kWorkerPrivateBytes = 4096;
-static_assert(sizeof(WorkerPrivate) <= kWorkerPrivateBytes);
+static_assert(sizeof(WorkerPrivate) <= kWorkerMetricsOffset);
+// The private memfd: WorkerPrivate, then WorkerMetrics (job_metrics.hpp) from the next page.
+inline constexpr uint64_t kWorkerPrivateBytes =
+    kWorkerMetricsOffset + ((sizeof(WorkerMetrics) + 4095) & ~uint64_t{4095});
 inline constexpr int kWorkerPrivateFd = 4;  // where a worker finds it
 
 // Where things are in a queue segment: a process-local copy of the layout fields of the header

@@ -1,0 +1,90 @@
+// Per-worker job metrics: counts by op and outcome, and histograms of queue wait and run time,
+// kept on the worker's private memfd (after WorkerPrivate), which only the worker and the
+// supervisor map. The worker is the only writer: each count is a plain load and store on lines
+// that stay in its own cache (no lock, no system call, no line shared with another writer);
+// the supervisor reads them only when metrics are asked for, summing the workers of a pool
+// (docs/metrics.md). The page is kept across a worker's respawns, so the counts only grow.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace gpuq {
+
+// Finite upper bounds of the histogram buckets, in seconds (Prometheus `le`); a last bucket
+// (+Inf) follows. From 5 µs, the cost of a job round trip here, to a minute.
+inline constexpr uint32_t kMetricBounds = 22;
+inline constexpr double kMetricBoundSeconds[kMetricBounds] = {
+    5e-6,   1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+    2.5e-2, 5e-2, 0.1,    0.25, 0.5,  1.0,    2.5,  5.0,  10.0,   30.0, 60.0};
+
+// How a job ended, for the jobs counter's `outcome` label. The supervisor adds the outcomes
+// no worker reports (a job lost with its worker) on its own side.
+enum class MetricOutcome : uint32_t {
+  kOk = 0,         // done
+  kFailed = 1,     // the op or the descriptor failed
+  kCancelled = 2,  // cancelled by its client while running
+  kExpired = 3,    // its deadline passed while it was queued
+  kTimedOut = 4,   // stopped at its time limit
+};
+inline constexpr uint32_t kMetricOutcomes = 5;
+constexpr const char* metric_outcome_name(MetricOutcome o) noexcept {
+  constexpr const char* kNames[kMetricOutcomes] = {"ok", "failed", "cancelled", "expired",
+                                                   "timed_out"};
+  return kNames[static_cast<uint32_t>(o)];
+}
+
+// One histogram: per-bucket counts (not cumulative: one store per job) and the sum of the
+// observations in job stamp ticks (clock.hpp; the supervisor converts).
+struct alignas(64) MetricHistogram {
+  std::atomic<uint64_t> buckets[kMetricBounds + 1];
+  std::atomic<uint64_t> sum_ticks;
+};
+
+// An op's metrics in one worker. `op_id` is written before the slot is published.
+inline constexpr uint32_t kMetricOtherOp = UINT32_MAX;  // unknown op ids, and ops past the last
+struct alignas(64) OpMetrics {
+  uint32_t op_id;
+  uint32_t reserved;
+  std::atomic<uint64_t> outcomes[kMetricOutcomes];
+  MetricHistogram queue_wait;
+  MetricHistogram run;
+};
+
+// The most ops one worker keeps apart; jobs of further ops count under kMetricOtherOp.
+inline constexpr uint32_t kMaxMetricOps = 96;
+
+struct alignas(64) WorkerMetrics {
+  // Written by the supervisor before the worker first starts: kMetricBoundSeconds in job stamp
+  // ticks, and whether the worker collects at all (config `job_metrics`).
+  uint64_t bound_ticks[kMetricBounds];
+  uint32_t enabled;
+  // Slots in use; the worker fills a slot's op_id, then publishes it here (release).
+  std::atomic<uint32_t> op_count;
+  // A GPU worker's device memory: what its jobs hold now, and its budget (0: not a GPU worker).
+  std::atomic<uint64_t> device_memory_used;
+  std::atomic<uint64_t> device_memory_budget;
+  OpMetrics ops[kMaxMetricOps];
+};
+static_assert(std::is_standard_layout_v<WorkerMetrics> &&
+              std::is_trivially_destructible_v<WorkerMetrics>);
+
+// Where WorkerMetrics lies on the private memfd: the page after WorkerPrivate.
+inline constexpr uint64_t kWorkerMetricsOffset = 4096;
+
+// Records one job (the worker; single writer). Bucket search is linear: short jobs, the
+// common case, stop at the first bounds.
+inline void observe(MetricHistogram& h, const uint64_t* bound_ticks, uint64_t ticks) noexcept {
+  uint32_t i = 0;
+  while (i < kMetricBounds && ticks > bound_ticks[i]) ++i;
+  h.buckets[i].store(h.buckets[i].load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  h.sum_ticks.store(h.sum_ticks.load(std::memory_order_relaxed) + ticks, std::memory_order_relaxed);
+}
+
+inline void bump(std::atomic<uint64_t>& counter) noexcept {
+  counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+}  // namespace gpuq
