@@ -231,6 +231,13 @@ Result<StopRequestMessage> decode_stop_request(std::string_view body) {
   return decode_empty<StopRequestMessage>(body, "StopRequest");
 }
 
+std::string encode(const MetricsRequestMessage&) {
+  return "{}";
+}
+Result<MetricsRequestMessage> decode_metrics_request(std::string_view body) {
+  return decode_empty<MetricsRequestMessage>(body, "MetricsRequest");
+}
+
 std::string encode(const WorkerStopMessage&) {
   return "{}";
 }
@@ -363,6 +370,23 @@ Result<StopReplyMessage> decode_stop_reply(std::string_view body) {
   auto draining = get_bool(j, "StopReply", "draining", true);
   if (!draining) return draining.error();
   return StopReplyMessage{*draining};
+}
+
+// ---- MetricsReply -----------------------------------------------------------------------------
+
+std::string encode(const MetricsReplyMessage& m) {
+  return dump(json{{"bytes", m.bytes}});
+}
+
+Result<MetricsReplyMessage> decode_metrics_reply(std::string_view body) {
+  json j;
+  if (auto r = parse_object(body, "MetricsReply", j); !r) return r.error();
+  auto it = j.find("bytes");
+  if (it == j.end() || !it->is_number_unsigned() || it->get<uint64_t>() > kMaxMetricsBytes) {
+    return bad("MetricsReply.bytes must be an unsigned integer of at most " +
+               std::to_string(kMaxMetricsBytes));
+  }
+  return MetricsReplyMessage{it->get<uint64_t>()};
 }
 
 // ---- WorkerReady ------------------------------------------------------------------------------

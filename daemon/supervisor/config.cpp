@@ -543,6 +543,26 @@ const std::vector<Key>& key_table() {
          c.log_level = it->second;
          return {};
        }},
+      {"job_metrics",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         if (!v.is_boolean()) return bad(p, "must be true or false, got " + v.dump());
+         c.job_metrics = v.get<bool>();
+         return {};
+       }},
+      {"metrics_listen",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         if (v.is_null()) {
+           c.metrics_listen.reset();
+           return {};
+         }
+         if (!v.is_string()) {
+           return bad(p, "must be an address and port such as \"127.0.0.1:9464\", or null");
+         }
+         auto at = parse_listen_address(v.get<std::string>());
+         if (!at) return bad(p, at.error().message());
+         c.metrics_listen = *at;
+         return {};
+       }},
   };
   return kKeys;
 }

@@ -15,6 +15,7 @@
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/shm_layout.hpp"
 #include "gpuq/error.hpp"
+#include "metrics_http.hpp"
 
 namespace gpuq::daemon {
 
@@ -96,6 +97,10 @@ struct Config {
   gid_t group = static_cast<gid_t>(-1);  // group given access to socket and segment
   bool group_set = false;
   LogLevel log_level = LogLevel::kInfo;
+  // Metrics (docs/metrics.md): per-job counts and histograms in the workers; and the HTTP
+  // listener for Prometheus (none unless the config names an address).
+  bool job_metrics = true;
+  std::optional<ListenAddress> metrics_listen;
   std::vector<PoolConfig> pools;
   // Plug-in libraries (gpuq/plugin.h), absolute paths, in the order their ops get ids.
   std::vector<std::string> plugins;

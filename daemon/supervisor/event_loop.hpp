@@ -25,7 +25,9 @@ enum class Tag : uint64_t {
   kWorkerControl,
   kWorkerOut,  // id: {worker id << 1 | 1 for stderr}
   kWatchdog,   // the watchdog keep-alive timer (service_link.cpp)
-  kTestHook    // SIGUSR2 with GPUQ_TEST_HOOKS=1 (service_link.cpp)
+  kTestHook,   // SIGUSR2 with GPUQ_TEST_HOOKS=1 (service_link.cpp)
+  kMetrics,    // the HTTP listener's eventfd: scrapes waiting for the metrics text
+  kGpuSampler  // the GPU sampler's stdout (gpu_sampler.hpp)
 };
 constexpr uint64_t make_tag(Tag t, uint64_t id) {
   return (static_cast<uint64_t>(t) << 56) | id;

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,6 +66,11 @@ struct Memory {  // nvmlMemory_t
   unsigned long long used;
 };
 
+struct Utilization {  // nvmlUtilization_t: percent of the last sample period
+  unsigned int gpu;
+  unsigned int memory;
+};
+
 }  // namespace nvml
 
 // dlopen'ed NVML; unloaded (after nvmlShutdown) when it goes out of scope.
@@ -99,8 +105,9 @@ class NvmlLibrary {
     if (!bind(get_pci_, "nvmlDeviceGetPciInfo_v3")) {
       if (auto r = bind(get_pci_, "nvmlDeviceGetPciInfo_v2"); !r) return r;
     }
-    // Optional: locality comes from sysfs first.
+    // Optional: locality comes from sysfs first; utilisation is only for metrics.
     (void)bind(get_affinity_, "nvmlDeviceGetCpuAffinity");
+    (void)bind(get_utilization_, "nvmlDeviceGetUtilizationRates");
     const nvml::Return rc = init_();
     if (rc != nvml::kSuccess) return failed("nvmlInit", rc);
     initialized_ = true;
@@ -152,6 +159,37 @@ class NvmlLibrary {
     return out;
   }
 
+  // One sample of every GPU NVML sees: utilisation and memory, by UUID. A field NVML cannot
+  // read (a GPU fallen off the bus) is left out.
+  Result<std::vector<GpuSample>> samples() {
+    unsigned int count = 0;
+    if (nvml::Return rc = get_count_(&count); rc != nvml::kSuccess) {
+      return failed("nvmlDeviceGetCount", rc);
+    }
+    std::vector<GpuSample> out;
+    for (unsigned int i = 0; i < count; ++i) {
+      nvml::Device device = nullptr;
+      char uuid[nvml::kUuidBytes] = "";
+      if (get_handle_(i, &device) != nvml::kSuccess ||
+          get_uuid_(device, uuid, sizeof uuid) != nvml::kSuccess) {
+        continue;
+      }
+      GpuSample s;
+      s.uuid = uuid;
+      nvml::Utilization u{};
+      if (get_utilization_ != nullptr && get_utilization_(device, &u) == nvml::kSuccess) {
+        s.utilization = std::min(u.gpu, 100u) / 100.0;
+      }
+      nvml::Memory memory{};
+      if (get_memory_(device, &memory) == nvml::kSuccess) {
+        s.memory_used_bytes = memory.used;
+        s.memory_total_bytes = memory.total;
+      }
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
  private:
   template <typename Fn>
   Result<void> bind(Fn*& fn, const char* symbol) {
@@ -184,6 +222,7 @@ class NvmlLibrary {
   nvml::Return (*get_memory_)(nvml::Device, nvml::Memory*) = nullptr;
   nvml::Return (*get_pci_)(nvml::Device, nvml::PciInfo*) = nullptr;
   nvml::Return (*get_affinity_)(nvml::Device, unsigned int, unsigned long*) = nullptr;
+  nvml::Return (*get_utilization_)(nvml::Device, nvml::Utilization*) = nullptr;
 };
 
 // ---- Files -----------------------------------------------------------------------------------
@@ -597,6 +636,76 @@ Result<std::vector<uint32_t>> select_gpus(const PoolConfig& pool, const GpuDisco
     entry_of.push_back(i);
   }
   return chosen;
+}
+
+std::string gpu_samples_line(const std::vector<GpuSample>& samples) {
+  json gpus = json::array();
+  for (const GpuSample& s : samples) {
+    json g{{"uuid", s.uuid}};
+    if (s.utilization) g["utilization"] = *s.utilization;
+    if (s.memory_used_bytes) g["memory_used_bytes"] = *s.memory_used_bytes;
+    if (s.memory_total_bytes) g["memory_total_bytes"] = *s.memory_total_bytes;
+    gpus.push_back(std::move(g));
+  }
+  return json{{"gpus", std::move(gpus)}}.dump() + "\n";
+}
+
+Result<std::vector<GpuSample>> parse_gpu_samples_line(std::string_view line) {
+  const json j = json::parse(line, nullptr, false);
+  auto bad = [](const std::string& what) {
+    return Error(ErrorCode::kInvalidArgument, "GPU sample: " + what);
+  };
+  if (!j.is_object() || !j.contains("gpus") || !j["gpus"].is_array()) {
+    return bad("not an object with a \"gpus\" list");
+  }
+  std::vector<GpuSample> out;
+  for (const json& g : j["gpus"]) {
+    if (!g.is_object() || !g.contains("uuid") || !g["uuid"].is_string()) {
+      return bad("a GPU without a \"uuid\" string");
+    }
+    GpuSample s;
+    s.uuid = g["uuid"].get<std::string>();
+    if (auto it = g.find("utilization"); it != g.end()) {
+      if (!it->is_number() || it->get<double>() < 0 || it->get<double>() > 1) {
+        return bad("utilization must be a number in [0, 1]");
+      }
+      s.utilization = it->get<double>();
+    }
+    for (auto [key, field] : {std::pair{"memory_used_bytes", &GpuSample::memory_used_bytes},
+                              std::pair{"memory_total_bytes", &GpuSample::memory_total_bytes}}) {
+      if (auto it = g.find(key); it != g.end()) {
+        if (!it->is_number_unsigned()) return bad(std::string(key) + " must be a byte count");
+        s.*field = it->get<uint64_t>();
+      }
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+int run_gpu_sampler(const std::string& nvml_library, uint32_t interval_ms, int out_fd) {
+  NvmlLibrary nvml;
+  if (auto r = nvml.load(nvml_library); !r) {
+    GPUQ_LOG_ERROR("GPU sampler: %s", r.error().message().c_str());
+    return 1;
+  }
+  for (;;) {
+    auto samples = nvml.samples();
+    if (!samples) {
+      GPUQ_LOG_ERROR("GPU sampler: %s", samples.error().message().c_str());
+      return 1;
+    }
+    const std::string line = gpu_samples_line(*samples);
+    size_t at = 0;
+    while (at < line.size()) {
+      auto n = GPUQ_POSIX_CALL(::write, out_fd, line.data() + at, line.size() - at);
+      if (!n || *n == 0) return 0;  // the supervisor has gone (EPIPE): nobody to tell
+      at += static_cast<size_t>(*n);
+    }
+    const timespec pause{static_cast<time_t>(interval_ms / 1000),
+                         static_cast<long>(interval_ms % 1000) * 1'000'000};
+    (void)nanosleep(&pause, nullptr);  // a signal cutting it short only samples sooner
+  }
 }
 
 GpuDiscoveryOptions gpu_discovery_options_from_environment(bool test_hooks_enabled) {

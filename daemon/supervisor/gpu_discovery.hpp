@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,6 +60,30 @@ GpuDiscovery discover_gpus(const GpuDiscoveryOptions& options);
 // NVML costs at most `timeout_ms`, after which the child is killed and the answer is "no GPU"
 // with that reason. Call only while the process is single-threaded. Blocking.
 GpuDiscovery discover_gpus_isolated(const GpuDiscoveryOptions& options, uint32_t timeout_ms);
+
+// ---- Sampling, for metrics --------------------------------------------------------------------
+//
+// gpuqd keeps NVML out of its own process for sampling too: a child (`gpuqd --sample-gpus MS`,
+// GpuSampler) loads NVML, and writes one line per interval on its stdout, which the supervisor
+// reads in its loop (docs/metrics.md).
+
+// One GPU as NVML saw it; a field NVML could not read is empty.
+struct GpuSample {
+  uint32_t index = 0;  // in PCI bus order (filled by the supervisor from discovery)
+  std::string uuid;
+  std::optional<double> utilization;  // 0 to 1, over NVML's last sample period
+  std::optional<uint64_t> memory_used_bytes;
+  std::optional<uint64_t> memory_total_bytes;
+};
+
+// The line the sampler writes ({"gpus": [{"uuid", "utilization", "memory_used_bytes",
+// "memory_total_bytes"}]}, newline-terminated), and back. Errors: InvalidArgument.
+std::string gpu_samples_line(const std::vector<GpuSample>& samples);
+Result<std::vector<GpuSample>> parse_gpu_samples_line(std::string_view line);
+
+// The sampler's body: loads `nvml_library`, then samples every `interval_ms` and writes a line
+// to `out_fd` until a write fails (the supervisor has gone: 0) or NVML fails (1, logged).
+int run_gpu_sampler(const std::string& nvml_library, uint32_t interval_ms, int out_fd);
 
 // The discovery options for gpuqd: the real machine, unless the test hooks are on
 // (GPUQ_TEST_HOOKS=1) and GPUQ_TEST_GPU_ROOT names a directory holding a fake proc/ and sys/

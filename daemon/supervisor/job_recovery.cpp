@@ -25,11 +25,13 @@
 #include <vector>
 
 #include "gpuq/common/log.hpp"
+#include "ops.hpp"
 
 namespace gpuq::daemon {
 
 void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string& why,
                               const ForcedEnd* forced) {
+  if (forced != nullptr && forced->code == ErrorCode::kTimedOut) ++time_limit_kills_[pool];
   // The dying worker's id is in the state word of the job it ran; end exactly that job.
   clients_.for_each([&](const Client& conn) {
     ClientSegmentView view(conn.segment.address(), conn.geometry, conn.slot_count);
@@ -56,6 +58,12 @@ void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string&
       if (slot.state.compare_exchange_strong(word, failed.pack(), std::memory_order_acq_rel)) {
         slot.done.notify_all();
         queue_.worker(worker).jobs_failed.fetch_add(1, std::memory_order_relaxed);
+        const char* outcome = !stopped_for_it                         ? "worker_died"
+                              : forced->code == ErrorCode::kCancelled ? "cancelled"
+                                                                      : "timed_out";
+        // The op id is the client's to write: one no op has counts as `other`.
+        const uint32_t op = slot.desc.op_id;
+        ++jobs_ended_[{pool, find_op(op) != nullptr ? op : kMetricOtherOp, outcome}];
       }
     }
   });

@@ -54,6 +54,13 @@ class JobRecovery {
   uint64_t positions_restored(uint32_t pool) const { return hints_restored_[pool]; }
   uint64_t jobs_requeued(uint32_t pool) const { return jobs_requeued_[pool]; }
 
+  // Jobs this side ended, for metrics (docs/metrics.md): by {pool, op id as the descriptor
+  // says, outcome ("worker_died", "timed_out", "cancelled")}; and workers stopped by force for
+  // a job past its time limit, by pool.
+  using EndedKey = std::tuple<uint32_t, uint32_t, std::string>;
+  const std::map<EndedKey, uint64_t>& jobs_ended() const { return jobs_ended_; }
+  uint64_t time_limit_kills(uint32_t pool) const { return time_limit_kills_[pool]; }
+
  private:
   bool retry(const Client& client, uint32_t slot_index, JobSlot& slot, uint64_t running_word,
              const std::string& why);
@@ -68,6 +75,8 @@ class JobRecovery {
   const Config& config_;
   QueueView& queue_;
   const ClientRegistry& clients_;
+  std::map<EndedKey, uint64_t> jobs_ended_;
+  uint64_t time_limit_kills_[kMaxPools] = {};
   const StampClock& job_clock_;
   // Retryable jobs already run again after a worker death: {client session, slot, generation}.
   std::set<std::tuple<uint64_t, uint32_t, uint32_t>> retried_;

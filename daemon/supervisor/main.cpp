@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -43,17 +44,23 @@ constexpr const char* kUsage =
     "Under systemd (Type=notify) it sends READY=1 once every pool is up, STATUS=,\n"
     "STOPPING=1 and, with WatchdogSec=, WATCHDOG=1 (docs/service.md).\n";
 
+// This executable's path; empty without /proc.
+std::string self_executable() {
+  char self[PATH_MAX];
+  auto n = GPUQ_POSIX_CALL(::readlink, "/proc/self/exe", self, sizeof self - 1);
+  if (!n || *n == 0) return {};
+  self[*n] = '\0';
+  return self;
+}
+
 // A worker executable (gpuq-worker, gpuq-gpu-worker) next to this executable (the build tree),
 // else where `cmake --install` puts it (../libexec/gpuq/ with the default GNUInstallDirs
 // layout); empty if it is in neither place.
 std::string find_worker(const std::string& name) {
   // Without /proc (readlink fails) there is no directory to look in: not found. Each access is
   // a probe: whatever its failure, that candidate is not used.
-  char self[PATH_MAX];
-  auto n = GPUQ_POSIX_CALL(::readlink, "/proc/self/exe", self, sizeof self - 1);
-  if (!n || *n == 0) return {};
-  self[*n] = '\0';
-  std::string dir(self);
+  std::string dir = self_executable();
+  if (dir.empty()) return {};
   dir = dir.substr(0, dir.rfind('/'));
   for (const std::string& c : {dir + "/" + name, dir + "/" GPUQ_WORKER_RELATIVE_DIR "/" + name}) {
     if (GPUQ_POSIX_CALL(::access, c.c_str(), X_OK).ok()) return c;
@@ -139,9 +146,22 @@ int check_config(const gpuq::daemon::Config& config) {
   return 0;
 }
 
+// gpuqd --sample-gpus MS: the GPU sampler child (gpu_sampler.hpp), started by gpuqd itself.
+int sample_gpus(const char* interval) {
+  gpuq::log_init("gpuqd-gpu-sampler", gpuq::LogLevel::kInfo);
+  char* end = nullptr;
+  const unsigned long ms = std::strtoul(interval, &end, 10);
+  if (end == interval || *end != '\0' || ms < 100 || ms > 60'000) {
+    std::fprintf(stderr, "gpuqd: --sample-gpus wants milliseconds from 100 to 60000\n");
+    return 2;
+  }
+  return gpuq::daemon::run_gpu_sampler("libnvidia-ml.so.1", static_cast<uint32_t>(ms), 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string_view(argv[1]) == "--sample-gpus") return sample_gpus(argv[2]);
   std::string config_path, runtime_dir;
   bool check_only = false;
   for (int i = 1; i < argc; ++i) {
@@ -186,6 +206,7 @@ int main(int argc, char** argv) {
   options.worker_path = std::move(worker);
   options.gpu_worker_path = find_worker("gpuq-gpu-worker");  // none in a build without CUDA
   options.notifier = notifier;
+  options.self_path = self_executable();
   options.test_hooks = std::move(*hooks);
   gpuq::daemon::Supervisor supervisor(std::move(options));
   if (auto r = supervisor.start(); !r) {

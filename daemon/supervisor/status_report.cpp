@@ -58,6 +58,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
   s["state"] = draining ? "draining" : "running";
   s["runtime_dir"] = s_.runtime_dir;
   s["clients"] = s_.clients->registered();
+  s["metrics_listen"] = metrics_listen_.empty() ? json(nullptr) : json(metrics_listen_);
   // Indexes of departed clients whose last ring entries have not all been popped yet.
   s["client_indexes_retiring"] = s_.clients->retiring();
   if (plan.discovery_ran) {

@@ -45,12 +45,15 @@ class StatusReport {
   // The status document (JSON text). `epoch` and `start_ns` identify this daemon's run.
   std::string document(uint64_t epoch, uint64_t start_ns, bool draining) const;
   std::vector<PoolHealth> pool_health() const;
+  // Where the metrics HTTP listener listens ("127.0.0.1:9464", its real port); empty: off.
+  void set_metrics_listen(std::string at) { metrics_listen_ = std::move(at); }
 
  private:
   uint64_t cells_held(uint32_t pool) const;
   uint64_t jobs_completed(uint32_t pool) const;
 
   Sources s_;
+  std::string metrics_listen_;
 };
 
 }  // namespace gpuq::daemon

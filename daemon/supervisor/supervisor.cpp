@@ -1,5 +1,8 @@
 #include "supervisor.hpp"
 
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/timerfd.h>
@@ -121,6 +124,7 @@ Result<void> Supervisor::start() {
   wo.gpu_worker_path = options_.gpu_worker_path;
   wo.segment_name = files_.segment_name();
   wo.job_clock = job_clock_;
+  wo.stamps = stamps_;
   wo.plugin_ops = plugin_op_list();
   for (uint32_t p = 0; p < cfg.pools.size(); ++p) wo.python_ops.push_back(python_op_list(p));
   workers_ = std::make_unique<WorkerSet>(std::move(wo), files_.queue(), loop_, *options_.launcher);
@@ -128,10 +132,28 @@ Result<void> Supervisor::start() {
   status_ = std::make_unique<StatusReport>(
       StatusReport::Sources{&options_.config, &plan_, &files_.queue(), workers_.get(), &clients_,
                             &recovery_, &watch_, options_.runtime_dir, options_.gpu_worker_path});
+  metrics_ = std::make_unique<MetricsReport>(MetricsReport::Sources{
+      StatusReport::Sources{&options_.config, &plan_, &files_.queue(), workers_.get(), &clients_,
+                            &recovery_, &watch_, options_.runtime_dir, options_.gpu_worker_path},
+      status_.get(), &stamps_, files_.queue().header().start_unix_ns});
   if (auto r = workers_->create(); !r) return r;
   watch_.attach(workers_.get());
   for (const auto& w : workers_->all()) {
     if (auto r = workers_->spawn(*w); !r) return r;
+  }
+  if (auto r = start_metrics_listener(); !r) return r;
+  // Per-GPU metrics where NVML found the GPUs some pool runs on (not with a fake tree).
+  const bool nvml_gpus_in_use =
+      plan_.discovery.source == "nvml" && !plan_.fake_gpus &&
+      std::any_of(plan_.pools.begin(), plan_.pools.end(),
+                  [](const PoolState& p) { return p.available && !p.gpus.empty(); });
+  if (nvml_gpus_in_use && !options_.self_path.empty()) {
+    gpu_sampler_ = std::make_unique<GpuSampler>(options_.self_path, plan_.discovery.gpus, 1000,
+                                                loop_, make_tag(Tag::kGpuSampler, 0));
+    if (auto r = gpu_sampler_->start(monotonic_ns()); !r) {
+      GPUQ_LOG_WARN("GPU sampler: cannot start (no per-GPU metrics): %s",
+                    r.error().to_string().c_str());
+    }
   }
   QueueView& queue = files_.queue();
   queue.header().daemon_state.store(static_cast<uint32_t>(DaemonState::kRunning),
@@ -165,6 +187,7 @@ void Supervisor::on_worker_started(Worker& w) {
 }
 
 void Supervisor::on_child_exit(pid_t pid, int status) {
+  if (gpu_sampler_ && gpu_sampler_->on_exit(pid, status)) return;
   auto exit = workers_->reap(pid, status, monotonic_ns());
   if (!exit) return;  // not a worker (a discovery or plug-in listing child is reaped there)
   const std::optional<ForcedEnd> forced = watch_.take_forced(exit->worker);
@@ -189,6 +212,9 @@ void Supervisor::handle_message(Client& client, Message& msg) {
       return;
     case MessageType::kStatusRequest:
       (void)send_message(client.fd.get(), MessageType::kStatusReply, status_json());
+      return;
+    case MessageType::kMetricsRequest:
+      send_metrics(client);
       return;
     case MessageType::kStopRequest:
       (void)send_message(client.fd.get(), StopReplyMessage::kType, encode(StopReplyMessage{}));
@@ -299,6 +325,12 @@ Result<bool> Supervisor::step(int timeout_ms) {
         break;
       case Tag::kTestHook:
         on_test_hook_signal();
+        break;
+      case Tag::kMetrics:
+        on_metrics_requests();
+        break;
+      case Tag::kGpuSampler:
+        if (gpu_sampler_) gpu_sampler_->on_readable(monotonic_ns());
         break;
     }
   }
@@ -413,7 +445,93 @@ std::string Supervisor::status_json() const {
   return status_->document(epoch_, start_ns_, draining_);
 }
 
+// ---- Metrics ----------------------------------------------------------------------------------
+
+std::string Supervisor::metrics_text() {
+  return metrics_->text(
+      draining_, gpu_sampler_ ? gpu_sampler_->latest(monotonic_ns()) : std::vector<GpuSample>{});
+}
+
+// MetricsReply: the text in a sealed memfd (it can outgrow a message), its size in the body.
+void Supervisor::send_metrics(Client& client) {
+  const std::string text = metrics_text();
+  auto fd = GPUQ_POSIX_CALL(::memfd_create, "gpuq-metrics", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  Result<void> written;
+  if (!fd) {
+    written = fd.error();
+  } else {
+    UniqueFd memfd(static_cast<int>(*fd));
+    size_t done = 0;
+    while (written && done < text.size()) {
+      auto n = GPUQ_POSIX_CALL(::write, memfd.get(), text.data() + done, text.size() - done);
+      if (!n) {
+        written = n.error();
+      } else {
+        done += static_cast<size_t>(*n);
+      }
+    }
+    if (written) {
+      if (auto r = GPUQ_POSIX_CALL(::fcntl, memfd.get(), F_ADD_SEALS,
+                                   F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+          !r) {
+        written = r.error();
+      }
+    }
+    if (written) {
+      (void)send_message(client.fd.get(), MetricsReplyMessage::kType,
+                         encode(MetricsReplyMessage{text.size()}), {memfd.get()});
+      return;
+    }
+  }
+  GPUQ_LOG_WARN("cannot hand out the metrics: %s", written.error().to_string().c_str());
+  (void)send_message(client.fd.get(), MessageType::kError, error_body(written.error()));
+}
+
+// The HTTP listener, when the config names an address (metrics_listen). Its thread never
+// touches the supervisor's state: each scrape queues its reply here and wakes the loop.
+Result<void> Supervisor::start_metrics_listener() {
+  const Config& c = options_.config;
+  if (!c.metrics_listen) return {};
+  auto efd = GPUQ_POSIX_CALL(::eventfd, 0u, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (!efd) return efd.error();
+  metrics_requests_.event.reset(static_cast<int>(*efd));
+  if (auto r = watch(metrics_requests_.event.get(), Tag::kMetrics); !r) return r;
+  MetricsRequests* requests = &metrics_requests_;
+  auto server = MetricsHttpServer::start(*c.metrics_listen, [requests](MetricsHttpServer::Reply r) {
+    {
+      std::lock_guard lock(requests->mutex);
+      requests->pending.push_back(std::move(r));
+    }
+    const uint64_t one = 1;
+    // EAGAIN: the counter is full of unread wakeups already; the loop will come.
+    (void)!::write(requests->event.get(), &one, sizeof one);
+  });
+  if (!server) return server.error();
+  metrics_http_ = std::move(*server);
+  ListenAddress bound = *c.metrics_listen;
+  bound.port = metrics_http_->port();
+  status_->set_metrics_listen(to_string(bound));
+  GPUQ_LOG_INFO("metrics: http://%s/metrics", to_string(bound).c_str());
+  return {};
+}
+
+void Supervisor::on_metrics_requests() {
+  uint64_t count = 0;
+  // EAGAIN: a wakeup whose requests an earlier round took.
+  (void)GPUQ_POSIX_CALL(::read, metrics_requests_.event.get(), &count, sizeof count);
+  std::vector<MetricsHttpServer::Reply> pending;
+  {
+    std::lock_guard lock(metrics_requests_.mutex);
+    pending.swap(metrics_requests_.pending);
+  }
+  if (pending.empty()) return;
+  const std::string text = metrics_text();
+  for (auto& reply : pending) reply(text);
+}
+
 void Supervisor::cleanup() {
+  metrics_http_.reset();  // its thread first: nothing may queue a scrape after this
+  gpu_sampler_.reset();
   files_.remove();
   if (workers_) workers_->kill_all();
 }

@@ -7,24 +7,32 @@
 //   ClientRegistry  connections: accept, authenticate, register, unregister, index reuse
 //   JobRecovery     jobs a dead worker or a scribbling client would lose; the ring audit
 //   StatusReport    the status document and pool health
-// Single-threaded: one epoll loop handles the listening socket, client connections, signals
-// (signalfd), worker control sockets and output pipes, and a periodic timer; it drains on
-// SIGTERM/SIGINT or a stop request. Never initialises CUDA and links no CUDA library.
+//   MetricsReport   the metrics text (docs/metrics.md); GpuSampler, NVML in a child
+// One epoll loop handles the listening socket, client connections, signals (signalfd), worker
+// control sockets and output pipes, and a periodic timer; it drains on SIGTERM/SIGINT or a
+// stop request. The only other thread is the metrics HTTP listener's (metrics_http.hpp, when
+// configured), which touches none of this state: it queues scrapes for the loop (eventfd).
+// Never initialises CUDA and links no CUDA library.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "client_registry.hpp"
 #include "config.hpp"
 #include "event_loop.hpp"
+#include "gpu_sampler.hpp"
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/unique_fd.hpp"
 #include "gpuq/error.hpp"
 #include "job_recovery.hpp"
 #include "job_watch.hpp"
+#include "metrics_http.hpp"
+#include "metrics_report.hpp"
 #include "pool_plan.hpp"
 #include "process_launcher.hpp"
 #include "runtime_files.hpp"
@@ -48,6 +56,9 @@ struct SupervisorOptions {
   // How workers are started, killed and reaped; null: fork and exec (ForkExecLauncher). A test
   // passes its own to step the supervisor without worker processes.
   std::shared_ptr<ProcessLauncher> launcher;
+  // gpuqd's own executable, which it runs as its GPU sampler (`--sample-gpus`) for the
+  // metrics; empty: no per-GPU metrics.
+  std::string self_path;
 };
 
 class Supervisor {
@@ -81,6 +92,11 @@ class Supervisor {
   void admit_client(Client& client, const std::string& hello_body);
   void on_worker_started(Worker& w);
   void on_client_leaving(Client& client);
+  // Metrics (docs/metrics.md): the text, for a control request or the HTTP listener.
+  std::string metrics_text();
+  void send_metrics(Client& client);
+  Result<void> start_metrics_listener();
+  void on_metrics_requests();
 
   // Drain.
   void update_timer();
@@ -111,6 +127,16 @@ class Supervisor {
   JobWatch watch_;
   std::unique_ptr<WorkerSet> workers_;  // made in start(), once the segment has a name
   std::unique_ptr<StatusReport> status_;
+  std::unique_ptr<MetricsReport> metrics_;
+  // Scrapes the HTTP listener's thread hands to the loop: it queues a reply and writes the
+  // eventfd; the loop renders once for all queued and replies (docs/metrics.md).
+  struct MetricsRequests {
+    std::mutex mutex;
+    std::vector<MetricsHttpServer::Reply> pending;
+    UniqueFd event;
+  } metrics_requests_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;  // after metrics_requests_: stops first
+  std::unique_ptr<GpuSampler> gpu_sampler_;          // where NVML found the GPUs of gpu pools
   UniqueFd signal_fd_, timer_fd_, watchdog_fd_, test_hook_fd_;
   bool draining_ = false;
   uint64_t drain_deadline_ns_ = 0;

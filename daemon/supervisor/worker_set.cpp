@@ -78,6 +78,15 @@ Result<void> WorkerSet::create() {
       if (!page) return page.error();
       w->private_page = std::move(*page);
       new (w->private_page.address()) WorkerPrivate{};
+      // The metrics page (job_metrics.hpp): the bucket bounds in job stamp ticks, once for the
+      // daemon's life, so that a bucket means the same from one scrape to the next.
+      auto* m = new (static_cast<char*>(w->private_page.address()) + kWorkerMetricsOffset)
+          WorkerMetrics{};
+      for (uint32_t b = 0; b < kMetricBounds; ++b) {
+        const double ns = kMetricBoundSeconds[b] * 1e9;
+        m->bound_ticks[b] = static_cast<uint64_t>(ns / options_.stamps.ns_per_tick);
+      }
+      m->enabled = c.job_metrics ? 1 : 0;
       workers_.push_back(std::move(w));
     }
   }
@@ -383,6 +392,7 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
   if (std::exchange(w.forced, false)) {
     // Stopped for its job, not dead of its own accord: replaced at once, back-off untouched.
     ++w.stops_forced;
+    ++w.restarts;
     w.state = WorkerState::kRestarting;
     ws.state.store(static_cast<uint32_t>(WorkerState::kRestarting), std::memory_order_release);
     ws.restarts.fetch_add(1, std::memory_order_relaxed);
@@ -393,6 +403,7 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
   }
   if (w.state != WorkerState::kReady) {
     ++w.start_failures;
+    ++w.start_failures_total;
     w.start_error = w.err_tail.empty() ? "(it printed nothing on stderr) " + exit.how : w.err_tail;
   } else if (now - w.ready_since_ns > kStableRunNs) {
     w.backoff_ms = c.restart_backoff_initial_ms;
@@ -409,6 +420,7 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
   w.state = WorkerState::kRestarting;
   ws.state.store(static_cast<uint32_t>(WorkerState::kRestarting), std::memory_order_release);
   ws.restarts.fetch_add(1, std::memory_order_relaxed);
+  ++w.restarts;
   w.respawn_at_ns = now + uint64_t{w.backoff_ms} * 1'000'000;
   GPUQ_LOG_WARN("worker %u (pid %d) %s; restarting in %u ms", w.id, pid, exit.how.c_str(),
                 w.backoff_ms);

@@ -51,9 +51,16 @@ struct Worker {
   uint64_t start_ns = 0;      // how long it took from then to ready; 0: not ready yet
   bool forced = false;        // being stopped for a job that did not end (force_stop)
   uint64_t stops_forced = 0;  // times this worker was stopped so
+  // Counted here for metrics (the copy in WorkerShm is in memory clients can write).
+  uint64_t restarts = 0;              // processes started again after one ended
+  uint64_t start_failures_total = 0;  // processes that ended before they were ready
   // The page only this worker and the supervisor map (WorkerPrivate), kept across respawns.
   MemfdSegment private_page;
   WorkerPrivate& priv() const { return *static_cast<WorkerPrivate*>(private_page.address()); }
+  const WorkerMetrics& metrics() const {
+    return *reinterpret_cast<const WorkerMetrics*>(
+        static_cast<const char*>(private_page.address()) + kWorkerMetricsOffset);
+  }
   // Control messages that did not fit in the worker's socket queue (a Unix datagram queue
   // holds net.unix.max_dgram_qlen, 10 by default): sent in order as it drains (EPOLLOUT).
   struct Outgoing {
@@ -80,6 +87,7 @@ struct WorkerSetOptions {
   std::string gpu_worker_path;  // gpuq-gpu-worker; empty in a build without CUDA
   std::string segment_name;     // the queue segment the workers map
   StampClock job_clock = StampClock::kMonotonic;
+  StampScale stamps;       // the job stamps' rate, for the metrics' bucket bounds
   std::string plugin_ops;  // the plug-in ops gpuqd learned (JSON array); a worker must agree
   // What a Python pool's worker must report instead: its pool's Python ops (by pool).
   std::vector<std::string> python_ops;

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -1142,6 +1143,34 @@ Result<std::string> daemon_status_json(const std::string& runtime_dir) {
                            MessageType::kStatusReply);
   if (!m) return m.error();
   return std::move(m->body);
+}
+
+Result<std::string> daemon_metrics_text(const std::string& runtime_dir) {
+  auto m = control_request(runtime_dir, MetricsRequestMessage::kType,
+                           encode(MetricsRequestMessage{}), MetricsReplyMessage::kType);
+  if (!m) return m.error();
+  auto reply = decode_metrics_reply(m->body);
+  if (!reply) return Error(ErrorCode::kProtocolMismatch, reply.error().message());
+  if (m->fds.size() != 1) {
+    return Error(ErrorCode::kProtocolMismatch, "MetricsReply came without its memfd");
+  }
+  // The text is in the memfd: exactly `bytes` of it, or the reply is not one we understand.
+  struct stat st {};
+  if (auto r = GPUQ_POSIX_CALL(::fstat, m->fds[0].get(), &st); !r) return r.error();
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != reply->bytes) {
+    return Error(ErrorCode::kProtocolMismatch, "MetricsReply: the memfd does not hold " +
+                                                   std::to_string(reply->bytes) + " bytes");
+  }
+  std::string text(reply->bytes, '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    auto n = GPUQ_POSIX_CALL(::pread, m->fds[0].get(), text.data() + done, text.size() - done,
+                             static_cast<off_t>(done));
+    if (!n) return n.error();
+    if (*n == 0) return Error(ErrorCode::kProtocolMismatch, "MetricsReply: the memfd is short");
+    done += static_cast<size_t>(*n);
+  }
+  return text;
 }
 
 Result<void> daemon_stop(const std::string& runtime_dir) {

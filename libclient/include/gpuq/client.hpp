@@ -290,6 +290,11 @@ class GPUQ_API Client {
 // Disconnected (no daemon), PermissionDenied, ProtocolMismatch. Blocking.
 GPUQ_API Result<std::string> daemon_status_json(const std::string& runtime_dir = {});
 
+// The daemon's metrics in the Prometheus text format (docs/metrics.md; `gpuqctl metrics`), over
+// a short control connection that registers no client. Errors as daemon_status_json, and
+// ProtocolMismatch for a reply without its text. Blocking.
+GPUQ_API Result<std::string> daemon_metrics_text(const std::string& runtime_dir = {});
+
 // Asks the daemon to drain (finish queued and running jobs, accept no new ones) and exit.
 // Returns once the daemon has acknowledged. Errors as daemon_status_json.
 GPUQ_API Result<void> daemon_stop(const std::string& runtime_dir = {});

@@ -76,7 +76,30 @@ std::string encode(const StopRequestMessage& m);
 // Errors: InvalidArgument when the body is not a JSON object.
 Result<StopRequestMessage> decode_stop_request(std::string_view body);
 
+// MetricsRequest: {}. The daemon answers with MetricsReply: the metrics in the Prometheus text
+// format (docs/metrics.md), in a sealed memfd that comes with the reply (the text can outgrow a
+// message).
+struct MetricsRequestMessage {
+  static constexpr MessageType kType = MessageType::kMetricsRequest;
+  friend bool operator==(const MetricsRequestMessage&, const MetricsRequestMessage&) = default;
+};
+std::string encode(const MetricsRequestMessage& m);
+// Errors: InvalidArgument when the body is not a JSON object.
+Result<MetricsRequestMessage> decode_metrics_request(std::string_view body);
+
 // ---- supervisor -> client ---------------------------------------------------------------------
+
+// MetricsReply: {"bytes": N}, the size of the text in the memfd sent with it.
+inline constexpr uint64_t kMaxMetricsBytes = 64ull << 20;
+struct MetricsReplyMessage {
+  static constexpr MessageType kType = MessageType::kMetricsReply;
+  uint64_t bytes = 0;
+  friend bool operator==(const MetricsReplyMessage&, const MetricsReplyMessage&) = default;
+};
+std::string encode(const MetricsReplyMessage& m);
+// Errors: InvalidArgument when the body is not an object or bytes is not an unsigned integer
+// of at most kMaxMetricsBytes.
+Result<MetricsReplyMessage> decode_metrics_reply(std::string_view body);
 
 // One pool of Welcome.pools: {"name", "id", "kind", "capacity", "client_share", "available",
 // "reason", "fallback"}.

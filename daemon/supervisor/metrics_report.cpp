@@ -1,0 +1,342 @@
+#include "metrics_report.hpp"
+
+#include <array>
+#include <atomic>
+#include <charconv>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <string_view>
+#include <utility>
+
+#include "gpuq/common/job_metrics.hpp"
+#include "ops.hpp"
+
+namespace gpuq::daemon {
+namespace {
+
+// The outcomes of gpuq_jobs_total: the workers' (MetricOutcome), then the supervisor's own.
+constexpr uint32_t kOutcomes = kMetricOutcomes + 1;
+constexpr uint32_t kWorkerDied = kMetricOutcomes;
+const char* outcome_name(uint32_t i) {
+  return i == kWorkerDied ? "worker_died" : metric_outcome_name(static_cast<MetricOutcome>(i));
+}
+uint32_t outcome_index(std::string_view name) {
+  for (uint32_t i = 0; i < kOutcomes; ++i) {
+    if (name == outcome_name(i)) return i;
+  }
+  return kWorkerDied;
+}
+
+struct Histogram {
+  uint64_t buckets[kMetricBounds + 1] = {};
+  uint64_t sum_ticks = 0;
+
+  void add(const MetricHistogram& h) {
+    for (uint32_t b = 0; b <= kMetricBounds; ++b) {
+      buckets[b] += h.buckets[b].load(std::memory_order_relaxed);
+    }
+    sum_ticks += h.sum_ticks.load(std::memory_order_relaxed);
+  }
+};
+
+struct OpTotals {
+  uint64_t outcomes[kOutcomes] = {};
+  Histogram queue_wait, run;
+  bool observed = false;  // counted by a worker (has histograms)
+};
+
+using Labels = std::vector<std::pair<const char*, std::string>>;
+
+// Builds the exposition text: one family (HELP, TYPE, its samples) after another.
+class Exposition {
+ public:
+  void family(const char* name, const char* type, const char* help) {
+    out_ += "# HELP ";
+    out_ += name;
+    out_ += ' ';
+    out_ += help;
+    out_ += "\n# TYPE ";
+    out_ += name;
+    out_ += ' ';
+    out_ += type;
+    out_ += '\n';
+  }
+  void sample(std::string_view name, const Labels& labels, uint64_t value) {
+    head(name, labels);
+    out_ += std::to_string(value);
+    out_ += '\n';
+  }
+  void sample(std::string_view name, const Labels& labels, double value) {
+    head(name, labels);
+    char text[32];
+    // The shortest text that reads back as the same double (a start time keeps its digits).
+    const auto r = std::to_chars(text, text + sizeof text, value);
+    out_.append(text, r.ptr);
+    out_ += '\n';
+  }
+  // A histogram's _bucket (cumulative), _sum and _count samples.
+  void histogram(std::string_view name, Labels labels, const Histogram& h, double ns_per_tick) {
+    const std::string bucket = std::string(name) + "_bucket";
+    labels.emplace_back("le", "");
+    uint64_t cumulative = 0;
+    for (uint32_t b = 0; b <= kMetricBounds; ++b) {
+      cumulative += h.buckets[b];
+      char le[32] = "+Inf";
+      if (b < kMetricBounds) std::snprintf(le, sizeof le, "%g", kMetricBoundSeconds[b]);
+      labels.back().second = le;
+      sample(bucket, labels, cumulative);
+    }
+    labels.pop_back();
+    sample(std::string(name) + "_sum", labels,
+           static_cast<double>(h.sum_ticks) * ns_per_tick / 1e9);
+    sample(std::string(name) + "_count", labels, cumulative);
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  void head(std::string_view name, const Labels& labels) {
+    out_ += name;
+    if (!labels.empty()) {
+      out_ += '{';
+      for (size_t i = 0; i < labels.size(); ++i) {
+        if (i > 0) out_ += ',';
+        out_ += labels[i].first;
+        out_ += "=\"";
+        out_ += escape_label_value(labels[i].second);
+        out_ += '"';
+      }
+      out_ += '}';
+    }
+    out_ += ' ';
+  }
+
+  std::string out_;
+};
+
+std::string op_label(uint32_t op_id) {
+  if (op_id == kMetricOtherOp) return "other";
+  const OpInfo* op = find_op(op_id);
+  return op != nullptr ? op->name : "other";
+}
+
+}  // namespace
+
+std::string escape_label_value(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpus) const {
+  const StatusReport::Sources& src = s_.status;
+  const Config& c = *src.config;
+  const QueueView& queue = *src.queue;
+  const PoolPlan& plan = *src.plan;
+  const uint32_t pools = static_cast<uint32_t>(c.pools.size());
+  const auto pool_label = [&](uint32_t p) { return Labels{{"pool", c.pools[p].name}}; };
+  Exposition e;
+
+  e.family("gpuq_build_info", "gauge", "gpuqd's version (the value is always 1).");
+  e.sample("gpuq_build_info", {{"version", GPUQ_VERSION}}, uint64_t{1});
+  e.family("gpuq_start_time_seconds", "gauge", "When the daemon started, in Unix time.");
+  e.sample("gpuq_start_time_seconds", {}, static_cast<double>(s_.start_unix_ns) / 1e9);
+
+  const std::vector<PoolHealth> health = s_.report->pool_health();
+  bool serving = !draining;
+  uint32_t available = 0;
+  for (const PoolHealth& h : health) {
+    if (h.unavailable) continue;
+    ++available;
+    if (h.ready == 0) serving = false;
+  }
+  e.family("gpuq_ready", "gauge",
+           "1 while the daemon accepts jobs and every available pool has a ready worker.");
+  e.sample("gpuq_ready", {}, uint64_t{serving && available > 0 ? 1u : 0u});
+  e.family("gpuq_draining", "gauge", "1 while the daemon drains to stop.");
+  e.sample("gpuq_draining", {}, uint64_t{draining ? 1u : 0u});
+  e.family("gpuq_clients_connected", "gauge", "Registered clients.");
+  e.sample("gpuq_clients_connected", {}, uint64_t{src.clients->registered()});
+  e.family("gpuq_clients_max", "gauge", "Clients the daemon admits at once (max_clients).");
+  e.sample("gpuq_clients_max", {}, uint64_t{c.max_clients});
+
+  e.family("gpuq_queue_depth", "gauge", "Jobs waiting in the pool's ring.");
+  for (uint32_t p = 0; p < pools; ++p) {
+    e.sample("gpuq_queue_depth", pool_label(p), uint64_t{queue.ring(p).size()});
+  }
+  e.family("gpuq_queue_capacity", "gauge", "Cells of the pool's ring (queue_factor x workers).");
+  for (uint32_t p = 0; p < pools; ++p) {
+    e.sample("gpuq_queue_capacity", pool_label(p), uint64_t{queue.pool(p).capacity});
+  }
+  e.family("gpuq_jobs_submitted_total", "counter",
+           "Jobs clients pushed to the pool's ring (each client counts its own).");
+  for (uint32_t p = 0; p < pools; ++p) {
+    e.sample("gpuq_jobs_submitted_total", pool_label(p), src.clients->jobs_submitted(p));
+  }
+
+  // Jobs by pool and op: every worker's metrics page, then what the supervisor ended itself.
+  std::map<std::pair<uint32_t, uint32_t>, OpTotals> ops;
+  for (const auto& w : src.workers->all()) {
+    const WorkerMetrics& m = w->metrics();
+    const uint32_t n = std::min(m.op_count.load(std::memory_order_acquire), kMaxMetricOps);
+    for (uint32_t i = 0; i < n; ++i) {
+      const OpMetrics& om = m.ops[i];
+      OpTotals& t = ops[{w->pool, om.op_id}];
+      t.observed = true;
+      for (uint32_t o = 0; o < kMetricOutcomes; ++o) {
+        t.outcomes[o] += om.outcomes[o].load(std::memory_order_relaxed);
+      }
+      t.queue_wait.add(om.queue_wait);
+      t.run.add(om.run);
+    }
+  }
+  for (const auto& [key, count] : src.recovery->jobs_ended()) {
+    const auto& [pool, op, outcome] = key;
+    ops[{pool, op}].outcomes[outcome_index(outcome)] += count;
+  }
+  e.family("gpuq_jobs_total", "counter", "Jobs that ended, by pool, op and outcome.");
+  for (const auto& [key, t] : ops) {
+    for (uint32_t o = 0; o < kOutcomes; ++o) {
+      e.sample("gpuq_jobs_total",
+               {{"pool", c.pools[key.first].name},
+                {"op", op_label(key.second)},
+                {"outcome", outcome_name(o)}},
+               t.outcomes[o]);
+    }
+  }
+  const double ns_per_tick = s_.stamps->ns_per_tick;
+  e.family("gpuq_job_queue_wait_seconds", "histogram",
+           "Time from the client's push to the worker's start of the job.");
+  for (const auto& [key, t] : ops) {
+    if (!t.observed) continue;
+    e.histogram("gpuq_job_queue_wait_seconds",
+                {{"pool", c.pools[key.first].name}, {"op", op_label(key.second)}}, t.queue_wait,
+                ns_per_tick);
+  }
+  e.family("gpuq_job_run_seconds", "histogram",
+           "Time from the worker's start of the job to its end.");
+  for (const auto& [key, t] : ops) {
+    if (!t.observed) continue;
+    e.histogram("gpuq_job_run_seconds",
+                {{"pool", c.pools[key.first].name}, {"op", op_label(key.second)}}, t.run,
+                ns_per_tick);
+  }
+
+  // Workers by state, and their counters, by pool.
+  static constexpr const char* kStates[] = {"starting",   "idle",   "busy",   "stuck",
+                                            "restarting", "failed", "stopped"};
+  std::vector<std::array<uint64_t, std::size(kStates)>> states(pools);
+  std::vector<uint64_t> restarts(pools), start_failures(pools);
+  for (const auto& w : src.workers->all()) {
+    restarts[w->pool] += w->restarts;
+    start_failures[w->pool] += w->start_failures_total;
+    size_t state = 0;
+    switch (w->state) {
+      case WorkerState::kStarting:
+        state = 0;
+        break;
+      case WorkerState::kReady:
+        if (src.watch->stuck(*w)) {
+          state = 3;
+        } else {
+          state = (w->priv().job_seq.load(std::memory_order_relaxed) & 1) != 0 ? 2 : 1;
+        }
+        break;
+      case WorkerState::kRestarting:
+        state = 4;
+        break;
+      case WorkerState::kFailed:
+        state = 5;
+        break;
+      case WorkerState::kStopped:
+        state = 6;
+        break;
+    }
+    ++states[w->pool][state];
+  }
+  e.family("gpuq_workers", "gauge", "Workers by pool and state.");
+  for (uint32_t p = 0; p < pools; ++p) {
+    for (size_t s = 0; s < std::size(kStates); ++s) {
+      e.sample("gpuq_workers", {{"pool", c.pools[p].name}, {"state", kStates[s]}}, states[p][s]);
+    }
+  }
+  e.family("gpuq_worker_restarts_total", "counter",
+           "Worker processes started again after one ended.");
+  for (uint32_t p = 0; p < pools; ++p) {
+    e.sample("gpuq_worker_restarts_total", pool_label(p), restarts[p]);
+  }
+  e.family("gpuq_worker_start_failures_total", "counter",
+           "Worker processes that ended before they were ready.");
+  for (uint32_t p = 0; p < pools; ++p) {
+    e.sample("gpuq_worker_start_failures_total", pool_label(p), start_failures[p]);
+  }
+  e.family("gpuq_job_time_limit_kills_total", "counter",
+           "Workers stopped by force for a job past its time limit.");
+  for (uint32_t p = 0; p < pools; ++p) {
+    e.sample("gpuq_job_time_limit_kills_total", pool_label(p), src.recovery->time_limit_kills(p));
+  }
+
+  // GPU workers' device memory, from their metrics pages.
+  bool any_gpu_worker = false;
+  for (const auto& w : src.workers->all()) {
+    any_gpu_worker |= w->metrics().device_memory_budget.load(std::memory_order_relaxed) != 0;
+  }
+  if (any_gpu_worker) {
+    for (const char* name :
+         {"gpuq_worker_gpu_memory_used_bytes", "gpuq_worker_gpu_memory_budget_bytes"}) {
+      const bool used = std::string_view(name).find("used") != std::string_view::npos;
+      e.family(name, "gauge",
+               used ? "Device memory a GPU worker's jobs hold."
+                    : "A GPU worker's device memory budget.");
+      for (const auto& w : src.workers->all()) {
+        const WorkerMetrics& m = w->metrics();
+        const uint64_t budget = m.device_memory_budget.load(std::memory_order_relaxed);
+        if (budget == 0) continue;
+        const int g = plan.placements[w->id].gpu;
+        e.sample(name,
+                 {{"pool", c.pools[w->pool].name},
+                  {"worker", std::to_string(w->id)},
+                  {"gpu", g >= 0 ? std::to_string(plan.discovery.gpus[g].index) : ""}},
+                 used ? m.device_memory_used.load(std::memory_order_relaxed) : budget);
+      }
+    }
+  }
+
+  // Per GPU, as NVML last saw them.
+  if (!gpus.empty()) {
+    const auto gpu_labels = [](const GpuSample& g) {
+      return Labels{{"gpu", std::to_string(g.index)}, {"uuid", g.uuid}};
+    };
+    e.family("gpuq_gpu_utilization_ratio", "gauge",
+             "Share of NVML's last sample period in which the GPU ran a kernel (0 to 1).");
+    for (const GpuSample& g : gpus) {
+      if (g.utilization) e.sample("gpuq_gpu_utilization_ratio", gpu_labels(g), *g.utilization);
+    }
+    e.family("gpuq_gpu_memory_used_bytes", "gauge", "Device memory in use, all processes (NVML).");
+    for (const GpuSample& g : gpus) {
+      if (g.memory_used_bytes) {
+        e.sample("gpuq_gpu_memory_used_bytes", gpu_labels(g), *g.memory_used_bytes);
+      }
+    }
+    e.family("gpuq_gpu_memory_total_bytes", "gauge", "Device memory (NVML).");
+    for (const GpuSample& g : gpus) {
+      if (g.memory_total_bytes) {
+        e.sample("gpuq_gpu_memory_total_bytes", gpu_labels(g), *g.memory_total_bytes);
+      }
+    }
+  }
+  return e.take();
+}
+
+}  // namespace gpuq::daemon
