@@ -27,7 +27,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _native
-from ._client import Client, default_runtime_dir, status
+from ._client import Client, default_runtime_dir, metrics, status
 from ._errors import *  # noqa: F401,F403 - the exception classes
 from ._errors import SystemError  # noqa: A004 - gpuq.SystemError, by the code's name
 from ._errors import __all__ as _error_names
@@ -58,6 +58,7 @@ __all__ = [
     "zeros",
     "array",
     "status",
+    "metrics",
     "default_runtime_dir",
     *_error_names,
 ]

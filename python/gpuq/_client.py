@@ -551,6 +551,12 @@ def status(runtime_dir: Optional[str] = None) -> Dict[str, Any]:
     return json.loads(_native.status_json(runtime_dir or ""))
 
 
+def metrics(runtime_dir: Optional[str] = None) -> str:
+    """The daemon's metrics in the Prometheus text format (``gpuqctl metrics``;
+    docs/metrics.md), without connecting a client."""
+    return str(_native.metrics_text(runtime_dir or ""))
+
+
 def default_runtime_dir() -> str:
     """The runtime directory a client without ``runtime_dir`` connects to."""
     return str(_native.default_runtime_dir())

@@ -458,6 +458,17 @@ NB_MODULE(_native, m) {
       },
       "runtime_dir"_a, "The daemon's status document (JSON text).");
   m.def(
+      "metrics_text",
+      [](const std::string& runtime_dir) {
+        gpuq::Result<std::string> r = gpuq::Error(gpuq::ErrorCode::kInternal, "");
+        {
+          nb::gil_scoped_release unlocked;
+          r = gpuq::daemon_metrics_text(runtime_dir);
+        }
+        return take(std::move(r));
+      },
+      "runtime_dir"_a, "The daemon's metrics in the Prometheus text format.");
+  m.def(
       "stop",
       [](const std::string& runtime_dir) {
         gpuq::Result<void> r;

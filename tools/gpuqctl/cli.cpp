@@ -25,6 +25,10 @@ Commands:
   submit OP [OPTIONS]     run one job (or --count N jobs) and report the result; OP is a
                           built-in op (echo, checksum...) or a tensor op (conv2d, activation,
                           softmax, pool2d, batchnorm, gemm: see "Tensor ops" below)
+  metrics                 print the daemon's metrics in the Prometheus text format
+                          (docs/metrics.md); the same as its HTTP listener's /metrics
+  top [OPTIONS]           a live view of the metrics, per pool: jobs/s, p50/p99 queue wait and
+                          run time, queue depth, workers by state; GPU memory (see below)
   stop                    ask the daemon to drain (finish its jobs, accept no new ones) and exit
 
 submit options:
@@ -42,6 +46,13 @@ submit options:
   --time-limit-ms MS      the longest each job may run once a worker starts it (0: no limit of
                           its own; the pool's job_time_limit_ms still applies). Past it the daemon
                           stops the job, which fails with TimedOut
+
+top options (on a terminal the view is redrawn in place until q, Ctrl-C or the daemon goes
+away; otherwise each report is printed as plain text):
+  --interval S            seconds between samples, 0.1 to 3600 (default 1); rates and
+                          quantiles are over the jobs that ended in the last interval
+  --count N               print N reports, then exit
+  --once                  plain text: take two samples one interval apart, print one report
 
 Tensor ops (docs/ops.md): give each operand as one --input file of raw little-endian
 elements (f32, or f16 with --param dtype=f16), in the op's operand order, and its shape as a

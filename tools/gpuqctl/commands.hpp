@@ -11,6 +11,8 @@ namespace gpuq::ctl {
 
 int cmd_status(ArgCursor& cursor, std::string& runtime_dir);
 int cmd_ready(ArgCursor& cursor, std::string& runtime_dir);
+int cmd_metrics(ArgCursor& cursor, std::string& runtime_dir);
+int cmd_top(ArgCursor& cursor, std::string& runtime_dir);
 int cmd_stop(ArgCursor& cursor, std::string& runtime_dir);
 int cmd_submit(ArgCursor& cursor, std::string& runtime_dir);
 
