@@ -32,11 +32,11 @@ struct Histogram {
   uint64_t buckets[kMetricBounds + 1] = {};
   uint64_t sum_ticks = 0;
 
-  void add(const MetricHistogram& h) {
+  void add(const OpMetrics& m, MetricHistogramKind kind) {
     for (uint32_t b = 0; b <= kMetricBounds; ++b) {
-      buckets[b] += h.buckets[b].load(std::memory_order_relaxed);
+      buckets[b] += m.buckets[b][kind].load(std::memory_order_relaxed);
     }
-    sum_ticks += h.sum_ticks.load(std::memory_order_relaxed);
+    sum_ticks += m.sum_ticks[kind].load(std::memory_order_relaxed);
   }
 };
 
@@ -197,8 +197,8 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
       for (uint32_t o = 0; o < kMetricOutcomes; ++o) {
         t.outcomes[o] += om.outcomes[o].load(std::memory_order_relaxed);
       }
-      t.queue_wait.add(om.queue_wait);
-      t.run.add(om.run);
+      t.queue_wait.add(om, kQueueWait);
+      t.run.add(om, kRun);
     }
   }
   for (const auto& [key, count] : src.recovery->jobs_ended()) {

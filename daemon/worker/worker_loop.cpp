@@ -406,9 +406,9 @@ class Worker {
     bump(m.outcomes[static_cast<uint32_t>(outcome)]);
     const uint64_t wait =
         out.started_stamp > d.submit_stamp ? out.started_stamp - d.submit_stamp : 0;
-    observe(m.queue_wait, bound_ticks_, wait);
+    observe(m, kQueueWait, bound_ticks_, wait);
     if (outcome != MetricOutcome::kExpired) {
-      observe(m.run, bound_ticks_, out.finished_stamp - out.started_stamp);
+      observe(m, kRun, bound_ticks_, out.finished_stamp - out.started_stamp);
     }
   }
 

@@ -27,18 +27,22 @@ TEST_CASE("observe: a duration goes to the first bucket whose bound it does not 
   static WorkerMetrics m{};  // static: zeroed, and too big for a comfortable stack frame
   uint64_t bounds[kMetricBounds];
   for (uint32_t b = 0; b < kMetricBounds; ++b) bounds[b] = (b + 1) * 100;  // 100, 200, ...
-  MetricHistogram& h = m.ops[0].run;
-  observe(h, bounds, 0);
-  observe(h, bounds, 100);   // on the bound: that bucket (le is "less or equal")
-  observe(h, bounds, 101);   // past it: the next
-  observe(h, bounds, 2200);  // the last finite bound
-  observe(h, bounds, 2201);  // +Inf
-  observe(h, bounds, UINT64_MAX / 4);
-  CHECK(h.buckets[0].load() == 2);
-  CHECK(h.buckets[1].load() == 1);
-  CHECK(h.buckets[kMetricBounds - 1].load() == 1);
-  CHECK(h.buckets[kMetricBounds].load() == 2);
-  CHECK(h.sum_ticks.load() == 0 + 100 + 101 + 2200 + 2201 + UINT64_MAX / 4);
+  OpMetrics& op = m.ops[0];
+  observe(op, kRun, bounds, 0);
+  observe(op, kRun, bounds, 100);   // on the bound: that bucket (le is "less or equal")
+  observe(op, kRun, bounds, 101);   // past it: the next
+  observe(op, kRun, bounds, 2200);  // the last finite bound
+  observe(op, kRun, bounds, 2201);  // +Inf
+  observe(op, kRun, bounds, UINT64_MAX / 4);
+  observe(op, kQueueWait, bounds, 150);
+  CHECK(op.buckets[0][kRun].load() == 2);
+  CHECK(op.buckets[1][kRun].load() == 1);
+  CHECK(op.buckets[kMetricBounds - 1][kRun].load() == 1);
+  CHECK(op.buckets[kMetricBounds][kRun].load() == 2);
+  CHECK(op.sum_ticks[kRun].load() == 0 + 100 + 101 + 2200 + 2201 + UINT64_MAX / 4);
+  CHECK(op.buckets[1][kQueueWait].load() == 1);  // the other histogram, apart
+  CHECK(op.buckets[0][kQueueWait].load() == 0);
+  CHECK(op.sum_ticks[kQueueWait].load() == 150);
 }
 
 TEST_CASE("the metrics page fits the private memfd after WorkerPrivate") {
@@ -48,6 +52,8 @@ TEST_CASE("the metrics page fits the private memfd after WorkerPrivate") {
   // Each op's counts start on a line of their own: no line shared between two ops' counts.
   CHECK(offsetof(WorkerMetrics, ops) % 64 == 0);
   CHECK(sizeof(OpMetrics) % 64 == 0);
+  // The first line holds the outcomes and both sums; a short job's buckets the next.
+  CHECK(offsetof(OpMetrics, buckets) == 64);
   // The bounds rise (observe relies on it).
   for (uint32_t b = 1; b < kMetricBounds; ++b)
     CHECK(kMetricBoundSeconds[b] > kMetricBoundSeconds[b - 1]);

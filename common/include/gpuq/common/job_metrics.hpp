@@ -36,22 +36,24 @@ constexpr const char* metric_outcome_name(MetricOutcome o) noexcept {
   return kNames[static_cast<uint32_t>(o)];
 }
 
-// One histogram: per-bucket counts (not cumulative: one store per job) and the sum of the
-// observations in job stamp ticks (clock.hpp; the supervisor converts).
-struct alignas(64) MetricHistogram {
-  std::atomic<uint64_t> buckets[kMetricBounds + 1];
-  std::atomic<uint64_t> sum_ticks;
-};
+// The two histograms of each op.
+enum MetricHistogramKind : uint32_t { kQueueWait = 0, kRun = 1 };
 
-// An op's metrics in one worker. `op_id` is written before the slot is published.
+// An op's metrics in one worker. `op_id` is written before the slot is published. Laid out
+// for the job path: the outcome counts and both sums fill the first line, and the two
+// histograms' counts for one bucket sit side by side, so a job touches the first line and
+// one or two more (one when both durations fall in the first four buckets, as short jobs' do).
+// Bucket counts are per bucket, not cumulative (one store per job); sums are in job stamp
+// ticks (clock.hpp; the supervisor converts).
 inline constexpr uint32_t kMetricOtherOp = UINT32_MAX;  // unknown op ids, and ops past the last
 struct alignas(64) OpMetrics {
   uint32_t op_id;
   uint32_t reserved;
   std::atomic<uint64_t> outcomes[kMetricOutcomes];
-  MetricHistogram queue_wait;
-  MetricHistogram run;
+  std::atomic<uint64_t> sum_ticks[2];                   // by MetricHistogramKind
+  std::atomic<uint64_t> buckets[kMetricBounds + 1][2];  // [bucket][MetricHistogramKind]
 };
+static_assert(offsetof(OpMetrics, buckets) == 64);
 
 // The most ops one worker keeps apart; jobs of further ops count under kMetricOtherOp.
 inline constexpr uint32_t kMaxMetricOps = 96;
@@ -74,17 +76,20 @@ static_assert(std::is_standard_layout_v<WorkerMetrics> &&
 // Where WorkerMetrics lies on the private memfd: the page after WorkerPrivate.
 inline constexpr uint64_t kWorkerMetricsOffset = 4096;
 
-// Records one job (the worker; single writer). Bucket search is linear: short jobs, the
-// common case, stop at the first bounds.
-inline void observe(MetricHistogram& h, const uint64_t* bound_ticks, uint64_t ticks) noexcept {
-  uint32_t i = 0;
-  while (i < kMetricBounds && ticks > bound_ticks[i]) ++i;
-  h.buckets[i].store(h.buckets[i].load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  h.sum_ticks.store(h.sum_ticks.load(std::memory_order_relaxed) + ticks, std::memory_order_relaxed);
+// Adds `n` to a counter only this process writes: a plain load and store, no locked
+// instruction.
+inline void bump(std::atomic<uint64_t>& counter, uint64_t n = 1) noexcept {
+  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 }
 
-inline void bump(std::atomic<uint64_t>& counter) noexcept {
-  counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+// Records a duration of `ticks` in op `m`'s histogram `kind` (the worker; single writer).
+// Bucket search is linear: short jobs, the common case, stop at the first bounds.
+inline void observe(OpMetrics& m, MetricHistogramKind kind, const uint64_t* bound_ticks,
+                    uint64_t ticks) noexcept {
+  uint32_t i = 0;
+  while (i < kMetricBounds && ticks > bound_ticks[i]) ++i;
+  bump(m.buckets[i][kind]);
+  bump(m.sum_ticks[kind], ticks);
 }
 
 }  // namespace gpuq
