@@ -1,6 +1,9 @@
 // Round-trip latency and throughput of gpuq jobs, side by side with two IPC baselines, measured
 // in one run on one machine:
 //   gpuq: a `noop` job through the real daemon (started here, default config);
+//   gpuq-nometrics: the same through a second daemon whose workers count no job metrics
+//         (config job_metrics false; docs/metrics.md): only when --systems names it, to
+//         measure what the metrics cost;
 //   uds:  a 64-byte request and a 64-byte response over a Unix SOCK_STREAM socket, served by a
 //         thread per connection;
 //   mq:   the same over a pair of Boost.Interprocess message_queues per client (request and
@@ -76,6 +79,17 @@ namespace bip = boost::interprocess;
 constexpr size_t kMessageBytes = 64;  // request and response size of the baselines
 constexpr auto kJobTimeout = std::chrono::seconds(10);  // a job or message slower than this fails
 constexpr auto kProcessTimeout = std::chrono::seconds(30);  // a child's start or report
+
+// The median of `v` (0 when empty).
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 != 0 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+// The second daemon's system name (--systems gpuq-nometrics): job metrics off.
+constexpr const char* kNoMetrics = "gpuq-nometrics";
 
 // ---- Small system helpers -----------------------------------------------------------------
 
@@ -338,7 +352,7 @@ void print_usage() {
                "                     system in turn, so drift hits all alike (default 4)\n"
                "  --inflight K       throughput: requests in flight per client (default 8)\n"
                "  --clients LIST     throughput: client process counts (default 1,2,4)\n"
-               "  --systems LIST     subset of gpuq,uds,mq (default all)\n"
+               "  --systems LIST     of gpuq,uds,mq,gpuq-nometrics (default gpuq,uds,mq)\n"
                "  --gpuqd PATH       daemon binary (default <build>/daemon/gpuqd)\n"
                "  --daemon-config F  config file for gpuqd (default: none, its defaults)\n"
                "  --gpuq-op NAME     op of the gpuq jobs (default noop)\n"
@@ -442,7 +456,7 @@ Result<Options> parse_options(int argc, char** argv) {
       r = set_string(v);
       o.systems = split(v, ',');
       for (auto& s : o.systems)
-        if (s != "gpuq" && s != "uds" && s != "mq")
+        if (s != "gpuq" && s != "uds" && s != "mq" && s != kNoMetrics)
           r = bench_error(ErrorCode::kInvalidArgument, "--systems: unknown system '" + s + "'");
       if (r && o.systems.empty()) r = bench_error(ErrorCode::kInvalidArgument, "--systems: empty");
     } else if (a == "--gpuqd") {
@@ -657,6 +671,27 @@ class MqEndpoint final : public Endpoint {
   uint64_t sent_ = 0, received_ = 0;
 };
 
+// The daemon without job metrics (--systems gpuq-nometrics): its runtime directory beside the
+// first daemon's, and its config: --daemon-config's (or the defaults) with job_metrics false.
+std::string no_metrics_runtime_dir(const std::string& runtime_dir) {
+  return runtime_dir + "-nometrics";
+}
+Result<std::string> config_without_job_metrics(const std::string& config, const std::string& out) {
+  nlohmann::json j = nlohmann::json::object();
+  if (!config.empty()) {
+    std::ifstream in(config);
+    j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_object()) {
+      return bench_error(ErrorCode::kInvalidArgument, config + ": not a JSON object");
+    }
+  }
+  j["job_metrics"] = false;
+  std::ofstream f(out);
+  f << j.dump(2) << '\n';
+  if (!f) return sys_error("write " + out);
+  return out;
+}
+
 // Where each system's server is, for endpoints made here and in child processes.
 struct Servers {
   std::string runtime_dir;  // gpuq
@@ -668,6 +703,9 @@ struct Servers {
 Result<std::unique_ptr<Endpoint>> make_endpoint(const std::string& system, const Servers& s,
                                                 nanoseconds spin, uint32_t mq_index) {
   if (system == "gpuq") return GpuqEndpoint::connect(s.runtime_dir, s.gpuq_op, spin);
+  if (system == kNoMetrics) {
+    return GpuqEndpoint::connect(no_metrics_runtime_dir(s.runtime_dir), s.gpuq_op, spin);
+  }
   if (system == "uds") return UdsEndpoint::connect(s.socket_path);
   return MqEndpoint::connect(s.mq_prefix, mq_index);
 }
@@ -1224,13 +1262,19 @@ int run_orchestrator(const Options& o) {
   for (const auto& sys : o.systems) results[sys];
 
   // Start every server first; all of them sit idle (asleep) while another is measured.
-  Daemon daemon;
+  Daemon daemon, daemon_no_metrics;
   Process uds_server, mq_server;
   for (const auto& sys : o.systems) {
     Result<void> started;
     if (sys == "gpuq") {
       started = daemon.start(gpuqd, o.daemon_config, servers.runtime_dir, tmpdir + "/gpuqd.log",
                              o.startup_timeout_s);
+    } else if (sys == kNoMetrics) {
+      auto config = config_without_job_metrics(o.daemon_config, tmpdir + "/gpuqd-nometrics.json");
+      started = config ? daemon_no_metrics.start(
+                             gpuqd, *config, no_metrics_runtime_dir(servers.runtime_dir),
+                             tmpdir + "/gpuqd-nometrics.log", o.startup_timeout_s)
+                       : Result<void>(config.error());
     } else if (sys == "uds") {
       auto p = start_baseline_server(exe, {"--server", "uds", "--socket", servers.socket_path});
       if (p)
@@ -1310,7 +1354,10 @@ int run_orchestrator(const Options& o) {
     std::vector<std::string> failed;
     for (uint32_t r = 0; r < o.rounds; ++r) {
       core_to_core_ns[n].push_back(core_to_core_round_trip_ns());
-      for (const auto& sys : active) {
+      // Every other round in the reverse order (ABBA): drift within a round pair hits both.
+      std::vector<std::string> order = active;
+      if (r % 2 == 1) std::reverse(order.begin(), order.end());
+      for (const auto& sys : order) {
         if (has(failed, sys)) continue;
         auto got = measure_throughput(o, exe, sys, servers, n, round_s);
         if (!got) {
@@ -1329,6 +1376,9 @@ int run_orchestrator(const Options& o) {
   // Stop the servers.
   if (has(active, "gpuq")) {
     if (auto r = daemon.stop(); !r) record("gpuq", "stop", r.error());
+  }
+  if (has(active, kNoMetrics)) {
+    if (auto r = daemon_no_metrics.stop(); !r) record(kNoMetrics, "stop", r.error());
   }
   uds_server.kill_and_reap();
   mq_server.kill_and_reap();
@@ -1417,10 +1467,40 @@ int run_orchestrator(const Options& o) {
                            gi->second / bi->second, false, 10.0});
     }
   }
+  // What the job metrics cost: gpuq (counting) against gpuq-nometrics. Throughput by the
+  // median of the rounds: on a VM a round's figure moves by 2x with where the host runs the
+  // two vCPUs (core_to_core_round_trip_ns), which a mean over few rounds does not wash out.
+  if (has(o.systems, "gpuq") && has(o.systems, kNoMetrics)) {
+    const SystemResults& g = results["gpuq"];
+    const SystemResults& b = results[kNoMetrics];
+    if (g.hot && b.hot && g.hot->p50_us > 0) {
+      targets.push_back({"nometrics_p50/gpuq_p50", b.hot->p50_us / g.hot->p50_us, false, 0.97});
+    }
+    // Each round's pair of figures, measured back to back, gives one ratio; the median of
+    // those is the figure (a pair mostly sees one placement of the vCPUs).
+    for (uint32_t n : o.clients) {
+      auto gi = g.throughput_rounds.find(n);
+      auto bi = b.throughput_rounds.find(n);
+      if (gi == g.throughput_rounds.end() || bi == b.throughput_rounds.end() ||
+          gi->second.size() != bi->second.size()) {
+        continue;
+      }
+      std::vector<double> ratios;
+      for (size_t r = 0; r < gi->second.size(); ++r) {
+        if (bi->second[r] > 0) ratios.push_back(gi->second[r] / bi->second[r]);
+      }
+      if (!ratios.empty()) {
+        targets.push_back({"gpuq_throughput_" + std::to_string(n) + "c/nometrics_throughput_" +
+                               std::to_string(n) + "c (median of " + std::to_string(ratios.size()) +
+                               " round pairs)",
+                           median_of(ratios), false, 0.97});
+      }
+    }
+  }
   if (!targets.empty()) {
     std::printf("%-48s %9s %9s  %s\n", "Target", "ratio", "goal", "result");
     for (const auto& t : targets) {
-      std::printf("  %-46s %9.3f %3s %5.1f  %s\n", t.name.c_str(), t.value,
+      std::printf("  %-46s %9.3f %3s %5.2f  %s\n", t.name.c_str(), t.value,
                   t.upper_bound ? "<=" : ">=", t.bound, t.pass() ? "pass" : "MISS");
     }
     std::printf("\n");
@@ -1545,7 +1625,9 @@ int main(int argc, char** argv) {
   if (o->server == "mq") return run_mq_server(*o);
   if (!o->server.empty()) return 2;
   if (!o->child.empty()) {
-    if (o->child != "gpuq" && o->child != "uds" && o->child != "mq") return 2;
+    if (o->child != "gpuq" && o->child != "uds" && o->child != "mq" && o->child != kNoMetrics) {
+      return 2;
+    }
     return run_child(*o);
   }
   return run_orchestrator(*o);
