@@ -56,7 +56,7 @@ namespace {
 namespace beast = boost::beast;
 namespace http = beast::http;
 namespace net = boost::asio;
-using tcp = net::ip::tcp;
+using Tcp = net::ip::tcp;
 
 constexpr uint32_t kHeaderLimit = 8 * 1024;          // request line and fields; past it 431
 constexpr std::size_t kReadBufferLimit = 64 * 1024;  // what one connection may have buffered
@@ -149,7 +149,7 @@ Response make_response(http::status status, unsigned version, std::string_view c
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<ServerState> state)
+  Session(Tcp::socket socket, std::shared_ptr<ServerState> state)
       : stream_(std::move(socket)),
         render_timer_(stream_.get_executor()),
         state_(std::move(state)) {
@@ -294,7 +294,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // kLingerBytes at most), then closes.
   void linger() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.socket().shutdown(Tcp::socket::shutdown_send, ignored);
     stream_.expires_after(kLingerTime);
     linger_read();
   }
@@ -355,13 +355,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
 // The 503 for a connection past max_connections, written without waiting (best effort).
 const std::string& too_many_connections_response() {
-  static const std::string text = [] {
+  static const std::string kText = [] {
     const std::string body = "too many connections to the metrics listener\n";
     return "HTTP/1.1 503 Service Unavailable\r\nServer: gpuqd\r\nContent-Type: " +
            std::string(kTextType) + "\r\nContent-Length: " + std::to_string(body.size()) +
            "\r\nConnection: close\r\n\r\n" + body;
   }();
-  return text;
+  return kText;
 }
 
 }  // namespace
@@ -453,7 +453,7 @@ struct MetricsHttpServer::Impl {
 
   // Waits for the listening socket to be readable, then takes what connections there are.
   void wait_accept() {
-    acceptor.async_wait(tcp::acceptor::wait_read, [this](beast::error_code ec) {
+    acceptor.async_wait(Tcp::acceptor::wait_read, [this](beast::error_code ec) {
       if (ec == net::error::operation_aborted) return;
       if (ec) {
         report_accept_failure("waiting for connections failed: " + ec.message());
@@ -497,7 +497,7 @@ struct MetricsHttpServer::Impl {
       return;  // closes
     }
     at_limit_reported = false;
-    tcp::socket socket(ioc);
+    Tcp::socket socket(ioc);
     beast::error_code ec;
     socket.assign(protocol, fd.get(), ec);
     if (ec) {
@@ -542,8 +542,8 @@ struct MetricsHttpServer::Impl {
   // Declared before everything that uses it, so destroyed after: its destruction destroys the
   // handlers still pending, and with them the sessions.
   net::io_context ioc;
-  tcp::acceptor acceptor{ioc};
-  tcp protocol = tcp::v4();
+  Tcp::acceptor acceptor{ioc};
+  Tcp protocol = Tcp::v4();
   net::steady_timer retry_timer{ioc};
   std::shared_ptr<ServerState> state;
   uint16_t port = 0;
@@ -585,7 +585,7 @@ Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(const Listen
   if (ec) {
     return Error(ErrorCode::kInvalidArgument, where + ": \"" + at.host + "\" is not an IP address");
   }
-  const tcp::endpoint endpoint(address, at.port);
+  const Tcp::endpoint endpoint(address, at.port);
   impl->protocol = endpoint.protocol();
   auto cannot_listen = [&](const Error& e) {
     const int err = errno;
@@ -616,7 +616,7 @@ Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(const Listen
   impl->acceptor.assign(endpoint.protocol(), socket.get(), ec);
   if (ec) return Error(ErrorCode::kSystemError, where + ": cannot listen: " + ec.message());
   (void)socket.release();  // the acceptor owns it now
-  const tcp::endpoint bound = impl->acceptor.local_endpoint(ec);
+  const Tcp::endpoint bound = impl->acceptor.local_endpoint(ec);
   if (ec) return Error(ErrorCode::kSystemError, where + ": cannot listen: " + ec.message());
   impl->port = bound.port();
   impl->wait_accept();
