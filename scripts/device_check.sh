@@ -292,7 +292,8 @@ if [[ " ${STAGES} " == *" test "* ]]; then
   fi
 fi
 
-# ---- python: the gpu Python pool tests (python/tests/test_python_gpu.py, torch) -------------
+# ---- python: the gpu Python pool tests (python/tests/test_python_gpu.py, torch) and the gpu
+# pool's metrics (test_metrics_gpu.py: worker memory, NVML figures from the sampler) -----------
 # The gpuq package built into a venv that sees the machine's own packages (torch, nanobind,
 # scikit-build-core; no internet), against the bundle's headers, then pytest -m gpu against the
 # gpuqd of this build. Exit 77 (skipped) when torch or a device is missing.
@@ -309,7 +310,7 @@ python_gpu() {
   lim="$(limit "${TEST_TIMEOUT}")"
   GPUQ_GPUQD="${BUILD}/daemon/gpuqd" timeout -k 10 "${lim}" "${venv}/bin/python" -m pytest -v \
     -m gpu -p no:cacheprovider --junitxml="${OUT}/python-gpu.xml" \
-    "${ROOT}/python/tests/test_python_gpu.py"
+    "${ROOT}/python/tests/test_python_gpu.py" "${ROOT}/python/tests/test_metrics_gpu.py"
 }
 stage python python_gpu
 
