@@ -88,7 +88,8 @@ void ClientRegistry::raise_descriptor_limit(uint64_t workers) {
   }
   descriptor_limit_ = lim.rlim_cur;
   const Config& c = config_;
-  const uint64_t fixed = workers * 3 + 32;  // workers, and the supervisor's own descriptors
+  // Workers; the supervisor's own descriptors; the metrics listener's connections and its own.
+  const uint64_t fixed = workers * 3 + 32 + (c.metrics_listen ? 72 : 0);
   const uint64_t needed = fixed + uint64_t{c.max_clients} * 3;
   if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < needed) {
     GPUQ_LOG_WARN(
@@ -304,9 +305,7 @@ void ClientRegistry::unregister(Client& client) {
     }
   }
   ClientShm& cs = queue_.client(client.index);
-  for (uint32_t p = 0; p < config_.pools.size(); ++p) {
-    submitted_by_departed_[p] += cs.submitted[p].load(std::memory_order_relaxed);
-  }
+  for (uint32_t p = 0; p < config_.pools.size(); ++p) count_submitted(client, p);
   cs.session.store(0, std::memory_order_release);
   cs.submitting.store(0, std::memory_order_relaxed);
   if (on_leaving_) on_leaving_(client);
@@ -341,10 +340,16 @@ void ClientRegistry::release_retired() {
   });
 }
 
+void ClientRegistry::count_submitted(const Client& client, uint32_t pool) const {
+  const uint64_t now = queue_.client(client.index).submitted[pool].load(std::memory_order_relaxed);
+  uint64_t& seen = client.submitted_seen[pool];
+  if (now > seen) submitted_counted_[pool] += now - seen;
+  seen = now;  // a counter that fell (a scribble) counts again only from here
+}
+
 uint64_t ClientRegistry::jobs_submitted(uint32_t pool) const {
-  uint64_t n = submitted_by_departed_[pool];
-  for_each([&](const Client& c) { n += queue_.client(c.index).submitted[pool].load(); });
-  return n;
+  for_each([&](const Client& c) { count_submitted(c, pool); });
+  return submitted_counted_[pool];
 }
 
 }  // namespace gpuq::daemon

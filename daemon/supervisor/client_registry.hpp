@@ -39,6 +39,9 @@ struct Client {
   ClientSegmentGeometry geometry{};
   uint32_t slot_count = 0;
   bool keep_running_jobs = false;  // Hello: its running jobs are not cancelled when it leaves
+  // Its ClientShm::submitted counters as last counted (jobs_submitted): the counters are in
+  // memory the client writes, so only their rises are added, and the total never falls.
+  mutable uint64_t submitted_seen[kMaxPools] = {};
 };
 
 class ClientRegistry {
@@ -78,7 +81,8 @@ class ClientRegistry {
   bool index_in_use(uint32_t index) const {
     return index < index_in_use_.size() && index_in_use_[index];
   }
-  // Jobs pushed to `pool`: by clients that have left, plus the live clients' own counters.
+  // Jobs pushed to `pool`, as the clients count them (in memory they write): the sum of every
+  // rise of each client's counter seen so far, so it never falls, whatever a client writes.
   uint64_t jobs_submitted(uint32_t pool) const;
 
   // The registered client holding `index`, or null.
@@ -120,7 +124,9 @@ class ClientRegistry {
   uint64_t next_session_ = 1;
   uint32_t next_index_ = 0;
   uint32_t registered_ = 0;
-  uint64_t submitted_by_departed_[kMaxPools] = {};
+  // Adds the rise of `client`'s counters since last counted to submitted_counted_.
+  void count_submitted(const Client& client, uint32_t pool) const;
+  mutable uint64_t submitted_counted_[kMaxPools] = {};
   // Held open so that a connection can still be accepted, told why it is refused and closed
   // when the process is out of descriptors (EMFILE), instead of staying in the backlog.
   UniqueFd reserve_fd_;

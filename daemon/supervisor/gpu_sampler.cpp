@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string_view>
 #include <utility>
@@ -28,7 +29,11 @@ Result<void> GpuSampler::start(uint64_t now) {
   if (pid < 0) return GPUQ_SYSTEM_ERROR("fork");
   if (pid == 0) {
     // Child (the supervisor may have threads): raw async-signal-safe calls only, then exec.
-    (void)dup2(out, 1);  // the copy at 1 survives exec
+    if (out == 1) {
+      (void)fcntl(1, F_SETFD, 0);  // already in place: keep it across exec
+    } else {
+      (void)dup2(out, 1);  // the copy at 1 survives exec
+    }
     (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
     (void)sigprocmask(SIG_SETMASK, &empty, nullptr);
     execv(argv[0], const_cast<char* const*>(argv));
@@ -90,6 +95,14 @@ bool GpuSampler::on_exit(pid_t pid, int /*status*/) {
 }
 
 std::vector<GpuSample> GpuSampler::latest(uint64_t now) {
+  // A sampler that has said nothing for a while is stuck (in NVML, on a wedged driver): kill
+  // it; its exit is reaped as any other, and a new one starts after the back-off.
+  const uint64_t quiet_since = std::max(sampled_ns_, started_ns_);
+  if (pid_ != 0 && now - quiet_since > kRestartNs) {
+    GPUQ_LOG_WARN("GPU sampler (pid %d) silent for %llu s: stopping it", pid_,
+                  static_cast<unsigned long long>((now - quiet_since) / 1'000'000'000));
+    (void)::kill(pid_, SIGKILL);  // ESRCH: it has exited already, and is reaped as usual
+  }
   if (pid_ == 0 && now - started_ns_ >= kRestartNs) {
     if (auto r = start(now); !r) {
       GPUQ_LOG_WARN("GPU sampler: cannot start: %s", r.error().to_string().c_str());

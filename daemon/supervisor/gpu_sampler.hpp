@@ -2,7 +2,8 @@
 // (`gpuqd --sample-gpus MS`, gpu_discovery.hpp): the supervisor never maps libnvidia-ml, and a
 // wedged driver that hangs NVML holds up only the child. The child writes one line per
 // interval on a pipe the supervisor's loop reads; a child that dies is started again when
-// metrics are next asked for, at most once every kRestartNs.
+// metrics are next asked for, at most once every kRestartNs, and one silent that long is
+// killed first.
 #pragma once
 
 #include <sys/types.h>
@@ -22,7 +23,8 @@ class GpuSampler {
  public:
   static constexpr uint64_t kRestartNs = 10'000'000'000;
 
-  // `self_exe`: gpuqd's own executable; `gpus`: what discovery found (UUID -> index);
+  // `self_exe`: gpuqd's own executable ("/proc/self/exe": the running binary even after a
+  // package upgrade replaced the file); `gpus`: what discovery found (UUID -> index);
   // `tag`: what the loop reports the pipe with.
   GpuSampler(std::string self_exe, std::vector<GpuInfo> gpus, uint32_t interval_ms, EventLoop& loop,
              uint64_t tag)

@@ -206,7 +206,9 @@ int main(int argc, char** argv) {
   options.worker_path = std::move(worker);
   options.gpu_worker_path = find_worker("gpuq-gpu-worker");  // none in a build without CUDA
   options.notifier = notifier;
-  options.self_path = self_executable();
+  // Through /proc, so that the GPU sampler runs this very binary even once a package upgrade
+  // has replaced (or removed) the file it was started from.
+  if (!self_executable().empty()) options.self_path = "/proc/self/exe";
   options.test_hooks = std::move(*hooks);
   gpuq::daemon::Supervisor supervisor(std::move(options));
   if (auto r = supervisor.start(); !r) {

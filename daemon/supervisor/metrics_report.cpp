@@ -36,7 +36,8 @@ struct Histogram {
     for (uint32_t b = 0; b <= kMetricBounds; ++b) {
       buckets[b] += m.buckets[b][kind].load(std::memory_order_relaxed);
     }
-    sum_ticks += m.sum_ticks[kind].load(std::memory_order_relaxed);
+    const uint64_t add = m.sum_ticks[kind].load(std::memory_order_relaxed);
+    sum_ticks = sum_ticks + add < sum_ticks ? UINT64_MAX : sum_ticks + add;  // never wraps
   }
 };
 
@@ -177,10 +178,11 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
   }
   e.family("gpuq_queue_capacity", "gauge", "Cells of the pool's ring (queue_factor x workers).");
   for (uint32_t p = 0; p < pools; ++p) {
-    e.sample("gpuq_queue_capacity", pool_label(p), uint64_t{queue.pool(p).capacity});
+    // The supervisor's own copy (the segment's field is the clients' to scribble on).
+    e.sample("gpuq_queue_capacity", pool_label(p), uint64_t{queue.layout().pools[p].capacity});
   }
   e.family("gpuq_jobs_submitted_total", "counter",
-           "Jobs clients pushed to the pool's ring (each client counts its own).");
+           "Jobs clients pushed to the pool's ring, as the clients count them.");
   for (uint32_t p = 0; p < pools; ++p) {
     e.sample("gpuq_jobs_submitted_total", pool_label(p), src.clients->jobs_submitted(p));
   }
@@ -192,7 +194,10 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
     const uint32_t n = std::min(m.op_count.load(std::memory_order_acquire), kMaxMetricOps);
     for (uint32_t i = 0; i < n; ++i) {
       const OpMetrics& om = m.ops[i];
-      OpTotals& t = ops[{w->pool, om.op_id}];
+      // An id this daemon has no op for (the page is the worker's, and a Python pool may run
+      // clients' code) counts as `other`, so that no two series share their labels.
+      const uint32_t op = find_op(om.op_id) != nullptr ? om.op_id : kMetricOtherOp;
+      OpTotals& t = ops[{w->pool, op}];
       t.observed = true;
       for (uint32_t o = 0; o < kMetricOutcomes; ++o) {
         t.outcomes[o] += om.outcomes[o].load(std::memory_order_relaxed);
@@ -201,7 +206,9 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
       t.run.add(om, kRun);
     }
   }
+  // With job_metrics off there are no job counts at all (docs/metrics.md), not these alone.
   for (const auto& [key, count] : src.recovery->jobs_ended()) {
+    if (!c.job_metrics) break;
     const auto& [pool, op, outcome] = key;
     ops[{pool, op}].outcomes[outcome_index(outcome)] += count;
   }

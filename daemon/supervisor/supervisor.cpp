@@ -137,11 +137,14 @@ Result<void> Supervisor::start() {
                             &recovery_, &watch_, options_.runtime_dir, options_.gpu_worker_path},
       status_.get(), &stamps_, files_.queue().header().start_unix_ns});
   if (auto r = workers_->create(); !r) return r;
+  // Before any worker starts: a port that cannot be bound stops gpuqd before it has spun up
+  // workers (and GPU contexts) for nothing. Discovery and the op listings, which fork without
+  // exec, have run; from here every child is exec'd at once, safe beside the listener's thread.
+  if (auto r = start_metrics_listener(); !r) return r;
   watch_.attach(workers_.get());
   for (const auto& w : workers_->all()) {
     if (auto r = workers_->spawn(*w); !r) return r;
   }
-  if (auto r = start_metrics_listener(); !r) return r;
   // Per-GPU metrics where NVML found the GPUs some pool runs on (not with a fake tree).
   const bool nvml_gpus_in_use =
       plan_.discovery.source == "nvml" && !plan_.fake_gpus &&

@@ -56,8 +56,8 @@ struct SupervisorOptions {
   // How workers are started, killed and reaped; null: fork and exec (ForkExecLauncher). A test
   // passes its own to step the supervisor without worker processes.
   std::shared_ptr<ProcessLauncher> launcher;
-  // gpuqd's own executable, which it runs as its GPU sampler (`--sample-gpus`) for the
-  // metrics; empty: no per-GPU metrics.
+  // gpuqd's own executable ("/proc/self/exe"), which it runs as its GPU sampler
+  // (`--sample-gpus`) for the metrics; empty: no per-GPU metrics.
   std::string self_path;
 };
 

@@ -91,6 +91,8 @@ class Worker {
                                                 kWorkerMetricsOffset);
     metrics_on_ = metrics_->enabled != 0;
     std::memcpy(bound_ticks_, metrics_->bound_ticks, sizeof bound_ticks_);
+    // The last bound is a minute: the cap, an hour, in the same ticks.
+    wait_cap_ = bound_ticks_[kMetricBounds - 1] / 60 * kMaxQueueWaitSeconds;
     clients_.resize(l.max_clients);
     pool_ = &queue_.pool(options_.pool_id);
     self_ = &queue_.worker(options_.worker_id);
@@ -404,8 +406,8 @@ class Worker {
   void record_metrics(const JobDescriptor& d, const JobOutcome& out, MetricOutcome outcome) {
     OpMetrics& m = metrics_->ops[metrics_slot(d.op_id)];
     bump(m.outcomes[static_cast<uint32_t>(outcome)]);
-    const uint64_t wait =
-        out.started_stamp > d.submit_stamp ? out.started_stamp - d.submit_stamp : 0;
+    const uint64_t wait = std::min(
+        out.started_stamp > d.submit_stamp ? out.started_stamp - d.submit_stamp : 0, wait_cap_);
     observe(m, kQueueWait, bound_ticks_, wait);
     if (outcome != MetricOutcome::kExpired) {
       observe(m, kRun, bound_ticks_, out.finished_stamp - out.started_stamp);
@@ -522,6 +524,7 @@ class Worker {
   WorkerMetrics* metrics_ = nullptr;
   bool metrics_on_ = false;
   uint64_t bound_ticks_[kMetricBounds] = {};
+  uint64_t wait_cap_ = 0;          // kMaxQueueWaitSeconds in job stamp ticks
   std::vector<uint16_t> slot_of_;  // op id -> metrics slot
   uint64_t memory_budget_ = 0;     // a GPU worker's device memory budget; 0: none
 };

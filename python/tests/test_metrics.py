@@ -14,12 +14,11 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 import gpuq
 import gpuq.testing
-
-prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -55,7 +54,8 @@ def documented_metrics():
 
 def parse(text):
     """{family name: family} with prometheus_client's parser (which raises on bad text)."""
-    return {f.name: f for f in prometheus_parser.text_string_to_metric_families(text)}
+    parser = pytest.importorskip("prometheus_client.parser")
+    return {f.name: f for f in parser.text_string_to_metric_families(text)}
 
 
 def value(families, family, sample_name=None, **labels):
@@ -184,7 +184,16 @@ def test_counts_equal_the_jobs_run(mdaemon):
 
 
 def test_worker_death_and_time_limit_kill_are_counted(mdaemon):
+    def doubled(fams):
+        try:
+            return value(fams, "gpuq_jobs", "gpuq_jobs_total", pool="py", op="double",
+                         outcome="ok")
+        except (KeyError, AssertionError):
+            return 0.0
+
     with gpuq.connect(mdaemon.runtime_dir) as c:
+        for _ in range(5):
+            c.call("double", np.arange(4.0), pool="py")
         with pytest.raises(gpuq.WorkerDied):
             c.call("crash", pool="py")
         # sleep_forever ignores cancellation: the supervisor kills its worker at the limit.
@@ -207,6 +216,8 @@ def test_worker_death_and_time_limit_kill_are_counted(mdaemon):
     assert (died, timed, kills) == (1, 1, 1)
     assert restarts >= 2
     assert ready == 1
+    # The worker's own counts outlive its process: the page is kept across restarts.
+    assert doubled(fams) >= 5
 
 
 def test_http_serves_what_the_control_socket_does(mdaemon, http_base):

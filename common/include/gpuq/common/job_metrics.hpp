@@ -19,6 +19,7 @@ inline constexpr uint32_t kMetricBounds = 22;
 inline constexpr double kMetricBoundSeconds[kMetricBounds] = {
     5e-6,   1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
     2.5e-2, 5e-2, 0.1,    0.25, 0.5,  1.0,    2.5,  5.0,  10.0,   30.0, 60.0};
+static_assert(kMetricBoundSeconds[kMetricBounds - 1] == 60.0);  // kMaxQueueWaitSeconds
 
 // How a job ended, for the jobs counter's `outcome` label. The supervisor adds the outcomes
 // no worker reports (a job lost with its worker) on its own side.
@@ -55,7 +56,8 @@ struct alignas(64) OpMetrics {
 };
 static_assert(offsetof(OpMetrics, buckets) == 64);
 
-// The most ops one worker keeps apart; jobs of further ops count under kMetricOtherOp.
+// Op slots per worker. The last is kept for kMetricOtherOp, so a worker keeps at most 95 ops
+// apart; jobs of further ops count under `other`.
 inline constexpr uint32_t kMaxMetricOps = 96;
 
 struct alignas(64) WorkerMetrics {
@@ -89,7 +91,13 @@ inline void observe(OpMetrics& m, MetricHistogramKind kind, const uint64_t* boun
   uint32_t i = 0;
   while (i < kMetricBounds && ticks > bound_ticks[i]) ++i;
   bump(m.buckets[i][kind]);
-  bump(m.sum_ticks[kind], ticks);
+  // Saturating: a sum that wrapped would read as a counter reset.
+  const uint64_t sum = m.sum_ticks[kind].load(std::memory_order_relaxed);
+  m.sum_ticks[kind].store(sum + ticks < sum ? UINT64_MAX : sum + ticks, std::memory_order_relaxed);
 }
+
+// The longest queue wait one job adds to the sum: an hour (the +Inf bucket starts at a
+// minute). A wait starts at the client's own submit stamp; one that claims more is a lie.
+inline constexpr uint64_t kMaxQueueWaitSeconds = 3600;
 
 }  // namespace gpuq
