@@ -3,6 +3,7 @@
 // its body (gpuq/common/messages.hpp, common/src/messages.cpp), as the receiving side decodes it:
 //   Hello                 the supervisor (decode_hello)
 //   Welcome, StopReply    the client library (decode_welcome, decode_stop_reply)
+//   MetricsReply          the client library (decode_metrics_reply)
 //   Error                 the client library (error_from_body)
 //   WorkerReady           the supervisor (decode_worker_ready)
 //   MapClient/UnmapClient the worker (decode_map_client, decode_unmap_client)
@@ -100,6 +101,12 @@ void parse_body(MessageType type, const std::string& body) {
       return decode_and_check(body, decode_stop_request, none);
     case MessageType::kStopReply:
       return decode_and_check(body, decode_stop_reply, none);
+    case MessageType::kMetricsRequest:
+      return decode_and_check(body, decode_metrics_request, none);
+    case MessageType::kMetricsReply:
+      return decode_and_check(body, decode_metrics_reply, [](const MetricsReplyMessage& m) {
+        GPUQ_ASSERT(m.bytes <= kMaxMetricsBytes);
+      });
     case MessageType::kWorkerReady:
       return decode_and_check(body, decode_worker_ready, [](const WorkerReadyMessage& r) {
         GPUQ_ASSERT(r.backend.empty() || r.backend.front() == '{');

@@ -310,6 +310,24 @@ TEST_CASE("StopReply: {\"draining\":true} and back") {
   check_rejected(decode_stop_reply, R"({"draining":"yes"})", "StopReply.draining");
 }
 
+// ---- MetricsRequest, MetricsReply -------------------------------------------------------------
+
+TEST_CASE("MetricsRequest is {}; MetricsReply carries the text's size, at most 64 MiB") {
+  CHECK(encode(MetricsRequestMessage{}) == "{}");
+  CHECK(decode_metrics_request(R"({"future":1})").ok());
+  check_rejected(decode_metrics_request, "[]", "MetricsRequest body");
+
+  CHECK(encode(MetricsReplyMessage{1234}) == R"({"bytes":1234})");
+  auto back = decode_metrics_reply(encode(MetricsReplyMessage{kMaxMetricsBytes}));
+  REQUIRE(back.ok());
+  CHECK(back->bytes == kMaxMetricsBytes);
+  check_rejected(decode_metrics_reply, "{}", "MetricsReply.bytes");
+  check_rejected(decode_metrics_reply, R"({"bytes":-1})", "MetricsReply.bytes");
+  check_rejected(decode_metrics_reply, R"({"bytes":"12"})", "MetricsReply.bytes");
+  check_rejected(decode_metrics_reply, R"({"bytes":67108865})", "MetricsReply.bytes");
+  check_rejected(decode_metrics_reply, "[1]", "MetricsReply body");
+}
+
 // ---- WorkerReady ------------------------------------------------------------------------------
 
 TEST_CASE("WorkerReady: encode then decode gives the same message") {
