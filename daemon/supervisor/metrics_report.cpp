@@ -223,21 +223,23 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
     }
   }
   const double ns_per_tick = s_.stamps->ns_per_tick;
-  e.family("gpuq_job_queue_wait_seconds", "histogram",
-           "Time from the client's push to the worker's start of the job.");
-  for (const auto& [key, t] : ops) {
-    if (!t.observed) continue;
-    e.histogram("gpuq_job_queue_wait_seconds",
-                {{"pool", c.pools[key.first].name}, {"op", op_label(key.second)}}, t.queue_wait,
-                ns_per_tick);
-  }
-  e.family("gpuq_job_run_seconds", "histogram",
-           "Time from the worker's start of the job to its end.");
-  for (const auto& [key, t] : ops) {
-    if (!t.observed) continue;
-    e.histogram("gpuq_job_run_seconds",
-                {{"pool", c.pools[key.first].name}, {"op", op_label(key.second)}}, t.run,
-                ns_per_tick);
+  struct HistogramFamily {
+    const char* name;
+    const char* help;
+    Histogram OpTotals::*of;
+  };
+  for (const HistogramFamily& f :
+       {HistogramFamily{"gpuq_job_queue_wait_seconds",
+                        "Time from the client's push to the worker's start of the job.",
+                        &OpTotals::queue_wait},
+        HistogramFamily{"gpuq_job_run_seconds",
+                        "Time from the worker's start of the job to its end.", &OpTotals::run}}) {
+    e.family(f.name, "histogram", f.help);
+    for (const auto& [key, t] : ops) {
+      if (!t.observed) continue;
+      e.histogram(f.name, {{"pool", c.pools[key.first].name}, {"op", op_label(key.second)}},
+                  t.*f.of, ns_per_tick);
+    }
   }
 
   // Workers by state, and their counters, by pool.
