@@ -310,7 +310,7 @@ stage_package() {
 # against the real daemon of build/; JUnit counts go to the totals.
 stage_python() {
   [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
-  cmake --build build -j "${BUILD_JOBS}" --target gpuqd gpuq-worker gpuqctl
+  cmake --build build -j "${BUILD_JOBS}" --target gpuqd gpuq-worker gpuqctl gpuq_fake_nvml
   local py="${GPUQ_PYTHON:-}"
   if [[ -z "${py}" ]]; then
     if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=python3; fi

@@ -715,6 +715,9 @@ GpuDiscoveryOptions gpu_discovery_options_from_environment(bool test_hooks_enabl
     options.root = root;
     options.use_nvml = false;
   }
+  if (const char* nvml = std::getenv("GPUQ_TEST_NVML_LIBRARY"); nvml != nullptr && *nvml != '\0') {
+    options.nvml_library = nvml;
+  }
   return options;
 }
 

@@ -43,10 +43,14 @@ struct GpuDiscovery {
   std::string problem;
 };
 
+inline constexpr const char* kNvmlLibrary = "libnvidia-ml.so.1";
 struct GpuDiscoveryOptions {
   std::string root = "/";  // where /proc and /sys are; a fake tree in tests
   bool use_nvml = true;    // false with a fake root: the real NVML would describe the real host
-  std::string nvml_library = "libnvidia-ml.so.1";
+  std::string nvml_library = kNvmlLibrary;  // a stand-in in tests (GPUQ_TEST_NVML_LIBRARY)
+  // Whether the GPUs found are real (false: a fake tree or a stand-in NVML, behind which no
+  // device stands, so gpu pools run gpuq-worker).
+  bool fake() const { return root != "/" || nvml_library != kNvmlLibrary; }
 };
 
 // Finds the GPUs in this process: NVML first, then /proc and sysfs. Never fails: a machine
@@ -87,7 +91,9 @@ int run_gpu_sampler(const std::string& nvml_library, uint32_t interval_ms, int o
 
 // The discovery options for gpuqd: the real machine, unless the test hooks are on
 // (GPUQ_TEST_HOOKS=1) and GPUQ_TEST_GPU_ROOT names a directory holding a fake proc/ and sys/
-// tree, which is then read instead and NVML is not tried. Not thread-safe (getenv).
+// tree, which is then read instead and NVML is not tried, or GPUQ_TEST_NVML_LIBRARY names a
+// stand-in for libnvidia-ml.so.1 (tests/support/fake_nvml.c), loaded instead of it (by
+// discovery and the GPU sampler). Not thread-safe (getenv).
 GpuDiscoveryOptions gpu_discovery_options_from_environment(bool test_hooks_enabled);
 
 // The GPUs of a gpu pool, as indexes into `found`: every GPU with "gpus": "all", else those the

@@ -21,7 +21,8 @@ Result<void> GpuSampler::start(uint64_t now) {
   if (auto r = GPUQ_POSIX_CALL(::pipe2, fds, O_CLOEXEC); !r) return r.error();
   UniqueFd read_end(fds[0]), write_end(fds[1]);
   const std::string interval = std::to_string(interval_ms_);
-  const char* argv[] = {self_exe_.c_str(), "--sample-gpus", interval.c_str(), nullptr};
+  const char* argv[] = {self_exe_.c_str(), "--sample-gpus", interval.c_str(), nvml_library_.c_str(),
+                        nullptr};
   sigset_t empty;
   sigemptyset(&empty);
   const int out = write_end.get();

@@ -26,9 +26,10 @@ class GpuSampler {
   // `self_exe`: gpuqd's own executable ("/proc/self/exe": the running binary even after a
   // package upgrade replaced the file); `gpus`: what discovery found (UUID -> index);
   // `tag`: what the loop reports the pipe with.
-  GpuSampler(std::string self_exe, std::vector<GpuInfo> gpus, uint32_t interval_ms, EventLoop& loop,
-             uint64_t tag)
+  GpuSampler(std::string self_exe, std::string nvml_library, std::vector<GpuInfo> gpus,
+             uint32_t interval_ms, EventLoop& loop, uint64_t tag)
       : self_exe_(std::move(self_exe)),
+        nvml_library_(std::move(nvml_library)),
         gpus_(std::move(gpus)),
         interval_ms_(interval_ms),
         loop_(loop),
@@ -53,6 +54,7 @@ class GpuSampler {
   void close_pipe();
 
   std::string self_exe_;
+  std::string nvml_library_;  // passed to the child: NVML's, or a stand-in in tests
   std::vector<GpuInfo> gpus_;
   uint32_t interval_ms_;
   EventLoop& loop_;

@@ -81,7 +81,7 @@ int check_config(const gpuq::daemon::Config& config) {
     auto hooks = gpuq::daemon::read_test_hooks();
     const gpuq::daemon::GpuDiscoveryOptions how =
         gpuq::daemon::gpu_discovery_options_from_environment(hooks && hooks->enabled);
-    fake_gpus = how.root != "/";  // as the supervisor: fake GPUs run gpuq-worker
+    fake_gpus = how.fake();  // as the supervisor: fake GPUs run gpuq-worker
     found = gpuq::daemon::discover_gpus_isolated(how, 30'000);
     if (found.gpus.empty()) std::printf("GPUs: none (%s)\n", found.problem.c_str());
     for (const auto& g : found.gpus) {
@@ -146,8 +146,9 @@ int check_config(const gpuq::daemon::Config& config) {
   return 0;
 }
 
-// gpuqd --sample-gpus MS: the GPU sampler child (gpu_sampler.hpp), started by gpuqd itself.
-int sample_gpus(const char* interval) {
+// gpuqd --sample-gpus MS [LIBRARY]: the GPU sampler child (gpu_sampler.hpp), started by gpuqd
+// itself; LIBRARY: NVML's (a stand-in under the test hooks).
+int sample_gpus(const char* interval, const char* library) {
   gpuq::log_init("gpuqd-gpu-sampler", gpuq::LogLevel::kInfo);
   char* end = nullptr;
   const unsigned long ms = std::strtoul(interval, &end, 10);
@@ -155,13 +156,15 @@ int sample_gpus(const char* interval) {
     std::fprintf(stderr, "gpuqd: --sample-gpus wants milliseconds from 100 to 60000\n");
     return 2;
   }
-  return gpuq::daemon::run_gpu_sampler("libnvidia-ml.so.1", static_cast<uint32_t>(ms), 1);
+  return gpuq::daemon::run_gpu_sampler(library, static_cast<uint32_t>(ms), 1);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string_view(argv[1]) == "--sample-gpus") return sample_gpus(argv[2]);
+  if ((argc == 3 || argc == 4) && std::string_view(argv[1]) == "--sample-gpus") {
+    return sample_gpus(argv[2], argc == 4 ? argv[3] : gpuq::daemon::kNvmlLibrary);
+  }
   std::string config_path, runtime_dir;
   bool check_only = false;
   for (int i = 1; i < argc; ++i) {

@@ -174,13 +174,17 @@ Result<PoolPlan> plan_pools(Config& c, const std::string& gpu_worker_path, bool 
                                      [](const PoolConfig& p) { return p.kind == PoolKind::kGpu; });
   if (want_gpus) {
     const GpuDiscoveryOptions how = gpu_discovery_options_from_environment(test_hooks);
+    plan.nvml_library = how.nvml_library;
     if (how.root != "/") {
-      plan.fake_gpus = true;
       GPUQ_LOG_WARN(
           "test hooks: GPUQ_TEST_GPU_ROOT: GPUs are read from %s, NVML is not tried, and gpu "
           "pools run gpuq-worker",
           how.root.c_str());
+    } else if (how.fake()) {
+      GPUQ_LOG_WARN("test hooks: GPUQ_TEST_NVML_LIBRARY: NVML is %s, and gpu pools run gpuq-worker",
+                    how.nvml_library.c_str());
     }
+    plan.fake_gpus = how.fake();
     plan.discovery = discover_gpus_isolated(how, kGpuDiscoveryTimeoutMs);
     plan.discovery_ran = true;
     for (const GpuInfo& g : plan.discovery.gpus) {

@@ -34,9 +34,11 @@ struct PoolPlan {
   std::vector<PoolState> pools;             // by pool
   GpuDiscovery discovery;                   // what discovery found
   bool discovery_ran = false;               // only when a gpu pool is configured
-  // GPUs read from a fake tree (test hook GPUQ_TEST_GPU_ROOT): no device stands behind them, so
-  // their pools run gpuq-worker (the CPU backend) instead of gpuq-gpu-worker.
+  // GPUs read from a fake tree or a stand-in NVML (test hooks GPUQ_TEST_GPU_ROOT,
+  // GPUQ_TEST_NVML_LIBRARY): no device stands behind them, so their pools run gpuq-worker (the
+  // CPU backend) instead of gpuq-gpu-worker.
   bool fake_gpus = false;
+  std::string nvml_library = kNvmlLibrary;  // what discovery loaded; the GPU sampler loads it too
 };
 
 // Finds the GPUs (when a gpu pool asks for them), decides each pool's workers and where they

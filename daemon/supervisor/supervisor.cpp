@@ -145,14 +145,16 @@ Result<void> Supervisor::start() {
   for (const auto& w : workers_->all()) {
     if (auto r = workers_->spawn(*w); !r) return r;
   }
-  // Per-GPU metrics where NVML found the GPUs some pool runs on (not with a fake tree).
+  // Per-GPU metrics where NVML (or its stand-in, under the test hooks) found the GPUs some
+  // pool runs on.
   const bool nvml_gpus_in_use =
-      plan_.discovery.source == "nvml" && !plan_.fake_gpus &&
+      plan_.discovery.source == "nvml" &&
       std::any_of(plan_.pools.begin(), plan_.pools.end(),
                   [](const PoolState& p) { return p.available && !p.gpus.empty(); });
   if (nvml_gpus_in_use && !options_.self_path.empty()) {
-    gpu_sampler_ = std::make_unique<GpuSampler>(options_.self_path, plan_.discovery.gpus, 1000,
-                                                loop_, make_tag(Tag::kGpuSampler, 0));
+    gpu_sampler_ =
+        std::make_unique<GpuSampler>(options_.self_path, plan_.nvml_library, plan_.discovery.gpus,
+                                     1000, loop_, make_tag(Tag::kGpuSampler, 0));
     if (auto r = gpu_sampler_->start(monotonic_ns()); !r) {
       GPUQ_LOG_WARN("GPU sampler: cannot start (no per-GPU metrics): %s",
                     r.error().to_string().c_str());

@@ -374,3 +374,37 @@ def test_top_refuses_bad_arguments(mdaemon):
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert r.stderr.strip(), args
+
+
+def test_gpu_sampler_figures_from_a_stand_in_nvml(monkeypatch):
+    """The per-GPU metrics through the whole path (the `gpuqd --sample-gpus` child loading
+    NVML, its lines on the pipe, the supervisor's rendering), with tests/support/fake_nvml.c in
+    place of libnvidia-ml.so.1 (test hook GPUQ_TEST_NVML_LIBRARY): one GPU, 42 % busy, 20 of
+    80 GiB used."""
+    lib = pathlib.Path(gpuq.testing.find_gpuqd()).parent.parent / "tests" / "libgpuq_fake_nvml.so"
+    if not lib.exists():
+        pytest.skip(f"{lib} not built (target gpuq_fake_nvml)")
+    monkeypatch.setenv("GPUQ_TEST_HOOKS", "1")
+    monkeypatch.setenv("GPUQ_TEST_NVML_LIBRARY", str(lib))
+    cfg = {"pools": [{"name": "gpu", "kind": "gpu", "gpus": [0], "workers_per_gpu": 1}]}
+    uuid = "GPU-fa4e0000-0000-0000-0000-000000000001"
+    with gpuq.testing.Daemon(cfg) as d:
+        deadline = time.monotonic() + 15
+        while True:
+            fams = parse(gpuq.metrics(d.runtime_dir))
+            if "gpuq_gpu_utilization_ratio" in fams or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert "gpuq_gpu_utilization_ratio" in fams, d.log()
+        assert value(fams, "gpuq_gpu_utilization_ratio", gpu="0", uuid=uuid) == 0.42
+        assert value(fams, "gpuq_gpu_memory_used_bytes", gpu="0", uuid=uuid) == 20 << 30
+        assert value(fams, "gpuq_gpu_memory_total_bytes", gpu="0", uuid=uuid) == 80 << 30
+        documented = documented_metrics()
+        for name in ("gpuq_gpu_utilization_ratio", "gpuq_gpu_memory_used_bytes",
+                     "gpuq_gpu_memory_total_bytes"):
+            kind, labels = documented[name]
+            assert fams[name].type == kind
+            assert all(set(s.labels) == set(labels) for s in fams[name].samples)
+        with gpuq.connect(d.runtime_dir) as c:
+            c.submit("noop", pool="gpu").result(30)
+        assert d.status()["ready"]

@@ -335,7 +335,11 @@ std::string format_top(const TopReport& r, double now_unix_s) {
   }
   out += r.draining ? ", draining" : r.ready ? ", ready" : ", not ready";
   out += ", clients " + format_count(r.clients);
-  if (r.clients_max) out += "/" + format_count(r.clients_max);
+  if (r.clients_max) {
+    // Two appends: GCC 12's -Wrestrict misfires on "/" + std::string&& (its insert at 0).
+    out += '/';
+    out += format_count(r.clients_max);
+  }
   out += strf(", over %.2f s", r.interval_s);
   if (r.daemon_restarted) out += " (the daemon restarted: no rates this time)";
   out += '\n';
