@@ -80,6 +80,8 @@ class Supervisor {
 
   // For tests that step the loop: what a client and `gpuqctl status` would see.
   std::string status_json() const;
+  // The metrics text (docs/metrics.md): what `gpuqctl metrics` and the HTTP listener serve.
+  std::string metrics_text();
   const std::string& socket_path() const { return files_.socket_path(); }
   const QueueView& queue() const { return files_.queue(); }
 
@@ -92,8 +94,7 @@ class Supervisor {
   void admit_client(Client& client, const std::string& hello_body);
   void on_worker_started(Worker& w);
   void on_client_leaving(Client& client);
-  // Metrics (docs/metrics.md): the text, for a control request or the HTTP listener.
-  std::string metrics_text();
+  // Metrics (docs/metrics.md): for a control request, and the HTTP listener's scrapes.
   void send_metrics(Client& client);
   Result<void> start_metrics_listener();
   void on_metrics_requests();

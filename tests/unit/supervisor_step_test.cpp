@@ -27,6 +27,7 @@
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/shm_layout.hpp"
 #include "gpuq/common/unique_fd.hpp"
+#include "ops.hpp"
 #include "supervisor.hpp"
 
 namespace gpuq::daemon {
@@ -41,6 +42,7 @@ class FakeLauncher final : public ProcessLauncher {
   struct Proc {
     uint32_t worker = 0;
     UniqueFd control;
+    UniqueFd private_page;  // the worker's private memfd (WorkerPrivate, then WorkerMetrics)
     bool exited = false;
   };
 
@@ -52,6 +54,7 @@ class FakeLauncher final : public ProcessLauncher {
         p.worker = static_cast<uint32_t>(std::stoul(spec.argv[i + 1]));
     }
     p.control.reset(::fcntl(spec.control_fd, F_DUPFD_CLOEXEC, 0));
+    if (spec.private_fd >= 0) p.private_page.reset(::fcntl(spec.private_fd, F_DUPFD_CLOEXEC, 0));
     // Its own file description: non-blocking, so reading an empty queue returns Timeout.
     ::fcntl(p.control.get(), F_SETFL, O_NONBLOCK);
     procs_.emplace(pid, std::move(p));
@@ -340,6 +343,66 @@ TEST_CASE("supervisor step: a stop request drains, stops the workers and ends th
   }
   CHECK_FALSE(more);
   CHECK(h.worker_state(0) == "stopped");
+}
+
+// The metrics text from what a worker wrote on its metrics page (job_metrics.hpp), written here
+// as a GPU worker would: job counts by op, and its device memory (which CI, without a GPU,
+// cannot get from a real gpuq-gpu-worker; python/tests/test_metrics.py covers the rest with
+// real workers).
+TEST_CASE("supervisor step: metrics from a worker's page, device memory and unknown op ids") {
+  Harness h(1);
+  h.report_ready(0);
+  FakeLauncher::Proc& p = h.launcher->proc(h.launcher->pid_of(0));
+  REQUIRE(p.private_page.valid());
+  void* base = ::mmap(nullptr, kWorkerPrivateBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                      p.private_page.get(), 0);
+  REQUIRE(base != MAP_FAILED);
+  auto& m = *reinterpret_cast<WorkerMetrics*>(static_cast<char*>(base) + kWorkerMetricsOffset);
+  CHECK(m.enabled == 1);
+  CHECK(m.bound_ticks[0] > 0);  // 5 us in the daemon's job stamp ticks
+  m.device_memory_budget.store(1ull << 30);
+  m.device_memory_used.store(3ull << 20);
+  uint32_t noop = 0;
+  for (const OpInfo& op : op_registry()) {
+    if (std::string(op.name) == "noop") noop = op.id;
+  }
+  m.ops[0].op_id = noop;
+  m.ops[0].outcomes[static_cast<uint32_t>(MetricOutcome::kOk)].store(7);
+  m.ops[0].outcomes[static_cast<uint32_t>(MetricOutcome::kFailed)].store(2);
+  m.ops[0].buckets[0][kRun].store(8);
+  m.ops[0].buckets[kMetricBounds][kRun].store(1);  // one past a minute
+  m.ops[0].sum_ticks[kRun].store(0);
+  m.ops[0].buckets[1][kQueueWait].store(9);
+  // Two ids no op has (a scribbled page): one `other` series, not two with the same labels.
+  m.ops[1].op_id = 4'000'000;
+  m.ops[1].outcomes[0].store(1);
+  m.ops[2].op_id = kMetricOtherOp;
+  m.ops[2].outcomes[0].store(2);
+  m.op_count.store(3);
+
+  const std::string text = h.sup->metrics_text();
+  auto has = [&](const std::string& line) {
+    INFO(line);
+    CHECK(text.find("\n" + line + "\n") != std::string::npos);
+  };
+  has(R"(gpuq_worker_gpu_memory_budget_bytes{pool="cpu",worker="0",gpu=""} 1073741824)");
+  has(R"(gpuq_worker_gpu_memory_used_bytes{pool="cpu",worker="0",gpu=""} 3145728)");
+  has(R"(gpuq_jobs_total{pool="cpu",op="noop",outcome="ok"} 7)");
+  has(R"(gpuq_jobs_total{pool="cpu",op="noop",outcome="failed"} 2)");
+  has(R"(gpuq_job_run_seconds_bucket{pool="cpu",op="noop",le="5e-06"} 8)");
+  has(R"(gpuq_job_run_seconds_bucket{pool="cpu",op="noop",le="60"} 8)");
+  has(R"(gpuq_job_run_seconds_bucket{pool="cpu",op="noop",le="+Inf"} 9)");
+  has(R"(gpuq_job_run_seconds_count{pool="cpu",op="noop"} 9)");
+  has(R"(gpuq_job_queue_wait_seconds_bucket{pool="cpu",op="noop",le="5e-06"} 0)");
+  has(R"(gpuq_job_queue_wait_seconds_bucket{pool="cpu",op="noop",le="1e-05"} 9)");
+  has(R"(gpuq_jobs_total{pool="cpu",op="other",outcome="ok"} 3)");
+  size_t others = 0;
+  for (size_t at = 0; (at = text.find(R"(op="other",outcome="ok")", at)) != std::string::npos;
+       ++at) {
+    ++others;
+  }
+  CHECK(others == 1);
+  CHECK(::munmap(base, kWorkerPrivateBytes) == 0);
 }
 
 }  // namespace
