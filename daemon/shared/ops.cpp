@@ -149,13 +149,23 @@ Result<void> add_plugin_ops(std::vector<PluginOp> ops) {
 }
 
 Result<uint32_t> add_python_op(const std::string& name, const std::string& summary, uint32_t pool,
-                               std::optional<uint32_t> id) {
+                               std::optional<uint32_t> id, BatchSettings batching) {
   static std::vector<std::unique_ptr<PythonOp>> owned;
   auto& reg = registry();
   const std::string where = "python pool " + std::to_string(pool) + ": op '" + name + "'";
   if (!valid_op_name(name)) {
     return Error(ErrorCode::kInvalidArgument,
                  where + ": the name is not 1-48 characters of [a-z0-9_]");
+  }
+  if (batching.max_batch_size < 1 || batching.max_batch_size > kMaxBatchSize) {
+    return Error(ErrorCode::kInvalidArgument,
+                 where + ": max_batch_size " + std::to_string(batching.max_batch_size) +
+                     " is not from 1 to " + std::to_string(kMaxBatchSize));
+  }
+  if (batching.max_queue_delay_us > kMaxQueueDelayUs) {
+    return Error(ErrorCode::kInvalidArgument,
+                 where + ": max_queue_delay_us " + std::to_string(batching.max_queue_delay_us) +
+                     " is more than " + std::to_string(kMaxQueueDelayUs));
   }
   uint32_t next = kFirstPluginOpId;
   for (auto& have : reg) {
@@ -174,6 +184,8 @@ Result<uint32_t> add_python_op(const std::string& name, const std::string& summa
     auto* p = const_cast<PythonOp*>(have.python);
     if (std::find(p->pools.begin(), p->pools.end(), pool) == p->pools.end()) {
       p->pools.push_back(pool);
+      p->batching.resize(p->pools.size() - 1);
+      p->batching.push_back(batching);
     }
     return have.id;
   }
@@ -181,7 +193,7 @@ Result<uint32_t> add_python_op(const std::string& name, const std::string& summa
     return Error(ErrorCode::kInvalidArgument,
                  where + ": id " + std::to_string(*id) + " is below the next free one");
   }
-  owned.push_back(std::make_unique<PythonOp>(PythonOp{name, summary, {pool}}));
+  owned.push_back(std::make_unique<PythonOp>(PythonOp{name, summary, {pool}, {batching}}));
   const PythonOp* p = owned.back().get();
   reg.push_back(OpInfo{id.value_or(next), p->name.c_str(), p->summary.c_str(), nullptr,
                        std::nullopt, nullptr, p});
@@ -192,7 +204,12 @@ void forget_python_pool(uint32_t pool) {
   for (const OpInfo& op : registry()) {
     if (op.python == nullptr) continue;
     auto& pools = const_cast<PythonOp*>(op.python)->pools;  // start-up: see add_python_op
-    pools.erase(std::remove(pools.begin(), pools.end(), pool), pools.end());
+    auto& batching = const_cast<PythonOp*>(op.python)->batching;
+    for (size_t i = pools.size(); i-- > 0;) {
+      if (pools[i] != pool) continue;
+      pools.erase(pools.begin() + static_cast<std::ptrdiff_t>(i));
+      if (i < batching.size()) batching.erase(batching.begin() + static_cast<std::ptrdiff_t>(i));
+    }
   }
 }
 

@@ -79,10 +79,31 @@ struct PluginOp {
 // A Python op as the registry holds it (docs/python.md, "Python pools"). Its ids follow the
 // plug-in ops: the supervisor numbers them (pool order, then each module's registration order;
 // one id per name, however many pools have it) and tells each Python worker its pool's.
+// A Python op's dynamic batching (docs/python.md, "Dynamic batching"): a worker that takes one
+// of its jobs gathers further queued jobs of it, up to `max_batch_size` rows or until
+// `max_queue_delay_us` has passed, and calls the function once for all of them. 1: no batching.
+struct BatchSettings {
+  uint32_t max_batch_size = 1;
+  uint32_t max_queue_delay_us = 0;
+  bool batched() const noexcept { return max_batch_size > 1; }
+};
+inline constexpr uint32_t kMaxBatchSize = 65536;
+inline constexpr uint32_t kMaxQueueDelayUs = 1'000'000;
+
 struct PythonOp {
   std::string name;
   std::string summary;
   std::vector<uint32_t> pools;  // the Python pools that have it
+  // Each pool's batching of it, by the index of the pool in `pools` (each pool's module
+  // decorates its own function).
+  std::vector<BatchSettings> batching;
+  // This op's batching on `pool`; no batching for a pool that does not have it.
+  BatchSettings batching_on(uint32_t pool) const noexcept {
+    for (size_t i = 0; i < pools.size() && i < batching.size(); ++i) {
+      if (pools[i] == pool) return batching[i];
+    }
+    return {};
+  }
 };
 
 // The op a Python pool runs for gpuq.Executor: a pickled callable (refused by a pool whose
@@ -90,10 +111,13 @@ struct PythonOp {
 inline constexpr const char* kPythonCallOp = "python_call";
 
 // Adds a Python op with id `id` (above every id registered so far), or adds `pool` to the
-// op of that name when it has one. Same rules as add_plugin_ops. Errors: InvalidArgument
-// naming the op and the pool when a name is malformed or taken by a built-in or plug-in op.
+// op of that name when it has one, with `batching` as that pool's. Same rules as
+// add_plugin_ops. Errors: InvalidArgument naming the op and the pool when a name is malformed
+// or taken by a built-in or plug-in op, or its batching is out of range (max_batch_size 1 to
+// kMaxBatchSize, max_queue_delay_us at most kMaxQueueDelayUs).
 Result<uint32_t> add_python_op(const std::string& name, const std::string& summary, uint32_t pool,
-                               std::optional<uint32_t> id = std::nullopt);
+                               std::optional<uint32_t> id = std::nullopt,
+                               BatchSettings batching = {});
 
 // Appends plug-in ops to this process's registry, ids kFirstPluginOpId onwards, in order. Call
 // once at start-up, before any thread reads the registry (not thread-safe; the registry is

@@ -19,6 +19,7 @@
 #include "job_recovery.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstring>
 #include <utility>
@@ -40,16 +41,31 @@ void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string&
       uint64_t word = slot.state.load(std::memory_order_acquire);
       SlotWord sw = SlotWord::unpack(word);
       if (sw.state != JobState::kRunning || sw.worker_plus_one != worker + 1) continue;
-      const bool stopped_for_it = forced != nullptr && forced->generation_known &&
-                                  forced->session == conn.session && forced->slot == s &&
-                                  forced->generation == sw.generation;
-      if (!stopped_for_it && retry(conn, s, slot, word, why)) continue;
+      bool stopped_for_it = forced != nullptr && forced->generation_known &&
+                            forced->session == conn.session && forced->slot == s &&
+                            forced->generation == sw.generation;
+      // A batched call stopped at one job's time limit: the others of its batch that asked for
+      // that limit (or a shorter one) end TimedOut too; the rest run again.
+      const bool batch_mate = !stopped_for_it && forced != nullptr &&
+                              forced->code == ErrorCode::kTimedOut && forced->batch_jobs > 1;
+      std::string message = stopped_for_it ? forced->message : why;
+      if (batch_mate) {
+        const uint32_t own = std::atomic_ref<const uint32_t>(slot.time_limit_ms).load();
+        uint32_t limit = pool < config_.pools.size() ? config_.pools[pool].job_time_limit_ms : 0;
+        if (own != 0 && (limit == 0 || own < limit)) limit = own;
+        if (limit != 0 && limit <= forced->limit_ms) {
+          stopped_for_it = true;
+          message = forced->message + " (its batch's call; this job's limit is " +
+                    std::to_string(limit) + " ms)";
+        }
+      }
+      if (!stopped_for_it && retry(conn, s, slot, word, why, batch_mate)) continue;
       JobOutcome out{};
       out.code = static_cast<int32_t>(stopped_for_it ? forced->code : ErrorCode::kWorkerDied);
       out.worker_id = worker;
       out.finished_stamp = read_stamp(job_clock_);
       if (stopped_for_it) out.started_stamp = forced->started_stamp;  // it ran until stopped
-      set_slot_message(slot, stopped_for_it ? forced->message.c_str() : why.c_str());
+      set_slot_message(slot, message.c_str());
       std::memcpy(&slot.outcome, &out, sizeof out);
       const JobState end = stopped_for_it && forced->code == ErrorCode::kCancelled
                                ? JobState::kCancelled
@@ -79,10 +95,10 @@ void JobRecovery::client_left(uint64_t session) {
 // rewrite to retry a job that kills every worker forever. False if the job is not retryable,
 // was retried already, or there is no room; the caller then fails it.
 bool JobRecovery::retry(const Client& conn, uint32_t s, JobSlot& slot, uint64_t running_word,
-                        const std::string& why) {
+                        const std::string& why, bool batch_mate) {
   const SlotWord sw = SlotWord::unpack(running_word);
   const uint32_t pool = slot.desc.pool_id;
-  if ((slot.desc.flags & kJobFlagRetryable) == 0 || pool >= config_.pools.size()) {
+  if ((!batch_mate && (slot.desc.flags & kJobFlagRetryable) == 0) || pool >= config_.pools.size()) {
     return false;
   }
   const auto key = std::make_tuple(conn.session, s, sw.generation);
@@ -104,7 +120,12 @@ bool JobRecovery::retry(const Client& conn, uint32_t s, JobSlot& slot, uint64_t 
   }
   retried_.insert(key);
   queue_.wake_worker(pool);
-  GPUQ_LOG_WARN("retrying job %u/%u (retryable): %s", conn.index, s, why.c_str());
+  if (batch_mate) {
+    GPUQ_LOG_WARN("running job %u/%u again (its batch's call was stopped for another job): %s",
+                  conn.index, s, why.c_str());
+  } else {
+    GPUQ_LOG_WARN("retrying job %u/%u (retryable): %s", conn.index, s, why.c_str());
+  }
   return true;
 }
 

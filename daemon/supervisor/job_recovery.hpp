@@ -62,8 +62,10 @@ class JobRecovery {
   uint64_t time_limit_kills(uint32_t pool) const { return time_limit_kills_[pool]; }
 
  private:
+  // `batch_mate`: a job of a batched call stopped at another job's time limit, run again
+  // whether it is retryable or not (once, as a retry).
   bool retry(const Client& client, uint32_t slot_index, JobSlot& slot, uint64_t running_word,
-             const std::string& why);
+             const std::string& why, bool batch_mate = false);
   void requeue_lost(uint32_t pool);
   // Calls fn(client, slot, reference) for every live client's job that is SUBMITTED to `pool`
   // but whose reference is in no cell of its ring.

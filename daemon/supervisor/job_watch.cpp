@@ -81,6 +81,7 @@ std::optional<JobWatch::Seen> JobWatch::observe(const Worker& w) const {
   seen.ref = p.job.load(std::memory_order_relaxed);
   seen.started_stamp = p.job_started.load(std::memory_order_relaxed);
   seen.session = p.session.load(std::memory_order_relaxed);
+  seen.batch_jobs = std::max<uint32_t>(1, p.batch_jobs.load(std::memory_order_relaxed));
   std::atomic_thread_fence(std::memory_order_acquire);
   if (p.job_seq.load(std::memory_order_relaxed) != seen.seq) return std::nullopt;  // moved on
   // The job's slot: through the watch's own mapping for a client that has left, else the
@@ -153,7 +154,11 @@ void JobWatch::tick(uint64_t now) {
       fresh.started_ns = now - std::min(now, age_ns(seen->started_stamp));
       fresh.limit_ms = limit_for(w.pool, slot);
       fresh.client_pid = seen->client != nullptr ? seen->client->pid : 0;
-      if (seen->client == nullptr && slot == nullptr && kept_sessions_.count(seen->session) == 0) {
+      fresh.batch_jobs = seen->batch_jobs;
+      // A batched call serves other clients too: their departure does not stop it (only a
+      // time limit does).
+      if (seen->client == nullptr && slot == nullptr && seen->batch_jobs == 1 &&
+          kept_sessions_.count(seen->session) == 0) {
         // An orphan: its client left between the scan of its slots and the worker's claim of
         // this job (client_leaving never saw it). Cancelled like the others; with no slot to
         // raise a flag in, stopped by force after the grace.
@@ -168,7 +173,7 @@ void JobWatch::tick(uint64_t now) {
     if (t.why == 0) {
       const uint32_t asked =
           slot != nullptr ? slot->cancel_requested.load(std::memory_order_relaxed) : 0;
-      if ((asked & kCancelByClient) != 0) {
+      if ((asked & kCancelByClient) != 0 && t.batch_jobs == 1) {
         t.why = kCancelByClient;
         t.asked_ns = now;
       } else if (t.limit_ms != 0 && now - t.started_ns >= uint64_t{t.limit_ms} * 1'000'000) {
@@ -213,9 +218,10 @@ void JobWatch::tick(uint64_t now) {
     // says Cancelled then too.
     const uint32_t asked =
         slot != nullptr ? slot->cancel_requested.load(std::memory_order_relaxed) : 0;
-    const ErrorCode code = (asked & kCancelByClient) != 0 || t.why == kCancelByClient
-                               ? ErrorCode::kCancelled
-                               : ErrorCode::kTimedOut;
+    const ErrorCode code =
+        t.why == kCancelByClient || ((asked & kCancelByClient) != 0 && t.batch_jobs == 1)
+            ? ErrorCode::kCancelled
+            : ErrorCode::kTimedOut;
     const JobRef ref = JobRef::unpack(t.ref);
     ForcedEnd end;
     end.session = t.session;
@@ -225,6 +231,8 @@ void JobWatch::tick(uint64_t now) {
     end.started_stamp = t.started_stamp;
     end.code = code;
     end.message = forced_message(t, code, w.id, w.pid);
+    end.limit_ms = t.limit_ms;
+    end.batch_jobs = t.batch_jobs;
     GPUQ_LOG_WARN(
         "worker %u (pid %d): job %u/%u (%s) %s and did not stop within "
         "cancel_grace_ms (%u ms): stopping the worker",
@@ -275,6 +283,9 @@ void JobWatch::client_leaving(const Client& client, uint64_t now) {
                             p.session.load(std::memory_order_relaxed) == client.session;
     Track& t = tracks_[worker];
     if (t.stopping || ((seq & 1) != 0 && !running_it)) continue;
+    // A batched call serves other clients too: it runs on, and the departed client's rows are
+    // dropped with its segment (its time limit, as the batch's, still holds).
+    if (running_it && p.batch_jobs.load(std::memory_order_relaxed) > 1) continue;
     // Unless the client asked to keep them: stopped, and followed (a kept one is followed too,
     // for status and its time limit).
     if (!client.keep_running_jobs) {

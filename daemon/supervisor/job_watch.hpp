@@ -41,6 +41,8 @@ struct ForcedEnd {
   uint64_t started_stamp = 0;             // when it started (a job stamp); 0: not known
   ErrorCode code = ErrorCode::kTimedOut;  // or kCancelled
   std::string message;
+  uint32_t limit_ms = 0;    // the limit it passed (code kTimedOut)
+  uint32_t batch_jobs = 1;  // the jobs its worker's call served (a batched op's call: more)
 };
 
 // What status shows for a busy worker.
@@ -96,7 +98,8 @@ class JobWatch {
     uint64_t started_stamp = 0;  // as the worker stamped it; 0 when not known
     uint32_t limit_ms = 0;
     uint32_t op_id = 0;
-    uint32_t why = 0;  // 0, kCancelByTimeLimit or kCancelByClient: why it was asked to stop
+    uint32_t batch_jobs = 1;  // the jobs the worker's call serves (WorkerPrivate::batch_jobs)
+    uint32_t why = 0;         // 0, kCancelByTimeLimit or kCancelByClient: why it was asked to stop
     uint64_t asked_ns = 0;
     bool stopping = false;  // its worker is being killed
     // The segment of a client that left while this job ran (the registry's mapping is gone).
@@ -111,6 +114,7 @@ class JobWatch {
     uint64_t seq = 0;
     uint32_t ref = 0;
     uint64_t started_stamp = 0;
+    uint32_t batch_jobs = 1;
     JobSlot* slot = nullptr;         // null: no segment to read it from
     const Client* client = nullptr;  // null: a client that has left
     uint64_t session = 0;

@@ -50,11 +50,16 @@ std::string last_line(const std::string& text) {
   return line;
 }
 
-// Runs the pool's listing child; its ops as {name, summary}, or why not (the whole stderr in
-// `traceback`).
-Result<std::vector<std::pair<std::string, std::string>>> list_python_ops(const PoolConfig& pool,
-                                                                         uint32_t pool_id,
-                                                                         std::string* traceback) {
+// A Python op as the pool's listing child reports it.
+struct ListedOp {
+  std::string name;
+  std::string summary;
+  BatchSettings batching;
+};
+
+// Runs the pool's listing child; its ops, or why not (the whole stderr in `traceback`).
+Result<std::vector<ListedOp>> list_python_ops(const PoolConfig& pool, uint32_t pool_id,
+                                              std::string* traceback) {
   const PythonPoolConfig& py = *pool.python;
   std::vector<std::string> argv = python_worker_command(py);
   argv.insert(argv.end(), {"--list-ops", "--pool-id", std::to_string(pool_id)});
@@ -72,10 +77,13 @@ Result<std::vector<std::pair<std::string, std::string>>> list_python_ops(const P
                                                   describe_child_status(child->status) + ")" +
                                                   (why.empty() ? std::string() : ": " + why));
   }
-  std::vector<std::pair<std::string, std::string>> ops;
+  std::vector<ListedOp> ops;
   try {
     for (const auto& j : nlohmann::json::parse(child->out)) {
-      ops.emplace_back(j.at("name").get<std::string>(), j.at("summary").get<std::string>());
+      ListedOp op{j.at("name").get<std::string>(), j.at("summary").get<std::string>(), {}};
+      op.batching.max_batch_size = j.value("max_batch_size", 1u);
+      op.batching.max_queue_delay_us = j.value("max_queue_delay_us", 0u);
+      ops.push_back(std::move(op));
     }
   } catch (const std::exception& e) {
     return Error(ErrorCode::kInvalidArgument, std::string("malformed op list: ") + e.what());
@@ -125,8 +133,7 @@ void learn_python_ops(Config& c, PoolPlan& plan) {
       continue;
     }
     std::string traceback;
-    Result<std::vector<std::pair<std::string, std::string>>> ops =
-        Error(ErrorCode::kInvalidArgument, "");
+    Result<std::vector<ListedOp>> ops = Error(ErrorCode::kInvalidArgument, "");
     const std::string found = find_executable(pool.python->interpreter);
     if (found.empty()) {
       ops = Error(ErrorCode::kInvalidArgument,
@@ -136,13 +143,13 @@ void learn_python_ops(Config& c, PoolPlan& plan) {
       pool.python->interpreter = found;
       ops = list_python_ops(pool, p, &traceback);
     }
-    std::vector<std::pair<std::string, std::string>> listed;
+    std::vector<ListedOp> listed;
     if (ops) listed = std::move(*ops);
     listed.insert(listed.begin(),
-                  {kPythonCallOp, "runs a client's pickled callable (gpuq.Executor)"});
-    for (const auto& [name, summary] : listed) {
+                  {kPythonCallOp, "runs a client's pickled callable (gpuq.Executor)", {}});
+    for (const auto& [name, summary, batching] : listed) {
       if (!ops) break;
-      if (auto id = add_python_op(name, summary, p); !id) {
+      if (auto id = add_python_op(name, summary, p, std::nullopt, batching); !id) {
         ops = Error(ErrorCode::kInvalidArgument, id.error().message());
       } else {
         GPUQ_LOG_INFO("pool %s: python op %s (id %u)", pool.name.c_str(), name.c_str(), *id);

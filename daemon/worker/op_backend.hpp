@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "gpuq/error.hpp"
 #include "ops.hpp"
@@ -33,6 +35,21 @@ class OpBackend {
 
   // Runs one validated job (its buffers lie inside the client's arena).
   virtual Result<OpOutput> run(const OpInfo& op, const OpContext& ctx) = 0;
+
+  // Runs validated jobs of one batched op (a Python op with max_batch_size > 1; the worker
+  // gathered them, docs/python.md "Dynamic batching"), in as few calls as it can: one call
+  // with their rows concatenated, where their arguments agree. Appends jobs[i]'s result to
+  // `results` in order, and the rows of each call it made to `call_rows`. A call that stopped
+  // because a job's time limit passed or its jobs were cancelled ends each of its jobs with
+  // Cancelled; the worker then decides, per job, between TimedOut, Cancelled and running it
+  // again. The default runs each job alone, as run() does.
+  virtual void run_batch(const OpInfo& op, std::span<const OpContext* const> jobs,
+                         std::vector<Result<OpOutput>>& results, std::vector<uint32_t>& call_rows) {
+    for (const OpContext* ctx : jobs) {
+      results.push_back(run(op, *ctx));
+      call_rows.push_back(1);
+    }
+  }
 
   // The ops this worker has beyond the built-ins, as plugin_op_list() writes them: sent with
   // WorkerReady, and the supervisor refuses a worker whose list is not the one it expects.

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstddef>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "batch_gatherer.hpp"
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/job_metrics.hpp"
@@ -253,19 +255,75 @@ class Worker {
     }
   }
 
+  // A job this worker has claimed (its slot RUNNING, naming this worker), from its claim to
+  // its end.
+  struct Claimed {
+    uint32_t value = 0;
+    MappedClient* mc = nullptr;
+    JobSlot* slot = nullptr;
+    uint32_t generation = 0;
+    JobDescriptor d;
+    JobOutcome out{};
+    JobState final_state = JobState::kDone;
+    MetricOutcome outcome = MetricOutcome::kOk;
+    std::optional<ValidatedJob> v;  // set once it passed its checks: it may run
+    std::string message;            // a failure's
+    uint64_t rows = 1;              // a batched op's job: its rows (its client's hint, py.r)
+    uint64_t claimed_ns = 0;        // a batched op's job: when it was claimed (monotonic)
+    uint32_t time_limit_ms = 0;     // its own, as its client wrote it with the descriptor
+  };
+  enum class Claim { kClaimed, kDropped, kUnmapped };
+
+  // Runs the job `value` refers to, and then, when it was a batched op's, each job popped
+  // while its batch was gathered that could not join it.
   void handle(uint32_t value) {
-    const JobRef ref = JobRef::unpack(value);
-    if (ref.client < clients_.size() && !clients_[ref.client] &&
-        self_->control_seq.load(std::memory_order_acquire) != seen_control_) {
-      // A client that has just connected: its MapClient message was sent before its Welcome,
-      // so it is waiting on the control socket now.
-      seen_control_ = self_->control_seq.load(std::memory_order_acquire);
-      drain_control();
+    for (;;) {
+      const std::optional<uint32_t> carried = handle_one(value);
+      if (!carried || backend_.must_exit()) return;  // a popped job left behind is requeued
+      if (priv_->hold.load(std::memory_order_seq_cst) != 0 && !wait_while_held()) return;
+      value = *carried;
     }
-    if (ref.client < clients_.size() && !clients_[ref.client]) wait_for_map(ref.client);
+  }
+
+  std::optional<uint32_t> handle_one(uint32_t value) {
+    Claimed c;
+    if (claim(value, c, true) != Claim::kClaimed) return std::nullopt;
+    publish(c, 1);
+    take(c);
+    check(c);
+    if (c.v && c.v->op->python != nullptr) {
+      if (const BatchSettings b = c.v->op->python->batching_on(options_.pool_id); b.batched()) {
+        return run_batch(std::move(c), b);
+      }
+    }
+    if (c.v) run_one(c);
+    end_job(c);
+    unpublish();
+    count(c);
+    return std::nullopt;
+  }
+
+  // Claims the job `value` refers to: its slot SUBMITTED -> RUNNING. kDropped: a stale or
+  // forged reference, or a job its client cancelled first. kUnmapped: the reference's client
+  // is not mapped here and `may_wait` is false (the reference is still the caller's).
+  Claim claim(uint32_t value, Claimed& c, bool may_wait) {
+    const JobRef ref = JobRef::unpack(value);
+    if (may_wait) {
+      if (ref.client < clients_.size() && !clients_[ref.client] &&
+          self_->control_seq.load(std::memory_order_acquire) != seen_control_) {
+        // A client that has just connected: its MapClient message was sent before its
+        // Welcome, so it is waiting on the control socket now.
+        seen_control_ = self_->control_seq.load(std::memory_order_acquire);
+        drain_control();
+      }
+      if (ref.client < clients_.size() && !clients_[ref.client]) wait_for_map(ref.client);
+    } else if (ref.client < clients_.size() && !clients_[ref.client] &&
+               queue_.client(ref.client).session.load() != 0) {
+      return Claim::kUnmapped;
+    }
     if (ref.client >= clients_.size() || !clients_[ref.client]) {
       pool_->space.notify_all();
-      return;  // an entry of a client that has gone, or a forged one
+      return Claim::kDropped;  // an entry of a client that has gone, or a forged one
     }
     MappedClient& mc = *clients_[ref.client];
     prefetch_job(value);
@@ -281,7 +339,7 @@ class Worker {
       }
       ~SpaceFreed() { tell(); }
     } space_freed{*pool_};
-    if (ref.slot >= mc.view.slot_count()) return;
+    if (ref.slot >= mc.view.slot_count()) return Claim::kDropped;
     JobSlot& slot = mc.view.slot(ref.slot);
 
     uint64_t word = slot.state.load(std::memory_order_acquire);
@@ -291,113 +349,360 @@ class Worker {
         slot.desc.pool_id != options_.pool_id) {
       // Cancelled; or a stale entry for an earlier use of the slot, whose 14-bit generation
       // happens to match a job now queued on another pool (that pool's own entry runs it).
-      return;
+      return Claim::kDropped;
     }
     const SlotWord running{sw.generation, JobState::kRunning, options_.worker_id + 1};
     // seq_cst: the `space` notify below relies on it (EventCount::notify_all_after_rmw).
     if (!slot.state.compare_exchange_strong(word, running.pack(), std::memory_order_seq_cst,
                                             std::memory_order_acquire)) {
-      return;  // the client cancelled it first
+      return Claim::kDropped;  // the client cancelled it first
     }
     space_freed.tell();
     GPUQ_FAULT_POINT("worker.claimed");
-    JobOutcome out{};
-    out.worker_id = options_.worker_id;
-    // A job taken straight after the previous one starts when that one finished: one stamp
-    // per job instead of two. The difference is the pop and claim, well under a microsecond.
-    out.started_stamp = went_on_ != 0 ? went_on_ : read_stamp(options_.job_clock);
-    // For the supervisor's time limits and status, on the private page: which job, since
-    // when, then the odd job_seq that publishes them (a seqlock's write; the release fence
-    // keeps these stores after the previous job's even job_seq).
+    c.value = value;
+    c.mc = &mc;
+    c.slot = &slot;
+    c.generation = sw.generation;
+    c.out.worker_id = options_.worker_id;
+    return Claim::kClaimed;
+  }
+
+  // Makes `c` the job this worker runs, for the supervisor's time limits and status, on the
+  // private page: which job, since when, then the odd job_seq that publishes them (a
+  // seqlock's write; the release fence keeps these stores after the previous job's even
+  // job_seq). `batch_jobs`: how many jobs its call serves. A job published already (a batch
+  // whose first job's time limit is not the first to pass) is unpublished first.
+  void publish(Claimed& c, uint32_t batch_jobs) {
+    if ((job_seq_ & 1) != 0) {
+      priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
+    } else {
+      // A job taken straight after the previous one starts when that one finished: one stamp
+      // per job instead of two. The difference is the pop and claim, well under a
+      // microsecond.
+      c.out.started_stamp = went_on_ != 0 ? went_on_ : read_stamp(options_.job_clock);
+    }
     std::atomic_thread_fence(std::memory_order_release);
-    priv_->job.store(value, std::memory_order_relaxed);
-    priv_->job_started.store(out.started_stamp, std::memory_order_relaxed);
-    priv_->session.store(mc.session, std::memory_order_relaxed);
+    priv_->job.store(c.value, std::memory_order_relaxed);
+    priv_->job_started.store(c.out.started_stamp, std::memory_order_relaxed);
+    priv_->session.store(c.mc->session, std::memory_order_relaxed);
+    if (batch_jobs != published_batch_jobs_) {
+      published_batch_jobs_ = batch_jobs;
+      priv_->batch_jobs.store(batch_jobs, std::memory_order_relaxed);
+    }
     priv_->job_seq.store(++job_seq_, std::memory_order_release);
+    self_->busy.store(1, std::memory_order_relaxed);
+  }
+
+  // Not running a job any more: after the client's wakeup, off its critical path. seq_cst: the
+  // Dekker pair with the supervisor's `hold`, which the loop reads (seq_cst) before it takes
+  // another job.
+  void unpublish() {
+    priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
+    self_->busy.store(0, std::memory_order_relaxed);
+  }
+
+  // After the claim: the job's own copy of its descriptor.
+  void take(Claimed& c) {
+    JobSlot& slot = *c.slot;
     // The supervisor raises the time-limit bit only for a job it has seen published, so one
     // here now is a leftover meant for the slot's previous job: not this one's.
     if ((slot.cancel_requested.load(std::memory_order_relaxed) & kCancelByTimeLimit) != 0) {
       slot.cancel_requested.fetch_and(~kCancelByTimeLimit, std::memory_order_relaxed);
     }
-    self_->busy.store(1, std::memory_order_relaxed);
     // One copy, validated once (no re-reads): the fixed fields, then only the params in use.
     // params_bytes stays as the client wrote it, so that validation rejects one over the limit.
-    JobDescriptor d;
-    std::memcpy(&d, &slot.desc, offsetof(JobDescriptor, params));
-    std::memcpy(d.params, slot.desc.params, std::min<uint32_t>(d.params_bytes, kMaxParamBytes));
-    JobState final_state = JobState::kDone;
-    MetricOutcome outcome = MetricOutcome::kOk;
+    std::memcpy(&c.d, &slot.desc, offsetof(JobDescriptor, params));
+    std::memcpy(c.d.params, slot.desc.params, std::min<uint32_t>(c.d.params_bytes, kMaxParamBytes));
+    c.time_limit_ms =
+        std::atomic_ref<const uint32_t>(slot.time_limit_ms).load(std::memory_order_relaxed);
+  }
 
-    // Deadlines are CLOCK_MONOTONIC (stamps may not be): the clock is read only for a job that
-    // has one.
-    if (d.deadline_ns != kNoDeadline && monotonic_ns() > d.deadline_ns) {
-      final_state = JobState::kExpired;
-      outcome = MetricOutcome::kExpired;
-      set_outcome(out, Error(ErrorCode::kExpired, "deadline passed while the job was queued"));
-    } else if (auto v = validate_descriptor(d, mc.view.arena_bytes(), options_.pool_id); !v) {
-      final_state = JobState::kFailed;
-      outcome = MetricOutcome::kFailed;
-      set_outcome(out, v.error());
+  // The job's deadline and descriptor: `c.v` when it may run, else its failure.
+  void check(Claimed& c) {
+    // Deadlines are CLOCK_MONOTONIC (stamps may not be): the clock is read only for a job
+    // that has one.
+    if (c.d.deadline_ns != kNoDeadline && monotonic_ns() > c.d.deadline_ns) {
+      fail(c, JobState::kExpired, MetricOutcome::kExpired,
+           Error(ErrorCode::kExpired, "deadline passed while the job was queued"));
+    } else if (auto v = validate_descriptor(c.d, c.mc->view.arena_bytes(), options_.pool_id); !v) {
+      fail(c, JobState::kFailed, MetricOutcome::kFailed, v.error());
     } else {
-      char* arena = mc.view.arena();
-      OpContext ctx{reinterpret_cast<const std::byte*>(arena + v->input_offset),
-                    v->input_bytes,
-                    reinterpret_cast<std::byte*>(arena + v->output_offset),
-                    v->output_capacity,
-                    v->params,
-                    slot.cancel_requested,
-                    v->input_offset,
-                    v->output_offset};
-      GPUQ_FAULT_POINT("worker.running");
-      auto r = backend_.run(*v->op, ctx);
-      if (r) {
-        out.output_bytes = r->output_bytes;
-        out.value = r->value;
-      } else if (r.error().code() != ErrorCode::kCancelled) {
-        final_state = JobState::kFailed;
-        outcome = MetricOutcome::kFailed;
-        set_outcome(out, r.error());
-        out.output_bytes = std::min(ctx.failure_output_bytes, ctx.output_capacity);
-      } else if (const uint32_t why = slot.cancel_requested.load(std::memory_order_relaxed);
-                 (why & kCancelByClient) == 0 && (why & kCancelByTimeLimit) != 0) {
-        // The op stopped because the supervisor asked it to at the job's time limit.
-        final_state = JobState::kFailed;
-        outcome = MetricOutcome::kTimedOut;
-        set_outcome(out, time_limit_error(*v->op, slot.time_limit_ms));
-      } else {
-        final_state = JobState::kCancelled;
-        outcome = MetricOutcome::kCancelled;
-        set_outcome(out, r.error());
-      }
+      c.v.emplace(std::move(*v));
     }
-    out.finished_stamp = read_stamp(options_.job_clock);
-    went_on_ = out.finished_stamp;
-    if (out.code != 0) set_slot_message(slot, error_message_.c_str());
-    std::memcpy(&slot.outcome, &out, sizeof out);
+  }
+
+  void fail(Claimed& c, JobState state, MetricOutcome outcome, const Error& e) {
+    c.final_state = state;
+    c.outcome = outcome;
+    c.out.code = static_cast<int32_t>(e.code());
+    c.message = e.message();
+  }
+
+  OpContext context(const Claimed& c) const {
+    char* arena = c.mc->view.arena();
+    return OpContext{reinterpret_cast<const std::byte*>(arena + c.v->input_offset),
+                     c.v->input_bytes,
+                     reinterpret_cast<std::byte*>(arena + c.v->output_offset),
+                     c.v->output_capacity,
+                     c.v->params,
+                     c.slot->cancel_requested,
+                     c.v->input_offset,
+                     c.v->output_offset};
+  }
+
+  void run_one(Claimed& c) {
+    const OpContext ctx = context(c);
+    GPUQ_FAULT_POINT("worker.running");
+    settle(c, backend_.run(*c.v->op, ctx), ctx);
+  }
+
+  // The job's end from its op's result.
+  void settle(Claimed& c, const Result<OpOutput>& r, const OpContext& ctx) {
+    if (r) {
+      c.out.output_bytes = r->output_bytes;
+      c.out.value = r->value;
+    } else if (r.error().code() != ErrorCode::kCancelled) {
+      fail(c, JobState::kFailed, MetricOutcome::kFailed, r.error());
+      c.out.output_bytes = std::min(ctx.failure_output_bytes, ctx.output_capacity);
+    } else if (const uint32_t why = c.slot->cancel_requested.load(std::memory_order_relaxed);
+               (why & kCancelByClient) == 0 && (why & kCancelByTimeLimit) != 0) {
+      // The op stopped because the supervisor asked it to at the job's time limit.
+      fail(c, JobState::kFailed, MetricOutcome::kTimedOut,
+           time_limit_error(*c.v->op, c.time_limit_ms));
+    } else {
+      fail(c, JobState::kCancelled, MetricOutcome::kCancelled, r.error());
+    }
+  }
+
+  // Writes the job's outcome and ends it: its client is told.
+  void end_job(Claimed& c) {
+    JobSlot& slot = *c.slot;
+    c.out.finished_stamp = read_stamp(options_.job_clock);
+    went_on_ = c.out.finished_stamp;
+    if (c.out.code != 0) set_slot_message(slot, c.message.c_str());
+    std::memcpy(&slot.outcome, &c.out, sizeof c.out);
     GPUQ_FAULT_POINT("worker.before_complete");
-    const SlotWord done{sw.generation, final_state, options_.worker_id + 1};
+    const SlotWord done{c.generation, c.final_state, options_.worker_id + 1};
     // An exchange, seq_cst: as cheap as a store and the fence notify would add after it.
     slot.state.exchange(done.pack(), std::memory_order_seq_cst);
     GPUQ_FAULT_POINT("worker.completed");
     // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
     // pinned to its own CPU): give it the core now instead of spinning in front of it.
     if (slot.done.notify_all_after_rmw()) (void)sched_yield();  // cannot fail on Linux
-    // Not running a job any more: after the client's wakeup, off its critical path. seq_cst:
-    // the Dekker pair with the supervisor's `hold`, which the loop reads (seq_cst) before it
-    // takes another job.
-    priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
-    self_->busy.store(0, std::memory_order_relaxed);
-    if (final_state == JobState::kDone) {
+  }
+
+  // Counts an ended job, off its client's critical path.
+  void count(const Claimed& c) {
+    if (c.final_state == JobState::kDone) {
       // Only this worker writes it while it lives: no locked instruction needed.
       self_->jobs_done.store(self_->jobs_done.load(std::memory_order_relaxed) + 1,
                              std::memory_order_relaxed);
     } else {
       self_->jobs_failed.fetch_add(1, std::memory_order_relaxed);
     }
-    if (metrics_on_) record_metrics(d, out, outcome);
+    if (metrics_on_) record_metrics(c.d, c.out, c.outcome);
     if (memory_budget_ != 0) {
       metrics_->device_memory_used.store(backend_.device_memory_used(), std::memory_order_relaxed);
     }
+  }
+
+  // ---- batches (docs/python.md, "Dynamic batching") ------------------------------------------
+
+  // The op id a queued reference's descriptor names, if its client is mapped here: a hint
+  // (the slot is its client's to rewrite until this worker claims it).
+  std::optional<uint32_t> queued_op(uint32_t value) const {
+    const JobRef ref = JobRef::unpack(value);
+    if (ref.client >= clients_.size() || !clients_[ref.client]) return std::nullopt;
+    const MappedClient& mc = *clients_[ref.client];
+    if (ref.slot >= mc.view.slot_count()) return std::nullopt;
+    return std::atomic_ref<const uint32_t>(mc.view.slot(ref.slot).desc.op_id)
+        .load(std::memory_order_relaxed);
+  }
+
+  // A batched op's job: its rows, as its client's hint says (py.r; 0: its arrays do not share
+  // a first axis, so it runs alone). The function's side checks the real shapes.
+  static uint64_t rows_hint(const Claimed& c) {
+    auto r = c.v->params.get_int("py.r", 1, 0, kMaxBatchSize);
+    return r ? static_cast<uint64_t>(*r) : 1;
+  }
+
+  // The limit `c`'s run is held to: the smaller of its pool's and its own; 0: none.
+  uint32_t limit_ms(const Claimed& c) const {
+    uint32_t limit = options_.job_time_limit_ms;
+    const uint32_t own = c.time_limit_ms;
+    if (own != 0 && (limit == 0 || own < limit)) limit = own;
+    return limit;
+  }
+
+  // Runs the batch that `first` (claimed, published, checked; a job of a batched op) starts:
+  // gathers further queued jobs of its op, then calls the op for all of them. Returns a
+  // reference popped while gathering that could not join (another op's job, or one of a
+  // client not mapped here yet), for handle() to run next.
+  std::optional<uint32_t> run_batch(Claimed&& first, BatchSettings settings) {
+    const OpInfo* op = first.v->op;
+    const uint32_t op_id = first.d.op_id;
+    first.rows = rows_hint(first);
+    first.claimed_ns = monotonic_ns();
+    // A job that must run alone gathers no company.
+    gatherer_.begin(op_id, settings, first.rows == 0 ? kMaxBatchSize : first.rows,
+                    first.claimed_ns);
+    batch_.clear();
+    batch_.push_back(std::move(first));
+    std::optional<uint32_t> carried = gather(op, op_id);
+    gatherer_.finish();
+    if (metrics_on_) {
+      const uint64_t now = read_stamp(options_.job_clock);
+      const uint64_t started = batch_.front().out.started_stamp;
+      observe_gather(metrics_->batch[metrics_slot(op_id)], bound_ticks_,
+                     now > started ? now - started : 0);
+    }
+    // Jobs cancelled or past their deadline while the batch was gathered leave it.
+    const uint64_t now = monotonic_ns();
+    std::erase_if(batch_, [&](Claimed& c) {
+      if ((c.slot->cancel_requested.load(std::memory_order_relaxed) & kCancelByClient) != 0) {
+        fail(c, JobState::kCancelled, MetricOutcome::kCancelled,
+             Error(ErrorCode::kCancelled,
+                   std::string(op->name) + ": cancelled while its batch was gathered"));
+      } else if (c.d.deadline_ns != kNoDeadline && now > c.d.deadline_ns) {
+        fail(c, JobState::kExpired, MetricOutcome::kExpired,
+             Error(ErrorCode::kExpired, "deadline passed while the job's batch was gathered"));
+      } else {
+        return false;
+      }
+      end_job(c);
+      count(c);
+      return true;
+    });
+    call_batch(op, op_id);
+    unpublish();
+    return carried;
+  }
+
+  // Pops and claims queued jobs of op `op_id` into batch_ while the gatherer wants more.
+  std::optional<uint32_t> gather(const OpInfo* op, uint32_t op_id) {
+    while (!gatherer_.full()) {
+      // The supervisor is about to stop this worker: call now.
+      if (priv_->hold.load(std::memory_order_relaxed) != 0) return std::nullopt;
+      uint32_t next;
+      if (!ring_.peek(&next)) {
+        const uint64_t now = monotonic_ns();
+        if (!gatherer_.wait_for_more(now)) return std::nullopt;
+        // Yields the core between looks after the first microseconds: the jobs it waits for
+        // come from clients that may need this core to send them.
+        (void)spin_until([&] { return ring_.value_at_head(); },
+                         std::min<uint64_t>(gatherer_.deadline_ns() - now, 50'000));
+        continue;
+      }
+      // Another op's job at the head stays queued, for the next worker free.
+      if (queued_op(next).value_or(op_id) != op_id) return std::nullopt;
+      uint32_t value;
+      if (!ring_.try_pop(&value)) continue;
+      if (queued_op(value).value_or(op_id) != op_id) return value;
+      Claimed c;
+      const Claim claimed = claim(value, c, false);
+      if (claimed == Claim::kUnmapped) return value;
+      if (claimed == Claim::kDropped) continue;
+      c.out.started_stamp = read_stamp(options_.job_clock);
+      c.claimed_ns = monotonic_ns();
+      take(c);
+      check(c);
+      if (c.v && c.v->op == op) {
+        c.rows = rows_hint(c);
+        gatherer_.add(c.rows == 0 ? 1 : c.rows);
+        batch_.push_back(std::move(c));
+        continue;
+      }
+      // It failed its checks, or its client rewrote its op since the look above: it ends
+      // (or runs) on its own, now.
+      if (c.v) run_one(c);
+      end_job(c);
+      count(c);
+    }
+    return std::nullopt;
+  }
+
+  // Calls the op for batch_'s jobs and ends each. Jobs of a call stopped at another job's
+  // time limit run again, in a call of their own.
+  void call_batch(const OpInfo* op, uint32_t op_id) {
+    while (!batch_.empty()) {
+      publish(governing(), static_cast<uint32_t>(batch_.size()));
+      contexts_.clear();
+      for (const Claimed& c : batch_) contexts_.push_back(context(c));
+      context_ptrs_.clear();
+      for (const OpContext& ctx : contexts_) context_ptrs_.push_back(&ctx);
+      results_.clear();
+      call_rows_.clear();
+      GPUQ_FAULT_POINT("worker.running");
+      backend_.run_batch(*op, context_ptrs_, results_, call_rows_);
+      if (metrics_on_) {
+        OpBatchMetrics& m = metrics_->batch[metrics_slot(op_id)];
+        for (const uint32_t rows : call_rows_) observe_batch_call(m, rows);
+      }
+      const uint64_t now = monotonic_ns();
+      bool stopped_one = false;
+      std::vector<bool>& again = again_;
+      again.assign(batch_.size(), false);
+      for (size_t i = 0; i < batch_.size(); ++i) {
+        Claimed& c = batch_[i];
+        const Result<OpOutput> r =
+            i < results_.size()
+                ? results_[i]
+                : Result<OpOutput>(Error(ErrorCode::kInternal,
+                                         std::string(op->name) + ": the batch lost this job"));
+        if (r || r.error().code() != ErrorCode::kCancelled) {
+          settle(c, r, contexts_[i]);
+          continue;
+        }
+        const uint32_t why = c.slot->cancel_requested.load(std::memory_order_relaxed);
+        const uint32_t limit = limit_ms(c);
+        if ((why & kCancelByClient) != 0) {
+          settle(c, r, contexts_[i]);
+          stopped_one = true;
+        } else if ((why & kCancelByTimeLimit) != 0 ||
+                   (limit != 0 && now - c.claimed_ns >= uint64_t{limit} * 1'000'000)) {
+          fail(c, JobState::kFailed, MetricOutcome::kTimedOut, time_limit_error(*op, limit));
+          stopped_one = true;
+        } else {
+          again[i] = true;
+        }
+      }
+      // A call that stopped for none of its jobs (the op raised Cancelled of its own accord):
+      // its jobs end Cancelled rather than run again and again.
+      if (!stopped_one) {
+        for (size_t i = 0; i < batch_.size(); ++i) {
+          if (again[i]) settle(batch_[i], results_[i], contexts_[i]);
+        }
+        again.assign(batch_.size(), false);
+      }
+      size_t kept = 0;
+      for (size_t i = 0; i < batch_.size(); ++i) {
+        if (again[i]) {
+          if (kept != i) batch_[kept] = std::move(batch_[i]);
+          ++kept;
+          continue;
+        }
+        end_job(batch_[i]);
+        count(batch_[i]);
+      }
+      batch_.resize(kept);
+    }
+  }
+
+  // The job of batch_ whose time limit passes first (the first job when none has one): the one
+  // the supervisor watches.
+  Claimed& governing() {
+    Claimed* best = &batch_.front();
+    uint64_t best_at = UINT64_MAX;
+    for (Claimed& c : batch_) {
+      const uint32_t limit = limit_ms(c);
+      if (limit == 0) continue;
+      const uint64_t at = c.claimed_ns + uint64_t{limit} * 1'000'000;
+      if (at < best_at) {
+        best_at = at;
+        best = &c;
+      }
+    }
+    return *best;
   }
 
   // Counts the job on this worker's metrics page (job_metrics.hpp): plain loads and stores on
@@ -496,11 +801,6 @@ class Worker {
                                            std::to_string(limit) + " ms)");
   }
 
-  void set_outcome(JobOutcome& out, const Error& e) {
-    out.code = static_cast<int32_t>(e.code());
-    error_message_ = e.message();
-  }
-
   WorkerOptions options_;
   OpBackend& backend_;
   QueueSegment segment_;
@@ -514,7 +814,15 @@ class Worker {
   std::vector<std::optional<MappedClient>> clients_;
   uint32_t seen_control_ = 0;
   bool stopping_ = false;
-  std::string error_message_;  // the current job's failure message
+  // Batches: the gatherer, and what one batch's calls use (kept for their capacity).
+  BatchGatherer gatherer_;
+  std::vector<Claimed> batch_;
+  std::vector<OpContext> contexts_;
+  std::vector<const OpContext*> context_ptrs_;
+  std::vector<Result<OpOutput>> results_;
+  std::vector<uint32_t> call_rows_;
+  std::vector<bool> again_;
+  uint32_t published_batch_jobs_ = 0;  // this worker's copy of priv_->batch_jobs
   // When the previous job finished, while this worker has gone straight on to the next one
   // (no idle wait, control message or map wait since); 0 otherwise.
   uint64_t went_on_ = 0;

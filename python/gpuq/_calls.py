@@ -134,9 +134,16 @@ def submit_python(client: Any, op: str, header: Dict[str, Any], arrays: List[np.
                                                         callable_job, output_bytes)
     timeout_ns = -1 if timeout is None else _seconds_to_ns(timeout, "timeout")
     expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
-    job = conn.native.submit(op, in_off, in_len, out_off, output_bytes, pool or "",
-                             [("py.h", h_off), ("py.n", h_len)], expire_ns, bool(retryable),
-                             limit_ms, timeout_ns, try_only)
+    params = [("py.h", h_off), ("py.n", h_len)]
+    if not callable_job:
+        # For a batched op's worker, which counts rows while it gathers jobs (it checks the
+        # real shapes): the first axis the arrays share, 0 when they share none.
+        rows = arrays[0].shape[0] if arrays and arrays[0].ndim else 0
+        if any(a.ndim == 0 or a.shape[0] != rows for a in arrays):
+            rows = 0
+        params.append(("py.r", rows))
+    job = conn.native.submit(op, in_off, in_len, out_off, output_bytes, pool or "", params,
+                             expire_ns, bool(retryable), limit_ms, timeout_ns, try_only)
     convert = (lambda info, out=out: _callable_result(out, info)) if callable_job else \
         (lambda info, out=out: _pyops.result_value(_pyops.read_answer(out, info.output_size)))
     f = Future(job, keep, convert, conn.watcher)

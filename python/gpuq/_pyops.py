@@ -28,7 +28,13 @@ ALIGN = 64
 
 # ---- registration (in a worker, or in the daemon's listing child) -----------------------------
 
-_ops: Dict[str, Tuple[Callable[..., Any], str]] = {}
+# name -> (function, summary, batching): batching is (max_batch_size, max_queue_delay_us),
+# (1, 0) for an op that is not batched.
+_ops: Dict[str, Tuple[Callable[..., Any], str, Tuple[int, int]]] = {}
+
+MAX_BATCH_SIZE = 65536  # daemon: kMaxBatchSize
+MAX_QUEUE_DELAY_US = 1_000_000  # daemon: kMaxQueueDelayUs
+DEFAULT_QUEUE_DELAY_US = 500
 _on_start: List[Callable[[], Any]] = []
 
 
@@ -37,7 +43,20 @@ def _valid_name(name: str) -> bool:
             all(c.isdigit() or c == "_" or ("a" <= c <= "z") for c in name))
 
 
-def op(name: str, summary: Optional[str] = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _batching(name: str, max_batch_size: Any, max_queue_delay_us: Any) -> Tuple[int, int]:
+    if type(max_batch_size) is not int or not 1 <= max_batch_size <= MAX_BATCH_SIZE:
+        raise ValueError(f"gpuq.op({name!r}): max_batch_size must be an int from 1 to "
+                         f"{MAX_BATCH_SIZE}, not {max_batch_size!r}")
+    if max_queue_delay_us is None:
+        max_queue_delay_us = DEFAULT_QUEUE_DELAY_US if max_batch_size > 1 else 0
+    if type(max_queue_delay_us) is not int or not 0 <= max_queue_delay_us <= MAX_QUEUE_DELAY_US:
+        raise ValueError(f"gpuq.op({name!r}): max_queue_delay_us must be an int from 0 to "
+                         f"{MAX_QUEUE_DELAY_US}, not {max_queue_delay_us!r}")
+    return (max_batch_size, max_queue_delay_us if max_batch_size > 1 else 0)
+
+
+def op(name: str, summary: Optional[str] = None, *, max_batch_size: int = 1,
+       max_queue_delay_us: Optional[int] = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Registers the decorated function as the Python op ``name`` of the pools whose modules
     import it (1-48 characters of [a-z0-9_])::
 
@@ -48,7 +67,15 @@ def op(name: str, summary: Optional[str] = None) -> Callable[[Callable[..., Any]
 
     A job calls it with the caller's arrays as numpy views (read-only, zero copy) and its
     keyword arguments; what it returns reaches the caller as numpy arrays. The function is
-    returned unchanged (it can still be called directly)."""
+    returned unchanged (it can still be called directly).
+
+    ``max_batch_size`` above 1 makes the op batched (docs/python.md, "Dynamic batching"): a
+    worker gathers queued jobs of it from any client, up to ``max_batch_size`` rows (the first
+    axis of their arrays) or until ``max_queue_delay_us`` (default 500) has passed, and calls
+    the function once with each array argument concatenated along axis 0; the function returns
+    an array (or a tuple of arrays) with one row per input row, and each caller gets its own
+    rows back."""
+    batching = _batching(name, max_batch_size, max_queue_delay_us)
     if not _valid_name(name):
         raise ValueError(f"gpuq.op: {name!r} is not a valid op name (1-48 characters of "
                          "[a-z0-9_])")
@@ -63,7 +90,7 @@ def op(name: str, summary: Optional[str] = None) -> Callable[[Callable[..., Any]
             raise ValueError(f"gpuq.op: {name!r} is registered twice "
                              f"({_qualname(have[0])} and {_qualname(fn)})")
         doc = summary if summary is not None else (fn.__doc__ or "").strip().split("\n")[0]
-        _ops[name] = (fn, doc[:200])
+        _ops[name] = (fn, doc[:200], batching)
         return fn
 
     return register
@@ -232,6 +259,58 @@ def decode_call(buf: memoryview, params: Dict[str, Any]) -> Tuple[list, dict]:
     args = [value(a, f"argument {i}") for i, a in enumerate(header.get("args", []))]
     kwargs = {str(k): value(a, f"keyword {k}") for k, a in header.get("kwargs", {}).items()}
     return args, kwargs
+
+
+def batch_key(args: Sequence[Any], kwargs: Dict[str, Any]) -> Tuple[Any, int]:
+    """A batched op's job: (what jobs must share to be called together, its rows). The key is
+    None for a job that runs alone: no array argument, a 0-d one, or arrays whose first axes
+    differ. Jobs share a call when their JSON arguments, and their arrays' dtypes and shapes
+    past axis 0, are the same."""
+    rows = -1
+    alone = False
+
+    def part(v: Any) -> Any:
+        nonlocal rows, alone
+        if isinstance(v, np.ndarray):
+            if v.ndim == 0 or (rows >= 0 and v.shape[0] != rows):
+                alone = True
+                return None
+            rows = v.shape[0]
+            return ("nd", v.dtype.str if v.dtype.fields is None else repr(v.dtype.descr),
+                    v.shape[1:])
+        return ("js", json.dumps(v, sort_keys=True, allow_nan=True))
+
+    key = (tuple(part(a) for a in args), tuple((k, part(v)) for k, v in sorted(kwargs.items())))
+    if alone or rows < 0:
+        return None, max(rows, 1)
+    return key, rows
+
+
+def concat_rows(parts: Sequence[Any]) -> Any:
+    """One argument of a batched call: the jobs' arrays concatenated along axis 0 (one copy,
+    C-contiguous), or the first job's JSON value (the batch key makes them all equal)."""
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts, axis=0)
+    return parts[0]
+
+
+def split_rows(name: str, result: Any, rows: Sequence[int]) -> Tuple[str, List[List[np.ndarray]]]:
+    """A batched call's result cut into each job's rows: (kind, [arrays of job j]). Raises
+    TypeError when it is not an array or tuple of arrays with one row per input row."""
+    total = sum(rows)
+    kind, arrays, _ = _result_arrays(result)
+    if kind not in ("array", "tuple") or not arrays or any(
+            a.ndim == 0 or a.shape[0] != total for a in arrays):
+        shapes = [tuple(a.shape) for a in arrays] if kind in ("array", "tuple") else kind
+        raise TypeError(f"{name} is batched: it must return an array, or a tuple of arrays, "
+                        f"with one row per input row; the call had {total} rows and returned "
+                        f"{shapes}")
+    out = []
+    at = 0
+    for r in rows:
+        out.append([a[at:at + r] for a in arrays])
+        at += r
+    return kind, out
 
 
 def _result_arrays(result: Any) -> Tuple[str, List[np.ndarray], Any]:

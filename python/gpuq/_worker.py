@@ -169,6 +169,85 @@ class Runtime:
         finally:
             del args, kwargs
 
+    def run_batch(self, name: str, ins: List[memoryview], outs: List[memoryview],
+                  params: List[Dict[str, Any]]) -> Tuple[List[Tuple[int, str, int, int]], List[int]]:
+        """Jobs of a batched op the worker gathered (docs/python.md, "Dynamic batching"): each
+        set of jobs whose arguments agree in one call, at most max_batch_size rows, with their
+        arrays concatenated along axis 0. (each job's outcome, the rows of each call)."""
+        if self.gpu and len(self.configured) < 2:
+            self._configure_frameworks()
+        entry = self.ops.get(name)
+        if entry is None:
+            return [(_errors.UnknownOp.code, f"{name}: not an op of this Python pool", 0, 0)] * \
+                len(ins), []
+        fn, _, (max_rows, _) = entry
+        results: List[Any] = [None] * len(ins)
+        jobs: List[Any] = [None] * len(ins)
+        calls: List[List[int]] = []
+        groups: Dict[Any, List[List[int]]] = {}
+        try:
+            for i, (inp, p) in enumerate(zip(ins, params)):
+                try:
+                    args, kwargs = _pyops.decode_call(inp, p)
+                except Exception as e:  # noqa: BLE001 - the client's mistake, not the op's
+                    results[i] = (_errors.InvalidArgument.code, f"{name}: {e}", 0, 0)
+                    continue
+                key, rows = _pyops.batch_key(args, kwargs)
+                jobs[i] = (args, kwargs, rows)
+                if key is None:
+                    calls.append([i])
+                    continue
+                # Consecutive chunks of at most max_rows rows (one job may be more alone).
+                chunks = groups.setdefault(key, [[]])
+                last = chunks[-1]
+                if last and sum(jobs[j][2] for j in last) + rows > max_rows:
+                    chunks.append([i])
+                else:
+                    last.append(i)
+            for chunks in groups.values():
+                calls.extend(chunks)
+            calls.sort(key=lambda c: c[0])
+            call_rows = []
+            for call in calls:
+                call_rows.append(sum(jobs[i][2] for i in call))
+                self._call_batch(name, fn, call, jobs, outs, results)
+            return results, call_rows
+        finally:
+            jobs.clear()
+
+    def _call_batch(self, name: str, fn: Any, call: List[int], jobs: List[Any],
+                    outs: List[memoryview], results: List[Any]) -> None:
+        if len(call) == 1:
+            i = call[0]
+            args, kwargs, _ = jobs[i]
+            try:
+                results[i] = (0, "", _pyops.write_result(outs[i], fn(*args, **kwargs)), 0)
+            except ResultTooLarge as e:
+                n = _pyops.write_error(outs[i], "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
+                results[i] = (_errors.InvalidArgument.code, f"{name}: {e}", n, 0)
+            except BaseException as e:  # noqa: BLE001 - every failure is the job's, reported
+                results[i] = self._failed(name, e, outs[i])
+            return
+        first_args, first_kwargs, _ = jobs[call[0]]
+        try:
+            args = [_pyops.concat_rows([jobs[i][0][k] for i in call])
+                    for k in range(len(first_args))]
+            kwargs = {k: _pyops.concat_rows([jobs[i][1][k] for i in call]) for k in first_kwargs}
+            kind, parts = _pyops.split_rows(name, fn(*args, **kwargs), [jobs[i][2] for i in call])
+        except BaseException as e:  # noqa: BLE001 - the call's failure is each of its jobs'
+            failed = self._failed(name, e, outs[call[0]])
+            for i in call:
+                results[i] = failed if i == call[0] else self._failed(name, e, outs[i])
+            return
+        finally:
+            args = kwargs = None  # type: ignore[assignment]
+        for i, arrays in zip(call, parts):
+            try:
+                results[i] = (0, "", _pyops.write_answer(outs[i], {"kind": kind}, arrays), 0)
+            except ResultTooLarge as e:
+                n = _pyops.write_error(outs[i], "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
+                results[i] = (_errors.InvalidArgument.code, f"{name}: {e}", n, 0)
+
     def _failed(self, name: str, e: BaseException, out: memoryview,
                 pickled: bool = False) -> Tuple[int, str, int, int]:
         if isinstance(e, (SystemExit, KeyboardInterrupt)) and not isinstance(e, Exception):
@@ -302,7 +381,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     # A traceback of a failing import or on_start is the start-up failure gpuqd reports.
     _import_modules(paths, modules)
     if listing is not None:
-        json.dump([{"name": n, "summary": s} for n, (_, s) in _pyops._ops.items()], listing)
+        json.dump([{"name": n, "summary": s, "max_batch_size": b[0], "max_queue_delay_us": b[1]}
+                   for n, (_, s, b) in _pyops._ops.items()], listing)
         listing.write("\n")
         listing.close()
         return 0
@@ -316,7 +396,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     # worker, instead of raising KeyboardInterrupt in whatever job runs next.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     from . import _native
-    _native.register_python_ops(pool_id, sorted((i, n) for n, i in expected.items()))
+    batching = {n: b for n, (_, _, b) in _pyops._ops.items()}
+    _native.register_python_ops(pool_id, sorted(
+        (i, n) + batching.get(n, (1, 0)) for n, i in expected.items()))
     runtime = Runtime(dict(_pyops._ops), allow_callables, gpu)
     return int(_native.run_worker(["gpuq-python-worker"] + rest, runtime))
 

@@ -10,12 +10,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <variant>
 #include <vector>
 
+#include "gpuq/common/shm_layout.hpp"
 #include "op_backend.hpp"
 #include "ops.hpp"
 #include "worker_loop.hpp"
@@ -31,8 +33,57 @@ using daemon::OpContext;
 using daemon::OpInfo;
 using daemon::OpOutput;
 
-// The running job's cancel flag, for gpuq.cancelled() (one job at a time per worker).
+// The running job's cancel flag, for gpuq.cancelled() (one call at a time per worker); for a
+// batched call, its jobs' flags instead.
 std::atomic<const std::atomic<uint32_t>*> g_cancel_flag{nullptr};
+std::atomic<const std::vector<const std::atomic<uint32_t>*>*> g_batch_flags{nullptr};
+
+// Whether a batched call should stop: a time limit of one of its jobs passed (the supervisor
+// raises it on the job it watches), or every job of it was cancelled by its client. A client's
+// cancel alone does not stop a call that serves others.
+bool batch_cancelled(const std::vector<const std::atomic<uint32_t>*>& flags) {
+  bool all_cancelled = !flags.empty();
+  for (const auto* f : flags) {
+    const uint32_t why = f->load(std::memory_order_relaxed);
+    if ((why & kCancelByTimeLimit) != 0) return true;
+    if ((why & kCancelByClient) == 0) all_cancelled = false;
+  }
+  return all_cancelled;
+}
+
+// A Python memoryview of `bytes` bytes at `p` (no copy).
+nb::object view_of(const std::byte* p, uint64_t bytes, bool writable) {
+  return nb::steal(PyMemoryView_FromMemory(reinterpret_cast<char*>(const_cast<std::byte*>(p)),
+                                           static_cast<Py_ssize_t>(bytes),
+                                           writable ? PyBUF_WRITE : PyBUF_READ));
+}
+
+// Lets go of a view the op was given. That guards nothing: numpy arrays made over it keep the
+// bare pointer, and an op that keeps one past its call may read the next job's bytes, or crash
+// this worker once the client's segment is unmapped (docs/python.md).
+void release_view(const nb::object& v) {
+  (void)PyObject_CallMethod(v.ptr(), "release", nullptr);
+  if (PyErr_Occurred() != nullptr) PyErr_Clear();
+}
+
+// A job's result from what Runtime.run or run_batch said of it: (code, message, bytes, value).
+Result<OpOutput> job_result(const OpContext& ctx, int code, const std::string& message,
+                            uint64_t bytes, uint64_t value) {
+  if (bytes > ctx.output_capacity) bytes = ctx.output_capacity;
+  if (code == 0) return OpOutput{bytes, value};
+  ctx.failure_output_bytes = bytes;
+  const ErrorCode ec =
+      code > 0 && code <= kMaxErrorCode ? static_cast<ErrorCode>(code) : ErrorCode::kOpFailed;
+  return Error(ec, message);
+}
+
+nb::dict params_of(const OpContext& ctx) {
+  nb::dict params;
+  for (const auto& p : ctx.params.entries()) {
+    std::visit([&](const auto& v) { params[p.key.c_str()] = nb::cast(v); }, p.value);
+  }
+  return params;
+}
 
 // What the Python side printed for an exception, as one line for an Error.
 std::string describe_python_error(nb::python_error& e) {
@@ -91,45 +142,92 @@ class PythonBackend final : public OpBackend {
     } clear;
     nb::gil_scoped_acquire gil;
     try {
-      nb::dict params;
-      for (const auto& p : ctx.params.entries()) {
-        std::visit([&](const auto& v) { params[p.key.c_str()] = nb::cast(v); }, p.value);
-      }
+      nb::dict params = params_of(ctx);
       // Views of the client's segment, zero copy: the input read-only, except for a callable's
       // (gpuq.Executor copies its arguments into the job's own block, and a function may
       // change its arguments in place, as in a ProcessPoolExecutor).
       const bool writable_input = std::string_view(op.name) == daemon::kPythonCallOp;
-      nb::object in = nb::steal(PyMemoryView_FromMemory(
-          reinterpret_cast<char*>(const_cast<std::byte*>(ctx.input)),
-          static_cast<Py_ssize_t>(ctx.input_bytes), writable_input ? PyBUF_WRITE : PyBUF_READ));
-      nb::object out = nb::steal(
-          PyMemoryView_FromMemory(reinterpret_cast<char*>(ctx.output),
-                                  static_cast<Py_ssize_t>(ctx.output_capacity), PyBUF_WRITE));
+      nb::object in = view_of(ctx.input, ctx.input_bytes, writable_input);
+      nb::object out = view_of(ctx.output, ctx.output_capacity, true);
       if (!in.is_valid() || !out.is_valid()) throw nb::python_error();
       auto [code, message, bytes, value] =
           nb::cast<std::tuple<int, std::string, uint64_t, uint64_t>>(
               handler_.attr("run")(op.name, in, out, params));
-      // The views go now. That guards nothing: numpy arrays made over them keep the bare
-      // pointer, and an op that keeps one past its call may read the next job's bytes, or
-      // crash this worker once the client's segment is unmapped (docs/python.md).
-      (void)PyObject_CallMethod(in.ptr(), "release", nullptr);
-      if (PyErr_Occurred() != nullptr) PyErr_Clear();
-      (void)PyObject_CallMethod(out.ptr(), "release", nullptr);
-      if (PyErr_Occurred() != nullptr) PyErr_Clear();
+      release_view(in);
+      release_view(out);
       // Read now, with the GIL held: the loop asks must_exit() after every job.
       must_exit_ = nb::cast<bool>(handler_.attr("poisoned"));
-      if (bytes > ctx.output_capacity) bytes = ctx.output_capacity;
-      if (code == 0) return OpOutput{bytes, value};
-      ctx.failure_output_bytes = bytes;
-      const ErrorCode ec =
-          code > 0 && code <= kMaxErrorCode ? static_cast<ErrorCode>(code) : ErrorCode::kOpFailed;
-      return Error(ec, message);
+      return job_result(ctx, code, message, bytes, value);
     } catch (nb::python_error& e) {
       return Error(ErrorCode::kOpFailed, std::string(op.name) + ": the worker runtime failed: " +
                                              describe_python_error(e));
     } catch (const std::exception& e) {
       return Error(ErrorCode::kOpFailed,
                    std::string(op.name) + ": the worker runtime failed: " + e.what());
+    }
+  }
+
+  void run_batch(const OpInfo& op, std::span<const OpContext* const> jobs,
+                 std::vector<Result<OpOutput>>& results,
+                 std::vector<uint32_t>& call_rows) override {
+    if (op.python == nullptr || jobs.empty()) {
+      OpBackend::run_batch(op, jobs, results, call_rows);
+      return;
+    }
+    flags_.clear();
+    for (const OpContext* ctx : jobs) flags_.push_back(&ctx->cancel_requested);
+    g_batch_flags.store(&flags_, std::memory_order_relaxed);
+    struct Clear {
+      ~Clear() { g_batch_flags.store(nullptr, std::memory_order_relaxed); }
+    } clear;
+    const size_t first = results.size();
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::list ins;
+      nb::list outs;
+      nb::list params;
+      views_.clear();
+      for (const OpContext* ctx : jobs) {
+        nb::object in = view_of(ctx->input, ctx->input_bytes, false);
+        nb::object out = view_of(ctx->output, ctx->output_capacity, true);
+        if (!in.is_valid() || !out.is_valid()) throw nb::python_error();
+        ins.append(in);
+        outs.append(out);
+        views_.push_back(std::move(in));
+        views_.push_back(std::move(out));
+        params.append(params_of(*ctx));
+      }
+      auto [outcomes, rows] =
+          nb::cast<std::tuple<std::vector<std::tuple<int, std::string, uint64_t, uint64_t>>,
+                              std::vector<uint32_t>>>(
+              handler_.attr("run_batch")(op.name, ins, outs, params));
+      for (const nb::object& v : views_) release_view(v);
+      views_.clear();
+      must_exit_ = nb::cast<bool>(handler_.attr("poisoned"));
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (i >= outcomes.size()) {
+          results.push_back(Error(ErrorCode::kInternal, std::string(op.name) +
+                                                            ": the worker runtime lost a job of "
+                                                            "the batch"));
+          continue;
+        }
+        const auto& [code, message, bytes, value] = outcomes[i];
+        results.push_back(job_result(*jobs[i], code, message, bytes, value));
+      }
+      call_rows.insert(call_rows.end(), rows.begin(), rows.end());
+    } catch (nb::python_error& e) {
+      views_.clear();
+      const std::string why =
+          std::string(op.name) + ": the worker runtime failed: " + describe_python_error(e);
+      results.erase(results.begin() + static_cast<std::ptrdiff_t>(first), results.end());
+      for (size_t i = 0; i < jobs.size(); ++i) results.push_back(Error(ErrorCode::kOpFailed, why));
+    } catch (const std::exception& e) {
+      views_.clear();
+      results.erase(results.begin() + static_cast<std::ptrdiff_t>(first), results.end());
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        results.push_back(Error(ErrorCode::kOpFailed,
+                                std::string(op.name) + ": the worker runtime failed: " + e.what()));
+      }
     }
   }
 
@@ -150,6 +248,8 @@ class PythonBackend final : public OpBackend {
 
   nb::object handler_;
   daemon::WorkerOptions options_;
+  std::vector<const std::atomic<uint32_t>*> flags_;  // the running batch's cancel flags
+  std::vector<nb::object> views_;                    // its memoryviews, released after it
   bool must_exit_ = false;
 };
 
@@ -168,13 +268,17 @@ OpBackend& backend_for(const daemon::WorkerOptions& o) {
 void bind_worker(nb::module_& m) {
   m.def(
       "register_python_ops",
-      [](uint32_t pool, const std::vector<std::tuple<uint32_t, std::string>>& ops) {
-        for (const auto& [id, name] : ops) {
-          auto r = daemon::add_python_op(name, "", pool, id);
+      [](uint32_t pool,
+         const std::vector<std::tuple<uint32_t, std::string, uint32_t, uint32_t>>& ops) {
+        for (const auto& [id, name, max_batch_size, max_queue_delay_us] : ops) {
+          auto r = daemon::add_python_op(name, "", pool, id,
+                                         daemon::BatchSettings{max_batch_size, max_queue_delay_us});
           if (!r) throw std::invalid_argument(r.error().message());
         }
       },
-      "pool"_a, "ops"_a, "Adds this worker's Python ops to the registry, with gpuqd's ids.");
+      "pool"_a, "ops"_a,
+      "Adds this worker's Python ops to the registry, with gpuqd's ids and their batching "
+      "(max_batch_size, max_queue_delay_us).");
   m.def(
       "run_worker",
       [](std::vector<std::string> args, nb::object handler) {
@@ -192,10 +296,14 @@ void bind_worker(nb::module_& m) {
   m.def(
       "job_cancelled",
       [] {
+        if (const auto* flags = g_batch_flags.load(std::memory_order_relaxed)) {
+          return batch_cancelled(*flags);
+        }
         const auto* flag = g_cancel_flag.load(std::memory_order_relaxed);
         return flag != nullptr && flag->load(std::memory_order_relaxed) != 0;
       },
-      "Whether the running job was asked to stop (its client cancelled it, its time limit).");
+      "Whether the running job was asked to stop (its client cancelled it, its time limit); in "
+      "a batched call, whether a job's time limit passed or every job was cancelled.");
 }
 
 }  // namespace gpuq::python

@@ -56,6 +56,22 @@ struct alignas(64) OpMetrics {
 };
 static_assert(offsetof(OpMetrics, buckets) == 64);
 
+// A batched Python op's calls in one worker (docs/python.md, "Dynamic batching"), in the same
+// slot as its OpMetrics: how many rows each call of the function took, and how long each
+// gathering of a batch waited for company (from its first job's claim to the call). Only
+// batched ops' jobs touch it; rows buckets are per bucket, not cumulative, as above.
+inline constexpr uint32_t kBatchRowBounds = 17;
+inline constexpr uint64_t kBatchRowBound[kBatchRowBounds] = {
+    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
+struct alignas(64) OpBatchMetrics {
+  std::atomic<uint64_t> calls;         // calls of the function (rows histogram's count)
+  std::atomic<uint64_t> rows_sum;      // rows over all calls
+  std::atomic<uint64_t> gathers;       // batches gathered (gather histogram's count)
+  std::atomic<uint64_t> gather_ticks;  // time spent gathering, in job stamp ticks
+  std::atomic<uint64_t> rows_buckets[kBatchRowBounds + 1];
+  std::atomic<uint64_t> gather_buckets[kMetricBounds + 1];
+};
+
 // Op slots per worker. The last is kept for kMetricOtherOp, so a worker keeps at most 95 ops
 // apart; jobs of further ops count under `other`.
 inline constexpr uint32_t kMaxMetricOps = 96;
@@ -71,6 +87,7 @@ struct alignas(64) WorkerMetrics {
   std::atomic<uint64_t> device_memory_used;
   std::atomic<uint64_t> device_memory_budget;
   OpMetrics ops[kMaxMetricOps];
+  OpBatchMetrics batch[kMaxMetricOps];  // by the same slot as `ops`
 };
 static_assert(std::is_standard_layout_v<WorkerMetrics> &&
               std::is_trivially_destructible_v<WorkerMetrics>);
@@ -94,6 +111,26 @@ inline void observe(OpMetrics& m, MetricHistogramKind kind, const uint64_t* boun
   // Saturating: a sum that wrapped would read as a counter reset.
   const uint64_t sum = m.sum_ticks[kind].load(std::memory_order_relaxed);
   m.sum_ticks[kind].store(sum + ticks < sum ? UINT64_MAX : sum + ticks, std::memory_order_relaxed);
+}
+
+// Records one call of a batched op's function with `rows` rows (the worker; single writer).
+inline void observe_batch_call(OpBatchMetrics& m, uint64_t rows) noexcept {
+  uint32_t i = 0;
+  while (i < kBatchRowBounds && rows > kBatchRowBound[i]) ++i;
+  bump(m.rows_buckets[i]);
+  bump(m.calls);
+  bump(m.rows_sum, rows);
+}
+
+// Records one gathering of a batch that took `ticks` (the worker; single writer).
+inline void observe_gather(OpBatchMetrics& m, const uint64_t* bound_ticks,
+                           uint64_t ticks) noexcept {
+  uint32_t i = 0;
+  while (i < kMetricBounds && ticks > bound_ticks[i]) ++i;
+  bump(m.gather_buckets[i]);
+  bump(m.gathers);
+  const uint64_t sum = m.gather_ticks.load(std::memory_order_relaxed);
+  m.gather_ticks.store(sum + ticks < sum ? UINT64_MAX : sum + ticks, std::memory_order_relaxed);
 }
 
 // The longest queue wait one job adds to the sum: an hour (the +Inf bucket starts at a

@@ -30,7 +30,7 @@ namespace gpuq {
 
 inline constexpr uint64_t kQueueMagic = 0x314D485355515047ull;   // "GPQUSHM1"
 inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
-inline constexpr uint32_t kLayoutVersion = 9;  // 9: job metrics on the private page
+inline constexpr uint32_t kLayoutVersion = 10;                   // 10: batches on the private page
 
 inline constexpr uint32_t kMaxPools = 8;
 inline constexpr uint32_t kMaxWorkers = 1024;
@@ -299,6 +299,10 @@ struct alignas(64) WorkerPrivate {
   std::atomic<uint64_t> job_started;  // a job stamp (clock.hpp)
   std::atomic<uint64_t> session;      // the job's client's session (a reused index is not it)
   std::atomic<uint32_t> job;          // a packed JobRef
+  // How many jobs the running call serves (a batched op's call, docs/python.md "Dynamic
+  // batching"; 1 for any other job), with `job` the batch's job whose time limit comes first.
+  // Part of the seqlock's data. A client's cancel does not stop a call that serves others.
+  std::atomic<uint32_t> batch_jobs;
   // Raised by the supervisor before it kills this worker for a job that did not end: the
   // worker takes no new job while it is up (the Dekker pair with job_seq, faults.md).
   std::atomic<uint32_t> hold;

@@ -1,0 +1,34 @@
+#include "batch_gatherer.hpp"
+
+#include <algorithm>
+
+namespace gpuq::daemon {
+
+void BatchGatherer::begin(uint32_t op_id, BatchSettings settings, uint64_t rows,
+                          uint64_t now_ns) noexcept {
+  op_id_ = op_id;
+  settings_ = settings;
+  rows_ = rows;
+  jobs_ = 1;
+  expected_ = expected(op_id);
+  started_ns_ = now_ns;
+  deadline_ns_ = now_ns + uint64_t{settings.max_queue_delay_us} * 1000;
+}
+
+uint32_t BatchGatherer::expected(uint32_t op_id) const noexcept {
+  auto it = std::find_if(last_jobs_.begin(), last_jobs_.end(),
+                         [&](const auto& e) { return e.first == op_id; });
+  return it == last_jobs_.end() ? 1 : it->second;
+}
+
+void BatchGatherer::finish() noexcept {
+  auto it = std::find_if(last_jobs_.begin(), last_jobs_.end(),
+                         [&](const auto& e) { return e.first == op_id_; });
+  if (it != last_jobs_.end()) {
+    it->second = jobs_;
+  } else {
+    last_jobs_.emplace_back(op_id_, jobs_);
+  }
+}
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,65 @@
+// BatchGatherer: when a worker that has taken a job of a batched op (a Python op declared with
+// max_batch_size > 1, docs/python.md "Dynamic batching") stops gathering further queued jobs of
+// that op and calls it. The worker loop pops and claims; this component only decides, from the
+// rows gathered so far, the op's settings, the clock and what the op's previous batch on this
+// worker held. Not thread-safe: one per worker loop.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "ops.hpp"
+
+namespace gpuq::daemon {
+
+class BatchGatherer {
+ public:
+  // Starts a batch of op `op_id` (`settings.batched()`), whose first job has `rows` rows and
+  // was taken at `now_ns` (CLOCK_MONOTONIC).
+  void begin(uint32_t op_id, BatchSettings settings, uint64_t rows, uint64_t now_ns) noexcept;
+
+  // Adds a gathered job of `rows` rows. A job may take the batch past max_batch_size (its
+  // rows are only a client's hint here); the batch is full then.
+  void add(uint64_t rows) noexcept {
+    rows_ += rows;
+    ++jobs_;
+  }
+
+  // Whether the batch holds max_batch_size rows or more: take no further job.
+  bool full() const noexcept { return rows_ >= settings_.max_batch_size; }
+
+  // With no further job of the op queued now: whether to wait for one (true) or call the op at
+  // once (false). It waits only while max_queue_delay_us has not passed since the first job
+  // and the batch holds fewer jobs than this op's previous batch on this worker did. So a lone
+  // caller never waits, nor does the first job after a quiet spell (its previous batch held
+  // one job), while under steady load from several clients the worker waits for about as
+  // many as came last time, never past the delay.
+  bool wait_for_more(uint64_t now_ns) const noexcept {
+    return now_ns < deadline_ns_ && jobs_ < expected_;
+  }
+
+  // Ends the batch: the jobs it gathered (those that left it while it was gathered included)
+  // become what the op's next batch on this worker waits for.
+  void finish() noexcept;
+
+  uint64_t rows() const noexcept { return rows_; }
+  uint32_t jobs() const noexcept { return jobs_; }
+  uint64_t started_ns() const noexcept { return started_ns_; }
+  uint64_t deadline_ns() const noexcept { return deadline_ns_; }
+  // What the next batch of `op_id` would wait for (1 before its first batch).
+  uint32_t expected(uint32_t op_id) const noexcept;
+
+ private:
+  uint32_t op_id_ = 0;
+  BatchSettings settings_;
+  uint64_t rows_ = 0;
+  uint32_t jobs_ = 0;
+  uint32_t expected_ = 1;
+  uint64_t started_ns_ = 0;
+  uint64_t deadline_ns_ = 0;
+  // {op id, jobs of its previous batch}: a worker serves few batched ops.
+  std::vector<std::pair<uint32_t, uint32_t>> last_jobs_;
+};
+
+}  // namespace gpuq::daemon

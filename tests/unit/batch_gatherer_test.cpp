@@ -1,0 +1,86 @@
+// BatchGatherer (daemon/worker/batch_gatherer.hpp): when a worker that took a batched op's job
+// stops gathering more. The worker loop's pops and claims run against real rings and Python
+// workers in python/tests/test_batching.py.
+#include "batch_gatherer.hpp"
+
+#include <doctest/doctest.h>
+
+namespace gpuq::daemon {
+namespace {
+
+constexpr uint64_t kUs = 1000;
+constexpr BatchSettings kSettings{8, 500};
+
+TEST_CASE("BatchGatherer: a lone job never waits for company") {
+  BatchGatherer g;
+  g.begin(7, kSettings, 1, 1'000'000);
+  CHECK_FALSE(g.full());
+  CHECK_FALSE(g.wait_for_more(1'000'000));  // the op's first batch: nothing to expect
+  g.finish();
+  g.begin(7, kSettings, 1, 2'000'000);
+  CHECK_FALSE(g.wait_for_more(2'000'000));  // its previous batch held one job
+}
+
+TEST_CASE("BatchGatherer: after a batch of several jobs it waits for as many, within the delay") {
+  BatchGatherer g;
+  g.begin(7, kSettings, 1, 0);
+  g.add(1);
+  g.add(1);
+  CHECK(g.jobs() == 3);
+  CHECK(g.rows() == 3);
+  g.finish();
+  CHECK(g.expected(7) == 3);
+  const uint64_t t0 = 10'000'000;
+  g.begin(7, kSettings, 1, t0);
+  CHECK(g.deadline_ns() == t0 + 500 * kUs);
+  CHECK(g.wait_for_more(t0));
+  CHECK(g.wait_for_more(t0 + 499 * kUs));
+  CHECK_FALSE(g.wait_for_more(t0 + 500 * kUs));  // the delay has passed
+  g.add(1);
+  g.add(1);
+  CHECK_FALSE(g.wait_for_more(t0 + kUs));  // as many as last time: call now
+  g.finish();
+  CHECK(g.expected(7) == 3);
+}
+
+TEST_CASE("BatchGatherer: each op remembers its own previous batch") {
+  BatchGatherer g;
+  g.begin(7, kSettings, 1, 0);
+  g.add(1);
+  g.finish();
+  g.begin(9, kSettings, 1, 0);
+  g.finish();
+  CHECK(g.expected(7) == 2);
+  CHECK(g.expected(9) == 1);
+  CHECK(g.expected(11) == 1);
+  g.begin(9, kSettings, 1, 0);
+  CHECK_FALSE(g.wait_for_more(0));
+}
+
+TEST_CASE("BatchGatherer: max_batch_size rows make the batch full") {
+  BatchGatherer g;
+  g.begin(7, kSettings, 3, 0);
+  CHECK_FALSE(g.full());
+  g.add(4);
+  CHECK_FALSE(g.full());
+  g.add(1);
+  CHECK(g.full());  // 8 rows
+  BatchGatherer over;
+  over.begin(7, kSettings, 5, 0);
+  over.add(6);  // a hint may take it past the maximum: full all the same
+  CHECK(over.full());
+  CHECK(over.rows() == 11);
+}
+
+TEST_CASE("BatchGatherer: no delay means no wait, whatever came last time") {
+  BatchGatherer g;
+  g.begin(7, BatchSettings{8, 0}, 1, 0);
+  g.add(1);
+  g.add(1);
+  g.finish();
+  g.begin(7, BatchSettings{8, 0}, 1, 100);
+  CHECK_FALSE(g.wait_for_more(100));
+}
+
+}  // namespace
+}  // namespace gpuq::daemon
