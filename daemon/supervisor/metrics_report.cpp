@@ -28,6 +28,12 @@ uint32_t outcome_index(std::string_view name) {
   return kWorkerDied;
 }
 
+// `sum` plus `add`, stopping at the largest value: a sum that wrapped would read as a counter
+// reset.
+uint64_t saturating_add(uint64_t sum, uint64_t add) {
+  return sum + add < sum ? UINT64_MAX : sum + add;
+}
+
 struct Histogram {
   uint64_t buckets[kMetricBounds + 1] = {};
   uint64_t sum_ticks = 0;
@@ -36,8 +42,27 @@ struct Histogram {
     for (uint32_t b = 0; b <= kMetricBounds; ++b) {
       buckets[b] += m.buckets[b][kind].load(std::memory_order_relaxed);
     }
-    const uint64_t add = m.sum_ticks[kind].load(std::memory_order_relaxed);
-    sum_ticks = sum_ticks + add < sum_ticks ? UINT64_MAX : sum_ticks + add;  // never wraps
+    sum_ticks = saturating_add(sum_ticks, m.sum_ticks[kind].load(std::memory_order_relaxed));
+  }
+  // A batched op's gathering times.
+  void add(const OpBatchMetrics& m) {
+    for (uint32_t b = 0; b <= kMetricBounds; ++b) {
+      buckets[b] += m.gather_buckets[b].load(std::memory_order_relaxed);
+    }
+    sum_ticks = saturating_add(sum_ticks, m.gather_ticks.load(std::memory_order_relaxed));
+  }
+};
+
+// A batched op's rows per call of its function (bounds kBatchRowBound).
+struct RowsHistogram {
+  uint64_t buckets[kBatchRowBounds + 1] = {};
+  uint64_t rows = 0;
+
+  void add(const OpBatchMetrics& m) {
+    for (uint32_t b = 0; b <= kBatchRowBounds; ++b) {
+      buckets[b] += m.rows_buckets[b].load(std::memory_order_relaxed);
+    }
+    rows = saturating_add(rows, m.rows_sum.load(std::memory_order_relaxed));
   }
 };
 
@@ -45,6 +70,12 @@ struct OpTotals {
   uint64_t outcomes[kOutcomes] = {};
   Histogram queue_wait, run;
   bool observed = false;  // counted by a worker (has histograms)
+};
+
+// A batched Python op's calls, summed over a pool's workers.
+struct BatchTotals {
+  RowsHistogram rows;
+  Histogram gather;
 };
 
 using Labels = std::vector<std::pair<const char*, std::string>>;
@@ -76,26 +107,45 @@ class Exposition {
     out_.append(text, r.ptr);
     out_ += '\n';
   }
-  // A histogram's _bucket (cumulative), _sum and _count samples.
-  void histogram(std::string_view name, Labels labels, const Histogram& h, double ns_per_tick) {
-    const std::string bucket = std::string(name) + "_bucket";
-    labels.emplace_back("le", "");
-    uint64_t cumulative = 0;
-    for (uint32_t b = 0; b <= kMetricBounds; ++b) {
-      cumulative += h.buckets[b];
-      char le[32] = "+Inf";
-      if (b < kMetricBounds) std::snprintf(le, sizeof le, "%g", kMetricBoundSeconds[b]);
-      labels.back().second = le;
-      sample(bucket, labels, cumulative);
-    }
-    labels.pop_back();
+  // A histogram of durations: its _bucket (cumulative; bounds kMetricBoundSeconds), _sum (in
+  // seconds) and _count samples.
+  void histogram(std::string_view name, const Labels& labels, const Histogram& h,
+                 double ns_per_tick) {
+    const uint64_t count = buckets(name, labels, h.buckets, kMetricBounds, [](uint32_t b) {
+      char le[32];
+      std::snprintf(le, sizeof le, "%g", kMetricBoundSeconds[b]);
+      return std::string(le);
+    });
     sample(std::string(name) + "_sum", labels,
            static_cast<double>(h.sum_ticks) * ns_per_tick / 1e9);
-    sample(std::string(name) + "_count", labels, cumulative);
+    sample(std::string(name) + "_count", labels, count);
+  }
+  // A histogram of rows per call: bounds kBatchRowBound, _sum in rows.
+  void histogram(std::string_view name, const Labels& labels, const RowsHistogram& h) {
+    const uint64_t count = buckets(name, labels, h.buckets, kBatchRowBounds,
+                                   [](uint32_t b) { return std::to_string(kBatchRowBound[b]); });
+    sample(std::string(name) + "_sum", labels, h.rows);
+    sample(std::string(name) + "_count", labels, count);
   }
   std::string take() { return std::move(out_); }
 
  private:
+  // The _bucket samples of `bounds` finite buckets and +Inf from per-bucket `counts`, made
+  // cumulative; `le_of(b)` writes bound b. Returns the count of all observations.
+  template <typename LeText>
+  uint64_t buckets(std::string_view name, Labels labels, const uint64_t* counts, uint32_t bounds,
+                   LeText le_of) {
+    const std::string bucket = std::string(name) + "_bucket";
+    labels.emplace_back("le", "");
+    uint64_t cumulative = 0;
+    for (uint32_t b = 0; b <= bounds; ++b) {
+      cumulative += counts[b];
+      labels.back().second = b < bounds ? le_of(b) : std::string("+Inf");
+      sample(bucket, labels, cumulative);
+    }
+    return cumulative;
+  }
+
   void head(std::string_view name, const Labels& labels) {
     out_ += name;
     if (!labels.empty()) {
@@ -187,6 +237,16 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
     e.sample("gpuq_jobs_submitted_total", pool_label(p), src.clients->jobs_submitted(p));
   }
 
+  // Batched Python ops by pool and op (docs/python.md, "Dynamic batching"): each op batched on
+  // its pool, whether or not it has run yet, and below any slot of a page with batch counts.
+  std::map<std::pair<uint32_t, uint32_t>, BatchTotals> batches;
+  for (const OpInfo& op : op_registry()) {
+    if (op.python == nullptr || !c.job_metrics) continue;
+    for (const uint32_t p : op.python->pools) {
+      if (p < pools && op.python->batching_on(p).batched()) batches[{p, op.id}];
+    }
+  }
+
   // Jobs by pool and op: every worker's metrics page, then what the supervisor ended itself.
   std::map<std::pair<uint32_t, uint32_t>, OpTotals> ops;
   for (const auto& w : src.workers->all()) {
@@ -204,6 +264,14 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
       }
       t.queue_wait.add(om, kQueueWait);
       t.run.add(om, kRun);
+      const OpBatchMetrics& bm = m.batch[i];
+      const bool counted = bm.calls.load(std::memory_order_relaxed) != 0 ||
+                           bm.gathers.load(std::memory_order_relaxed) != 0;
+      if (auto b = batches.find({w->pool, op}); b != batches.end() || counted) {
+        BatchTotals& bt = b != batches.end() ? b->second : batches[{w->pool, op}];
+        bt.rows.add(bm);
+        bt.gather.add(bm);
+      }
     }
   }
   // With job_metrics off there are no job counts at all (docs/metrics.md), not these alone.
@@ -239,6 +307,23 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
       if (!t.observed) continue;
       e.histogram(f.name, {{"pool", c.pools[key.first].name}, {"op", op_label(key.second)}},
                   t.*f.of, ns_per_tick);
+    }
+  }
+  // Only where a pool has batched ops: a daemon without any shows no such families.
+  if (!batches.empty()) {
+    e.family("gpuq_batch_rows", "histogram",
+             "Rows per call of a batched Python op's function (jobs gathered into one call).");
+    for (const auto& [key, b] : batches) {
+      e.histogram("gpuq_batch_rows",
+                  {{"pool", c.pools[key.first].name}, {"op", op_label(key.second)}}, b.rows);
+    }
+    e.family("gpuq_batch_gather_seconds", "histogram",
+             "Time a worker spent gathering a batch of a batched Python op, from its first "
+             "job's claim to the call.");
+    for (const auto& [key, b] : batches) {
+      e.histogram("gpuq_batch_gather_seconds",
+                  {{"pool", c.pools[key.first].name}, {"op", op_label(key.second)}}, b.gather,
+                  ns_per_tick);
     }
   }
 

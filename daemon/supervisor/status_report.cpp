@@ -150,16 +150,24 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
     pool["stops_forced"] = stops_forced;
     if (const auto& py = c.pools[p].python) {
       json ops = json::array();
+      // The batched ops' settings by name (docs/python.md, "Dynamic batching"); an op that is
+      // not batched (max_batch_size 1) has no entry.
+      json batching = json::object();
       for (const OpInfo& op : op_registry()) {
         if (op.python != nullptr && std::find(op.python->pools.begin(), op.python->pools.end(),
                                               p) != op.python->pools.end()) {
           ops.push_back(op.name);
+          if (const BatchSettings b = op.python->batching_on(p); b.batched()) {
+            batching[op.name] = {{"max_batch_size", b.max_batch_size},
+                                 {"max_queue_delay_us", b.max_queue_delay_us}};
+          }
         }
       }
       pool["python"] = {{"interpreter", py->interpreter},
                         {"modules", py->modules},
                         {"allow_callables", py->allow_callables},
-                        {"ops", ops}};
+                        {"ops", ops},
+                        {"batching", batching}};
     }
     if (!st.start_error.empty()) pool["start_error"] = st.start_error;
     pool["worker_spin_us"] = spin_us_of(c, c.pools[p]);

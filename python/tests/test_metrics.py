@@ -30,7 +30,8 @@ GPU_ONLY = {"gpuq_worker_gpu_memory_used_bytes", "gpuq_worker_gpu_memory_budget_
 
 CONFIG = {"pools": [{"name": "cpu", "kind": "cpu", "workers": 2},
                     {"name": "py", "kind": "cpu", "workers": 1,
-                     "python": {"interpreter": sys.executable, "modules": ["pyops_mod"],
+                     "python": {"interpreter": sys.executable,
+                                "modules": ["pyops_mod", "pyops_metrics_batch"],
                                 "path": [OPS_DIR]}}],
           "metrics_listen": "127.0.0.1:0", "restart_backoff_initial_ms": 10,
           "cancel_grace_ms": 200}
@@ -220,6 +221,62 @@ def test_worker_death_and_time_limit_kill_are_counted(mdaemon):
     assert doubled(fams) >= 5
 
 
+def test_batch_histograms_count_the_rows_of_a_batched_op(mdaemon):
+    """gpuq_batch_rows and gpuq_batch_gather_seconds of scale_rows (max_batch_size 8): every
+    row of every job in exactly one call, however the worker gathered them."""
+    def samples(fams, family, suffix):
+        return {s.labels.get("le"): s.value for s in fams[family].samples
+                if s.name == family + suffix and s.labels["pool"] == "py"
+                and s.labels["op"] == "scale_rows"}
+
+    before = parse(gpuq.metrics(mdaemon.runtime_dir))
+    # Present from the start, for the op batched on its pool only.
+    assert samples(before, "gpuq_batch_rows", "_count")
+    assert not [s for s in before["gpuq_batch_rows"].samples if s.labels["op"] == "double"]
+    rows = [1, 2, 3, 1, 4, 2, 1, 1, 5, 3]
+    with gpuq.connect(mdaemon.runtime_dir) as c:
+        futures = [c.submit_call("scale_rows", np.ones((n, 3)), pool="py") for n in rows]
+        for n, f in zip(rows, futures):
+            assert np.array_equal(np.asarray(f.result(30)), np.full((n, 3), 2.0))
+    deadline = time.monotonic() + 10
+    while True:
+        after = parse(gpuq.metrics(mdaemon.runtime_dir))
+        rows_sum = (samples(after, "gpuq_batch_rows", "_sum")[None]
+                    - samples(before, "gpuq_batch_rows", "_sum")[None])
+        if rows_sum >= sum(rows) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert rows_sum == sum(rows)
+    calls = (samples(after, "gpuq_batch_rows", "_count")[None]
+             - samples(before, "gpuq_batch_rows", "_count")[None])
+    assert 1 <= calls <= len(rows)
+    gathers = (samples(after, "gpuq_batch_gather_seconds", "_count")[None]
+               - samples(before, "gpuq_batch_gather_seconds", "_count")[None])
+    assert gathers >= 1
+    for family in ("gpuq_batch_rows", "gpuq_batch_gather_seconds"):
+        buckets = samples(after, family, "_bucket")
+        values = list(buckets.values())
+        assert values == sorted(values)  # cumulative
+        assert buckets["+Inf"] == samples(after, family, "_count")[None]
+    # A call stops taking jobs at max_batch_size (8) rows: the last job may bring it to 12.
+    assert samples(after, "gpuq_batch_rows", "_bucket")["16"] == \
+        samples(after, "gpuq_batch_rows", "_count")[None]
+
+
+def test_status_shows_each_batched_op_s_settings(mdaemon):
+    pool = next(p for p in mdaemon.status()["pools"] if p["name"] == "py")
+    assert pool["python"]["batching"] == {"scale_rows": {"max_batch_size": 8,
+                                                         "max_queue_delay_us": 500}}
+    assert "scale_rows" in pool["python"]["ops"] and "double" in pool["python"]["ops"]
+    cpu = next(p for p in mdaemon.status()["pools"] if p["name"] == "cpu")
+    assert "python" not in cpu
+    r = subprocess.run([gpuqctl_path(), "--runtime-dir", mdaemon.runtime_dir, "status"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "  batching scale_rows: max_batch_size 8, max_queue_delay_us 500\n" in r.stdout
+    assert "batching double" not in r.stdout
+
+
 def test_http_serves_what_the_control_socket_does(mdaemon, http_base):
     status, headers, body = http_get(http_base + "/metrics")
     assert status == 200
@@ -363,6 +420,9 @@ def test_top_once_reports_the_pools(mdaemon):
     assert header[:2] == ["POOL", "JOBS/S"]
     rows = {line.split()[0]: line.split() for line in lines[2:] if line.strip()}
     assert set(rows) >= {"cpu", "py"}
+    # py has a batched op: a BATCH column, "-" for py (no call of it in the interval).
+    assert header[-1] == "BATCH"
+    assert rows["py"][-1] == "-", out
     assert float(rows["cpu"][1]) > 0, out  # jobs ran during the interval
     queue = next(tok for tok in rows["cpu"] if re.fullmatch(r"\d+/\d+", tok))
     assert queue.endswith("/20")  # 10 x 2 workers

@@ -382,6 +382,67 @@ TEST_CASE("compute_top: a new daemon start time voids every rate") {
   CHECK(contains(format_top(r, 1700000200), "the daemon restarted: no rates this time"));
 }
 
+// A batched op's gpuq_batch_rows _sum and _count lines as gpuqd writes them.
+std::string batch_rows_text(const std::string& pool, const std::string& op, double rows,
+                            double calls) {
+  const std::string labels = "{pool=\"" + pool + "\",op=\"" + op + "\"} ";
+  return "gpuq_batch_rows_sum" + labels + std::to_string(static_cast<long long>(rows)) + "\n" +
+         "gpuq_batch_rows_count" + labels + std::to_string(static_cast<long long>(calls)) + "\n";
+}
+
+TEST_CASE("compute_top and format_top: the mean batch size of a pool's batched ops") {
+  // Pool py has two batched ops: classify took 300 rows in 10 calls over the interval, embed
+  // (new in the second text: counts from 0) 60 rows in 10 calls. Pool cpu has none.
+  const std::string before =
+      common_text(1700000000, "gpuq_jobs_total{pool=\"py\",op=\"classify\",outcome=\"ok\"} 100\n" +
+                                  batch_rows_text("py", "classify", 100, 10));
+  const std::string after =
+      common_text(1700000000, "gpuq_jobs_total{pool=\"py\",op=\"classify\",outcome=\"ok\"} 460\n" +
+                                  batch_rows_text("py", "classify", 400, 20) +
+                                  batch_rows_text("py", "embed", 60, 10));
+
+  const TopReport r = compute_top(parse_ok(before), parse_ok(after), 2.0);
+
+  REQUIRE(r.pools.size() == 2);
+  const PoolTop& cpu = r.pools[0];
+  CHECK(cpu.name == "cpu");
+  CHECK_FALSE(cpu.batched);
+  CHECK_FALSE(cpu.mean_batch.has_value());
+  const PoolTop& py = r.pools[1];
+  CHECK(py.name == "py");
+  CHECK(py.batched);
+  REQUIRE(py.mean_batch.has_value());
+  CHECK(*py.mean_batch == doctest::Approx(18.0));  // 360 rows in 20 calls
+  const std::string shown = format_top(r, 1700000001);
+  CHECK(contains(shown, " RESTARTS   BATCH\n"));
+  CHECK(contains(shown, "    18.0\n"));
+  // The cpu line has no BATCH cell (not even a blank one).
+  const size_t cpu_line = shown.find("\ncpu ");
+  REQUIRE(cpu_line != std::string::npos);
+  const std::string cpu_text =
+      shown.substr(cpu_line + 1, shown.find('\n', cpu_line + 1) - cpu_line);
+  CHECK(cpu_text.substr(cpu_text.size() - 2) != " \n");
+}
+
+TEST_CASE("compute_top: no batched call in the interval, or a batch counter that went down") {
+  const std::string idle = common_text(1700000000, batch_rows_text("py", "classify", 400, 20));
+  TopReport r = compute_top(parse_ok(idle), parse_ok(idle), 1.0);
+  REQUIRE(r.pools.size() == 2);
+  CHECK(r.pools[1].batched);
+  CHECK_FALSE(r.pools[1].mean_batch.has_value());
+  CHECK(contains(format_top(r, 1700000001), "       -\n"));
+
+  const std::string lower = common_text(1700000000, batch_rows_text("py", "classify", 40, 5));
+  r = compute_top(parse_ok(idle), parse_ok(lower), 1.0);
+  REQUIRE(r.pools.size() == 2);
+  CHECK_FALSE(r.pools[1].mean_batch.has_value());
+
+  // A series gone from the second text: no data either, and no BATCH column without batching.
+  r = compute_top(parse_ok(idle), parse_ok(common_text(1700000000, "")), 1.0);
+  for (const PoolTop& p : r.pools) CHECK_FALSE(p.mean_batch.has_value());
+  CHECK_FALSE(contains(format_top(r, 1700000001), "BATCH"));
+}
+
 TEST_CASE("compute_top and format_top: draining, GPU workers and GPUs, no escape codes") {
   std::string text = common_text(
       1700000000,

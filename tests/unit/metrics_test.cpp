@@ -45,6 +45,35 @@ TEST_CASE("observe: a duration goes to the first bucket whose bound it does not 
   CHECK(op.sum_ticks[kQueueWait].load() == 150);
 }
 
+TEST_CASE("observe_batch_call and observe_gather: rows and gathering times by bucket") {
+  static WorkerMetrics m{};
+  uint64_t bounds[kMetricBounds];
+  for (uint32_t b = 0; b < kMetricBounds; ++b) bounds[b] = (b + 1) * 100;
+  OpBatchMetrics& op = m.batch[3];
+  observe_batch_call(op, 1);         // le 1
+  observe_batch_call(op, 2);         // on the bound: le 2
+  observe_batch_call(op, 3);         // le 4
+  observe_batch_call(op, 65536);     // the last finite bound
+  observe_batch_call(op, 65537);     // +Inf
+  observe_gather(op, bounds, 100);   // on the first bound
+  observe_gather(op, bounds, 101);   // the next
+  observe_gather(op, bounds, 2201);  // +Inf
+  CHECK(op.calls.load() == 5);
+  CHECK(op.rows_sum.load() == 1 + 2 + 3 + 65536 + 65537);
+  CHECK(op.rows_buckets[0].load() == 1);
+  CHECK(op.rows_buckets[1].load() == 1);
+  CHECK(op.rows_buckets[2].load() == 1);
+  CHECK(op.rows_buckets[kBatchRowBounds - 1].load() == 1);
+  CHECK(op.rows_buckets[kBatchRowBounds].load() == 1);
+  CHECK(op.gathers.load() == 3);
+  CHECK(op.gather_ticks.load() == 100 + 101 + 2201);
+  CHECK(op.gather_buckets[0].load() == 1);
+  CHECK(op.gather_buckets[1].load() == 1);
+  CHECK(op.gather_buckets[kMetricBounds].load() == 1);
+  CHECK(m.batch[2].calls.load() == 0);  // other slots untouched
+  CHECK(m.ops[3].outcomes[0].load() == 0);
+}
+
 TEST_CASE("the metrics page fits the private memfd after WorkerPrivate") {
   CHECK(kWorkerMetricsOffset >= sizeof(WorkerPrivate));
   CHECK(kWorkerMetricsOffset + sizeof(WorkerMetrics) <= kWorkerPrivateBytes);
@@ -57,6 +86,11 @@ TEST_CASE("the metrics page fits the private memfd after WorkerPrivate") {
   // The bounds rise (observe relies on it).
   for (uint32_t b = 1; b < kMetricBounds; ++b)
     CHECK(kMetricBoundSeconds[b] > kMetricBoundSeconds[b - 1]);
+  // A batched op's counts: on lines of their own, in bounds that rise from 1 row.
+  CHECK(offsetof(WorkerMetrics, batch) % 64 == 0);
+  CHECK(sizeof(OpBatchMetrics) % 64 == 0);
+  CHECK(kBatchRowBound[0] == 1);
+  for (uint32_t b = 1; b < kBatchRowBounds; ++b) CHECK(kBatchRowBound[b] > kBatchRowBound[b - 1]);
 }
 
 TEST_CASE("label values escape backslash, double quote and newline") {

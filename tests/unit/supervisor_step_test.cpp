@@ -405,5 +405,107 @@ TEST_CASE("supervisor step: metrics from a worker's page, device memory and unkn
   CHECK(::munmap(base, kWorkerPrivateBytes) == 0);
 }
 
+// A batched Python op's histograms (gpuq_batch_rows, gpuq_batch_gather_seconds) from what two
+// workers wrote on their metrics pages, summed by pool and op; an op that is batched on the pool
+// but has not run yet shows zeros, and an op that is not batched shows none. Last in the file:
+// the op it registers stays in this process's registry.
+TEST_CASE("supervisor step: batched ops' rows and gather histograms from the workers' pages") {
+  const BatchSettings settings{64, 500};
+  const auto classify = add_python_op("batch_classify", "a batched op", 0, std::nullopt, settings);
+  REQUIRE(classify.ok());
+  const auto idle = add_python_op("batch_idle", "batched, never run", 0, std::nullopt, {8, 100});
+  REQUIRE(idle.ok());
+  const auto single = add_python_op("batch_single", "not batched", 0);
+  REQUIRE(single.ok());
+  Harness h(2);
+  h.report_ready(0);
+  h.report_ready(1);
+  std::vector<void*> pages;
+  std::vector<WorkerMetrics*> metrics;
+  for (uint32_t id = 0; id < 2; ++id) {
+    FakeLauncher::Proc& p = h.launcher->proc(h.launcher->pid_of(id));
+    REQUIRE(p.private_page.valid());
+    void* base = ::mmap(nullptr, kWorkerPrivateBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                        p.private_page.get(), 0);
+    REQUIRE(base != MAP_FAILED);
+    pages.push_back(base);
+    metrics.push_back(
+        reinterpret_cast<WorkerMetrics*>(static_cast<char*>(base) + kWorkerMetricsOffset));
+  }
+  // Worker 0: classify in slot 1 (after a noop in slot 0), calls of 1, 3 and 64 rows; two
+  // gatherings, one of exactly the first time bound (5 us), one of 1 ms.
+  WorkerMetrics& m0 = *metrics[0];
+  CHECK(m0.bound_ticks[0] == 5000);  // job_clock monotonic: a tick is a nanosecond
+  for (const OpInfo& op : op_registry()) {
+    if (std::string(op.name) == "noop") m0.ops[0].op_id = op.id;
+  }
+  m0.ops[0].outcomes[0].store(1);
+  m0.ops[1].op_id = classify.value();
+  m0.ops[1].outcomes[0].store(68);
+  observe_batch_call(m0.batch[1], 1);
+  observe_batch_call(m0.batch[1], 3);
+  observe_batch_call(m0.batch[1], 64);
+  observe_gather(m0.batch[1], m0.bound_ticks, m0.bound_ticks[0]);
+  observe_gather(m0.batch[1], m0.bound_ticks, m0.bound_ticks[7]);
+  m0.ops[2].op_id = single.value();
+  m0.ops[2].outcomes[0].store(5);
+  m0.op_count.store(3);
+  // Worker 1: classify in slot 0, one call of 100 000 rows (past the last bound), one
+  // gathering of two minutes (+Inf).
+  WorkerMetrics& m1 = *metrics[1];
+  m1.ops[0].op_id = classify.value();
+  m1.ops[0].outcomes[0].store(100'000);
+  observe_batch_call(m1.batch[0], 100'000);
+  observe_gather(m1.batch[0], m1.bound_ticks, m1.bound_ticks[kMetricBounds - 1] * 2);
+  m1.op_count.store(1);
+
+  const std::string text = h.sup->metrics_text();
+  INFO(text);
+  auto has = [&](const std::string& line) {
+    INFO(line);
+    CHECK(text.find("\n" + line + "\n") != std::string::npos);
+  };
+  const std::string c = R"(pool="cpu",op="batch_classify")";
+  has("# TYPE gpuq_batch_rows histogram");
+  has("# TYPE gpuq_batch_gather_seconds histogram");
+  // Rows: cumulative buckets over both workers.
+  has("gpuq_batch_rows_bucket{" + c + R"(,le="1"} 1)");
+  has("gpuq_batch_rows_bucket{" + c + R"(,le="2"} 1)");
+  has("gpuq_batch_rows_bucket{" + c + R"(,le="4"} 2)");
+  has("gpuq_batch_rows_bucket{" + c + R"(,le="32"} 2)");
+  has("gpuq_batch_rows_bucket{" + c + R"(,le="64"} 3)");
+  has("gpuq_batch_rows_bucket{" + c + R"(,le="65536"} 3)");
+  has("gpuq_batch_rows_bucket{" + c + R"(,le="+Inf"} 4)");
+  has("gpuq_batch_rows_sum{" + c + "} 100068");
+  has("gpuq_batch_rows_count{" + c + "} 4");
+  // Gathering: 5 us, 1 ms and two minutes; the sum in seconds (job_clock monotonic: 1 ns a
+  // tick).
+  has("gpuq_batch_gather_seconds_bucket{" + c + R"(,le="5e-06"} 1)");
+  has("gpuq_batch_gather_seconds_bucket{" + c + R"(,le="0.0005"} 1)");
+  has("gpuq_batch_gather_seconds_bucket{" + c + R"(,le="0.001"} 2)");
+  has("gpuq_batch_gather_seconds_bucket{" + c + R"(,le="60"} 2)");
+  has("gpuq_batch_gather_seconds_bucket{" + c + R"(,le="+Inf"} 3)");
+  has("gpuq_batch_gather_seconds_sum{" + c + "} 120.001005");
+  has("gpuq_batch_gather_seconds_count{" + c + "} 3");
+  // Batched on the pool but not run yet: all zero.
+  const std::string i = R"(pool="cpu",op="batch_idle")";
+  has("gpuq_batch_rows_bucket{" + i + R"(,le="+Inf"} 0)");
+  has("gpuq_batch_rows_sum{" + i + "} 0");
+  has("gpuq_batch_rows_count{" + i + "} 0");
+  has("gpuq_batch_gather_seconds_count{" + i + "} 0");
+  // Not batched: its jobs count, but no batch series (nor for the built-in noop).
+  has(R"(gpuq_jobs_total{pool="cpu",op="batch_single",outcome="ok"} 5)");
+  CHECK(text.find(R"(gpuq_batch_rows_count{pool="cpu",op="batch_single"})") == std::string::npos);
+  CHECK(text.find(R"(gpuq_batch_rows_count{pool="cpu",op="noop"})") == std::string::npos);
+  // One series per pool and op, however many workers have it.
+  size_t series = 0;
+  for (size_t at = 0; (at = text.find("gpuq_batch_rows_count{" + c, at)) != std::string::npos;
+       ++at) {
+    ++series;
+  }
+  CHECK(series == 1);
+  for (void* base : pages) CHECK(::munmap(base, kWorkerPrivateBytes) == 0);
+}
+
 }  // namespace
 }  // namespace gpuq::daemon

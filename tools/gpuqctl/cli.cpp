@@ -28,7 +28,8 @@ Commands:
   metrics                 print the daemon's metrics in the Prometheus text format
                           (docs/metrics.md); the same as its HTTP listener's /metrics
   top [OPTIONS]           a live view of the metrics, per pool: jobs/s, p50/p99 queue wait and
-                          run time, queue depth, workers by state; GPU memory (see below)
+                          run time, queue depth, workers by state, mean batch size of
+                          batched Python ops; GPU memory (see below)
   stop                    ask the daemon to drain (finish its jobs, accept no new ones) and exit
 
 submit options:

@@ -21,6 +21,8 @@ constexpr std::string_view kJobsTotal = "gpuq_jobs_total";
 constexpr std::string_view kQueueWaitBucket = "gpuq_job_queue_wait_seconds_bucket";
 constexpr std::string_view kRunBucket = "gpuq_job_run_seconds_bucket";
 constexpr std::string_view kRestartsTotal = "gpuq_worker_restarts_total";
+constexpr std::string_view kBatchRowsSum = "gpuq_batch_rows_sum";
+constexpr std::string_view kBatchRowsCount = "gpuq_batch_rows_count";
 
 // A series' identity: its name and its labels in sorted order.
 std::string series_key(const PromSample& s) {
@@ -43,6 +45,8 @@ struct PoolDeltas {
   std::map<double, double> queue_wait, run;  // upper bound -> cumulative count, summed over ops
   bool queue_wait_void = false, run_void = false;
   bool restarts_void = false;
+  double batch_rows = 0, batch_calls = 0;  // summed over batched ops
+  bool batch_void = false;
 };
 
 class TopBuilder {
@@ -152,6 +156,15 @@ class TopBuilder {
     } else if (name == kRunBucket) {
       PoolDeltas& d = deltas_[pool_index(s.label("pool"))];
       add_bucket(s, delta(s), d.run, d.run_void);
+    } else if (name == kBatchRowsSum || name == kBatchRowsCount) {
+      const size_t p = pool_index(s.label("pool"));
+      report_.pools[p].batched = true;
+      PoolDeltas& d = deltas_[p];
+      if (auto n = delta(s)) {
+        (name == kBatchRowsSum ? d.batch_rows : d.batch_calls) += *n;
+      } else {
+        d.batch_void = true;
+      }
     } else if (name == "gpuq_worker_gpu_memory_used_bytes" ||
                name == "gpuq_worker_gpu_memory_budget_bytes") {
       GpuWorkerTop& w = gpu_worker(s);
@@ -195,7 +208,7 @@ class TopBuilder {
     for (const PromSample& s : before_) {
       const std::string_view name = s.name;
       if (name != kJobsTotal && name != kQueueWaitBucket && name != kRunBucket &&
-          name != kRestartsTotal) {
+          name != kRestartsTotal && name != kBatchRowsSum && name != kBatchRowsCount) {
         continue;
       }
       if (now.count(series_key(s)) != 0) continue;
@@ -206,6 +219,7 @@ class TopBuilder {
       if (name == kQueueWaitBucket) d.queue_wait_void = true;
       if (name == kRunBucket) d.run_void = true;
       if (name == kRestartsTotal) d.restarts_void = true;
+      if (name == kBatchRowsSum || name == kBatchRowsCount) d.batch_void = true;
     }
   }
 
@@ -226,6 +240,7 @@ class TopBuilder {
     };
     quantiles(d.queue_wait, d.queue_wait_void, pool.wait_p50, pool.wait_p99);
     quantiles(d.run, d.run_void, pool.run_p50, pool.run_p99);
+    if (rates && !d.batch_void && d.batch_calls > 0) pool.mean_batch = d.batch_rows / d.batch_calls;
   }
 
   const std::vector<PromSample>& before_;
@@ -274,6 +289,7 @@ std::string format_share(std::optional<double> used, std::optional<double> of) {
 }
 
 constexpr const char* kPoolRow = "%9s %9s %10s %10s %10s %10s %11s %5s %5s %6s %11s %7s %9s";
+constexpr const char* kBatchCell = " %7s";
 
 }  // namespace
 
@@ -344,15 +360,19 @@ std::string format_top(const TopReport& r, double now_unix_s) {
   if (r.daemon_restarted) out += " (the daemon restarted: no rates this time)";
   out += '\n';
 
+  // The BATCH column only where some pool has batched ops; none on the line of a pool without.
+  const bool batch_column =
+      std::any_of(r.pools.begin(), r.pools.end(), [](const PoolTop& p) { return p.batched; });
   out += pad_right("POOL", 10) + ' ' +
          strf(kPoolRow, "JOBS/S", "FAILED/S", "WAIT P50", "WAIT P99", "RUN P50", "RUN P99", "QUEUE",
               "BUSY", "IDLE", "STUCK", "RESTARTING", "FAILED", "RESTARTS") +
-         '\n';
+         (batch_column ? strf(kBatchCell, "BATCH") : std::string()) + '\n';
   for (const PoolTop& p : r.pools) {
     std::string restarts = format_count(p.restarts);
     if (p.restarts_delta && *p.restarts_delta > 0) {
       restarts += " (+" + format_count(p.restarts_delta) + ")";
     }
+    const std::string batch = p.mean_batch ? strf("%.1f", *p.mean_batch) : "-";  // rows per call
     out +=
         pad_right(p.name, 10) + ' ' +
         strf(kPoolRow, format_rate(p.jobs_per_s).c_str(), format_rate(p.failed_per_s).c_str(),
@@ -363,7 +383,7 @@ std::string format_top(const TopReport& r, double now_unix_s) {
              format_count(p.workers_in("stuck")).c_str(),
              format_count(p.workers_in("restarting")).c_str(),
              format_count(p.workers_in("failed")).c_str(), restarts.c_str()) +
-        '\n';
+        (p.batched ? strf(kBatchCell, batch.c_str()) : std::string()) + '\n';
   }
   if (r.pools.empty()) out += "no pools\n";
 

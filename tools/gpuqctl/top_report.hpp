@@ -30,6 +30,11 @@ struct PoolTop {
   std::vector<std::pair<std::string, double>> workers;
   std::optional<double> restarts;        // gpuq_worker_restarts_total in the second text
   std::optional<double> restarts_delta;  // its increase over the interval; nullopt if it went down
+  // Batched Python ops: whether the pool has any (gpuq_batch_rows series), and the mean rows
+  // per call of their functions over the interval (the increase of gpuq_batch_rows_sum over
+  // that of _count, all ops together). nullopt when no call was made, or a counter went down.
+  bool batched = false;
+  std::optional<double> mean_batch;
 
   // The count of workers in `state` (0 when the text has none).
   double workers_in(std::string_view state) const;
@@ -77,8 +82,9 @@ TopReport compute_top(const std::vector<PromSample>& before, const std::vector<P
                       double interval_s);
 
 // The report as plain text, one line each, no escape codes: a header (version, uptime from
-// `now_unix_s`, state, clients, interval), a table of pools, then the GPU workers and the GPUs
-// when there are any. Thread-safe.
+// `now_unix_s`, state, clients, interval), a table of pools (with a BATCH column, the mean batch
+// size, when a pool has batched ops), then the GPU workers and the GPUs when there are any.
+// Thread-safe.
 std::string format_top(const TopReport& report, double now_unix_s);
 
 }  // namespace gpuq::ctl
