@@ -67,7 +67,7 @@ def patterns_daemon():
 
 def test_there_are_patterns_each_with_its_page():
     assert [p.stem for p in PATTERNS] == ["fork_pool", "joblib_torch", "shared_gpu",
-                                          "textgen_executor"]
+                                          "shared_gpu_batched", "textgen_executor"]
     for p in PATTERNS:
         page = REPO / "docs" / "python" / "patterns" / f"{p.stem}.md"
         assert page.is_file(), f"{p.name} has no page {page.relative_to(REPO)}"

@@ -7,7 +7,8 @@ models once per worker, before the worker reports ready:
 * a character-level text generator (an order-2 Markov chain trained on ``CORPUS``), for
   textgen_executor.py;
 * a small multi-layer perceptron with fixed, seeded weights, whose ``embed`` and ``classify``
-  ops serve fork_pool.py and shared_gpu.py.
+  ops serve fork_pool.py and shared_gpu.py, and ``classify_batched`` (``classify`` with dynamic
+  batching on) shared_gpu_batched.py.
 
 On a gpu pool (``gpuq.context().gpu``) where torch imports, the models live on the worker's GPU
 as torch tensors; anywhere else (a cpu pool, no torch) they are numpy arrays. The CPU path
@@ -233,6 +234,16 @@ def classify(x: np.ndarray) -> tuple:
     p = np.exp(z)
     p /= p.sum(axis=1, keepdims=True)
     return p.argmax(axis=1), p.max(axis=1)
+
+
+@gpuq.op("classify_batched", max_batch_size=64, max_queue_delay_us=500)
+def classify_batched(x: np.ndarray) -> tuple:
+    """classify, batched: one call for the rows of many callers' jobs (up to 64 rows)."""
+    # The worker gathers queued jobs of this op from every client, up to 64 rows or until
+    # 500 us have passed, and calls it once with their arrays concatenated along axis 0: x is
+    # (their rows together) x 64. The same model as classify, and the same answer: two arrays
+    # of one row per input row, which the worker splits back into each caller's rows.
+    return classify(x)
 
 
 @gpuq.op("model_info")
