@@ -207,6 +207,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     options_ = options;
     fork_generation_ = g_fork_generation.load(std::memory_order_relaxed);
     spin_ns_ = options.spin.count() < 0 ? 0 : static_cast<uint64_t>(options.spin.count());
+    wait_spin_ns_.store(spin_ns_, std::memory_order_relaxed);
     auto fd = connect_socket(options.runtime_dir);
     if (!fd) return fd.error();
     socket_ = std::move(*fd);
@@ -681,13 +682,30 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
   // ---- Wait / poll / cancel ----
 
+  // How long the next wait spins: spin_ns_ (ConnectOptions::spin) at most. Doubled (from 1 µs)
+  // after a wait that the spin ended, or that ended within spin_ns_ of its sleep; halved after
+  // one that slept longer. So a client whose jobs take long (a batched or busy pool, a slow
+  // op) stops burning its CPU for spins that never catch a job, which on a machine with more
+  // clients than cores is CPU the workers and other clients need, and one whose jobs end
+  // within the spin keeps the microsecond round trip. Racy between threads by design: a hint.
+  void adapt_wait_spin(bool longer) noexcept {
+    const uint64_t now = wait_spin_ns_.load(std::memory_order_relaxed);
+    const uint64_t next = longer ? std::min(spin_ns_, std::max<uint64_t>(2 * now, 1000))
+                                 : (now / 2 < 500 ? 0 : now / 2);
+    wait_spin_ns_.store(next, std::memory_order_relaxed);
+  }
+
   Result<JobResult> wait(uint32_t s, uint32_t generation, int64_t timeout_ns) {
     if (forked()) return forked_error();
     JobSlot& js = slot(s);
     auto finished = [&] {
       return is_terminal(SlotWord::unpack(js.state.load(std::memory_order_acquire)).state);
     };
-    if (!spin_until(finished, spin_ns_)) {
+    const uint64_t spin_ns = wait_spin_ns_.load(std::memory_order_relaxed);
+    if (spin_until(finished, spin_ns)) {
+      if (spin_ns < spin_ns_) adapt_wait_spin(true);
+    } else {
+      const uint64_t slept_from = monotonic_ns();
       const uint64_t deadline = deadline_after_ns(timeout_ns);
       // The job's own deadline fires here whether or not a worker is free: a job still queued
       // at its deadline is expired by its waiter, as the worker would if it popped it.
@@ -711,6 +729,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
           return Error(ErrorCode::kTimeout, "the job has not finished yet");
         }
       }
+      // A job that ended soon after the spin gave up: a longer spin would have caught it.
+      adapt_wait_spin(monotonic_ns() - slept_from < spin_ns_);
     }
     const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
     if (w.generation != generation) {
@@ -873,7 +893,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
  private:
   uint64_t fork_generation_ = 0;
   uint64_t spin_ns_ = 0;
-  StampScale stamps_;  // what the job stamps count in, from Welcome
+  std::atomic<uint64_t> wait_spin_ns_{0};  // the next wait's spin (adapt_wait_spin)
+  StampScale stamps_;                      // what the job stamps count in, from Welcome
   UniqueFd socket_;
   QueueSegment queue_segment_;
   QueueView queue_;

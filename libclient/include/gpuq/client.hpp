@@ -151,8 +151,10 @@ struct ConnectOptions {
   uint64_t segment_bytes = 0;
   // A name for logs and status (default: the program name).
   std::string name;
-  // How long wait() spins before it sleeps. Spinning gives microsecond round trips on an idle
-  // core; 0 sleeps at once.
+  // How long wait() spins at most before it sleeps. Spinning gives microsecond round trips on
+  // an idle core; 0 sleeps at once. The connection spins less while its jobs outlast the spin
+  // (it halves the spin after each wait that slept longer than this, and doubles it back after
+  // one that a spin would have caught), so waits on long jobs burn no CPU.
   std::chrono::nanoseconds spin{std::chrono::microseconds(50)};
   // When this client disconnects or exits with jobs still running, the daemon cancels them
   // (forcing it after its cancel_grace_ms, so they stop holding workers). True: they run to
