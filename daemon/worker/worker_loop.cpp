@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +38,8 @@ namespace {
 constexpr uint64_t kIdleRecheckNs = 1'000'000'000;
 // Longest wait for the MapClient of a live client whose job this worker popped.
 constexpr uint64_t kMapWaitNs = 500'000'000;
+// The longest nap of a worker gathering a batch between looks at its ring (run_batch).
+constexpr uint64_t kGatherNapNs = 50'000;
 // The part of the idle spin during which this worker counts as `spinning` (see loop()).
 constexpr uint64_t kSpinningNs = kSpinPauseOnlyNs;
 
@@ -625,8 +628,9 @@ class Worker {
     }
   }
 
-  // Writes the job's outcome and ends it: its client is told.
-  void end_job(Claimed& c) {
+  // Writes the job's outcome and ends it: its client is told. `yield`: hand the core to a
+  // client woken here (a batch's jobs yield once, after the last).
+  void end_job(Claimed& c, bool yield = true) {
     JobSlot& slot = *c.slot;
     c.out.finished_stamp = read_stamp(options_.job_clock);
     went_on_ = c.out.finished_stamp;
@@ -639,7 +643,7 @@ class Worker {
     GPUQ_FAULT_POINT("worker.completed");
     // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
     // pinned to its own CPU): give it the core now instead of spinning in front of it.
-    if (slot.done.notify_all_after_rmw()) (void)sched_yield();  // cannot fail on Linux
+    if (slot.done.notify_all_after_rmw() && yield) (void)sched_yield();  // cannot fail on Linux
   }
 
   // Counts an ended job, off its client's critical path.
@@ -744,10 +748,14 @@ class Worker {
       if (!ring_.peek(&next)) {
         const uint64_t now = monotonic_ns();
         if (!gatherer_.wait_for_more(now)) return std::nullopt;
-        // Yields the core between looks after the first microseconds: the jobs it waits for
-        // come from clients that may need this core to send them.
-        (void)spin_until([&] { return ring_.value_at_head(); },
-                         std::min<uint64_t>(gatherer_.deadline_ns() - now, 50'000));
+        // A short spin, then naps of at most kGatherNapNs: the jobs it waits for come from
+        // clients that may need this core to send them (on a machine with more clients than
+        // cores a spinning or yielding gatherer took a fair share of it for nothing).
+        if (!spin_until([&] { return ring_.value_at_head(); }, kSpinPauseOnlyNs)) {
+          const uint64_t nap = std::min<uint64_t>(gatherer_.deadline_ns() - now, kGatherNapNs);
+          timespec ts{0, static_cast<long>(nap)};
+          (void)::nanosleep(&ts, nullptr);  // EINTR: the loop looks again
+        }
         continue;
       }
       // Another op's job at the head stays queued, for the next worker free.
@@ -832,15 +840,21 @@ class Worker {
         }
         again.assign(batch_.size(), false);
       }
+      bool woke = false;
+      for (size_t i = 0; i < batch_.size(); ++i) {
+        if (again[i]) continue;
+        end_job(batch_[i], false);
+        woke = true;
+      }
+      if (woke) (void)sched_yield();  // for the clients woken above: see end_job
       size_t kept = 0;
       for (size_t i = 0; i < batch_.size(); ++i) {
-        if (again[i]) {
+        if (!again[i]) {
+          count(batch_[i]);
+        } else {
           if (kept != i) batch_[kept] = std::move(batch_[i]);
           ++kept;
-          continue;
         }
-        end_job(batch_[i]);
-        count(batch_[i]);
       }
       batch_.resize(kept);
     }

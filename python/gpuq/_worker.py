@@ -14,6 +14,7 @@ pool at start, with the GPU hidden).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -73,6 +74,12 @@ class Runtime:
             fn()
         if self.gpu:
             self._configure_frameworks()  # those on_start loaded
+        # Everything imported and loaded so far (a framework's modules, a model: millions of
+        # objects with torch) lives as long as the worker: out of the cyclic collector's reach,
+        # so that the collections each job's garbage triggers do not walk it. With torch loaded,
+        # a quarter of a busy worker's CPU went to them before (bench_batching.py).
+        gc.collect()
+        gc.freeze()
 
     def _configure_frameworks(self) -> None:
         ctx = _pyops._context
