@@ -25,8 +25,9 @@
 #
 # Environment:
 #   OUT                      output folder (default <repo>/build-device/out)
-#   GPUQ_DEVICE_STAGES       stages, in order (default "info configure build test python bench";
-#                            python: the gpu Python pool tests, torch, in a venv of the machine's)
+#   GPUQ_DEVICE_STAGES       stages, in order (default "info configure build test python batching
+#                            bench"; python: the gpu Python pool tests, torch, in a venv of the
+#                            machine's; batching: bench/python/bench_batching.py --gpu in it)
 #   GPUQ_DEVICE_BUILD        build folder (default <repo>/build-device; kept, so a rerun is
 #                            incremental; GPUQ_DEVICE_CLEAN=1 removes it first)
 #   GPUQ_DEVICE_DEPS         the bundle (default <repo>/build-device-deps)
@@ -46,7 +47,7 @@ readonly ROOT="${PWD}"
 readonly BUILD="${GPUQ_DEVICE_BUILD:-${ROOT}/build-device}"
 readonly DEPS="${GPUQ_DEVICE_DEPS:-${ROOT}/build-device-deps}"
 OUT="${OUT:-${BUILD}/out}"
-readonly STAGES="${GPUQ_DEVICE_STAGES:-info configure build test python bench}"
+readonly STAGES="${GPUQ_DEVICE_STAGES:-info configure build test python batching bench}"
 readonly BUDGET="${GPUQ_DEVICE_BUDGET:-420}"
 readonly TEST_TIMEOUT="${GPUQ_DEVICE_TEST_TIMEOUT:-180}"
 readonly BENCH_TIMEOUT="${GPUQ_DEVICE_BENCH_TIMEOUT:-120}"
@@ -313,6 +314,22 @@ python_gpu() {
     "${ROOT}/python/tests/test_python_gpu.py" "${ROOT}/python/tests/test_metrics_gpu.py"
 }
 stage python python_gpu
+
+# ---- batching: dynamic batching on a gpu Python pool (bench/python/bench_batching.py --gpu):
+# 1, 8 and 32 client processes sending 1-row requests to a torch MLP on cuda, batched and not,
+# in the python stage's venv. Output: batching-gpu.json and .txt.
+batching_gpu() {
+  local venv="${BUILD}/pyvenv" lim
+  [[ -x "${venv}/bin/python" ]] || { echo "no venv: run the python stage first"; return 1; }
+  "${venv}/bin/python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 77)' \
+    || return $?
+  lim="$(limit "${BENCH_TIMEOUT}")"
+  GPUQ_GPUQD="${BUILD}/daemon/gpuqd" timeout -k 10 "${lim}" "${venv}/bin/python" \
+    "${ROOT}/bench/python/bench_batching.py" --gpu --rounds 1 --duration 1.5 \
+    --json "${OUT}/batching-gpu.json" 2>&1 | tee "${OUT}/batching-gpu.txt"
+  return "${PIPESTATUS[0]}"
+}
+stage batching batching_gpu
 
 # ---- bench: the GPU benchmark, full run ------------------------------------------------------
 bench() {
