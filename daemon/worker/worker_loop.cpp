@@ -742,8 +742,13 @@ class Worker {
   // Pops and claims queued jobs of op `op_id` into batch_ while the gatherer wants more.
   std::optional<uint32_t> gather(const OpInfo* op, uint32_t op_id) {
     while (!gatherer_.full()) {
-      // The supervisor is about to stop this worker: call now.
-      if (priv_->hold.load(std::memory_order_relaxed) != 0) return std::nullopt;
+      // The supervisor is about to stop this worker, or the first job's time limit has passed
+      // (its gathering counts: the limit runs from the claim): call now.
+      if (priv_->hold.load(std::memory_order_relaxed) != 0 ||
+          (batch_.front().slot->cancel_requested.load(std::memory_order_relaxed) &
+           kCancelByTimeLimit) != 0) {
+        return std::nullopt;
+      }
       uint32_t next;
       if (!ring_.peek(&next)) {
         const uint64_t now = monotonic_ns();

@@ -187,6 +187,20 @@ def test_a_job_expired_while_its_batch_gathers_leaves_it(bc):
         a.result(timeout=30)
 
 
+def test_a_time_limit_ends_the_gathering(bc, bdaemon):
+    # Gathering counts toward a job's time limit: once the first job's has passed, the batch is
+    # called at once, instead of waiting out bwait's one-second delay for company until the
+    # supervisor stops the worker (0.2 s limit + 0.3 s cancel_grace_ms).
+    wait_ready(bdaemon, "one")
+    restarts = sum(w["restarts"] for w in pool_status(bdaemon, "one")["workers"])
+    _open_a_batch(bc)
+    f = bc.submit_call("bwait", rows(1, 25), pool="one", time_limit=0.2)
+    y, meta = f.result(timeout=30)  # bwait does not look at its flag: it answers
+    assert call_of(meta)[1] == 1
+    time.sleep(0.5)  # past the grace
+    assert sum(w["restarts"] for w in pool_status(bdaemon, "one")["workers"]) == restarts
+
+
 def test_a_time_limit_stops_the_call_and_the_others_run_again(bc):
     blocker = behind_a_blocker(bc)
     limited = bc.submit_call("bsleep", rows(1, 30), pool="one", seconds=1.5, time_limit=0.3)
