@@ -18,8 +18,11 @@ for _ in range(2):                              # the second pass refills what t
         while True:
             try:
                 jobs.append(clients[-1].try_submit("sleep", us=400_000))
-            except gpuq.OutOfMemory:            # its job slots (64) are all in use: many CPUs
-                clients.append(gpuq.connect())
+            except gpuq.QueueFull as e:
+                if "job slots" not in str(e):   # the ring (or this client's share) is full
+                    raise
+                clients.append(gpuq.connect())  # its 64 job slots all hold unfinished jobs:
+                                                # many CPUs, a share larger than that
     except gpuq.QueueFull as e:                 # at once, never waits
         print(f"QueueFull after {len(jobs)} jobs: {e}")
     time.sleep(0.05)

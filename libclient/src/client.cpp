@@ -16,6 +16,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <unordered_map>
 #include <utility>
 
 #include "gpuq/common/clock.hpp"
@@ -41,6 +43,8 @@ void on_fork_child() {
 
 // How often a sleeping waiter wakes to check that the daemon is still there.
 constexpr uint64_t kLivenessCheckNs = 20'000'000;
+// How long a submit waiting for a job slot sleeps on one job's end before it looks again.
+constexpr uint64_t kSlotWaitSliceNs = 2'000'000;
 constexpr uint64_t kAlignment = 64;
 
 Error forked_error() {
@@ -352,14 +356,46 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // Takes a free slot for a job for `pool`, which counts against this client's share from now
   // on (see "This client's share of each ring" below), and as a live Job ("Jobs keep their
   // connection alive"); reaps abandoned jobs that have finished meanwhile.
-  Result<std::pair<uint32_t, uint32_t>> acquire_slot(uint32_t pool) {
-    std::lock_guard lock(slot_mutex_);
+  // With every slot taken, finished jobs give theirs back (detach_finished_locked); with none
+  // finished, a blocking submit waits for one, up to `timeout_ns` (negative: no limit), and a
+  // non-blocking one fails with QueueFull: slots are not a limit a user meets.
+  Result<std::pair<uint32_t, uint32_t>> acquire_slot(uint32_t pool, int64_t timeout_ns,
+                                                     bool blocking) {
+    std::unique_lock lock(slot_mutex_);
     if (free_slots_.empty()) reap_abandoned_locked();
-    if (free_slots_.empty()) {
-      return Error(ErrorCode::kOutOfMemory,
-                   "all " + std::to_string(slot_count_) +
-                       " job slots of this client are in use (max_jobs_per_client); wait for or "
-                       "drop some jobs");
+    if (free_slots_.empty()) detach_finished_locked();
+    uint64_t deadline = 0;
+    while (free_slots_.empty()) {
+      if (!blocking) {
+        return Error(ErrorCode::kQueueFull,
+                     "all " + std::to_string(slot_count_) +
+                         " job slots of this client hold unfinished jobs (max_jobs_per_client)");
+      }
+      const uint64_t now = monotonic_ns();
+      if (deadline == 0) {
+        deadline = timeout_ns < 0 ? kNoDeadline : now + static_cast<uint64_t>(timeout_ns);
+      }
+      if (now >= deadline) {
+        return Error(ErrorCode::kTimeout,
+                     "no job slot of this client became free before the deadline (all " +
+                         std::to_string(slot_count_) + " hold unfinished jobs)");
+      }
+      if (!daemon_alive()) return disconnected_error();
+      // Sleep on the end of one of the unfinished jobs (each taken slot in turn), then look
+      // again: any job's end frees a slot at the next detach.
+      const uint32_t s = wait_cursor_++ % slot_count_;
+      JobSlot& js = slot(s);
+      EventCount::Key key = js.done.prepare_wait();
+      if (is_terminal(SlotWord::unpack(js.state.load(std::memory_order_acquire)).state) ||
+          SlotWord::unpack(js.state.load(std::memory_order_acquire)).state == JobState::kFree) {
+        js.done.cancel_wait();
+      } else {
+        lock.unlock();
+        js.done.wait(key, std::min({deadline, now + kSlotWaitSliceNs}));
+        lock.lock();
+      }
+      reap_abandoned_locked();
+      detach_finished_locked();
     }
     uint32_t s = free_slots_.front();
     free_slots_.pop_front();
@@ -384,15 +420,63 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // it after its last use of `this` ("Jobs keep their connection alive").
   [[nodiscard]] std::shared_ptr<ClientImpl> free_slot(uint32_t s, uint32_t generation) {
     JobSlot& js = slot(s);
+    std::lock_guard lock(slot_mutex_);
+    // Under the mutex, as detach_finished_locked: a job whose slot went back while it was
+    // finished has its result here now, and the slot may hold another job.
+    if (SlotWord::unpack(js.state.load(std::memory_order_acquire)).generation != generation) {
+      detached_.erase(detached_key(s, generation));
+      return end_job_locked();
+    }
     // FREE, then the flag's reset, both release: a supervisor whose time-limit bit lands after
     // the reset then sees the slot's word moved on, and takes its bit back (docs/design/
     // faults.md, "Jobs that do not end"). No Job can take the slot before both are done.
     js.state.store(SlotWord{generation + 1, JobState::kFree, 0}.pack(), std::memory_order_release);
     js.cancel_requested.store(0, std::memory_order_release);
-    std::lock_guard lock(slot_mutex_);
     uncount_locked(s, false);
     free_slots_.push_back(s);  // FIFO: a slot is reused as late as possible
     return end_job_locked();
+  }
+
+  // ---- Finished jobs give their slots back ----
+  //
+  // A Job whose job has finished keeps its slot until the Job is read and dropped; with every
+  // slot taken that way, a submit would have none. So when no slot is free, each finished
+  // job's result is copied out of its slot into `detached_` (keyed by slot and generation) and
+  // the slot is freed; its Job finds its result there (result_of) and erases it when it goes.
+  // Both this and free_slot run under slot_mutex_ and look at the slot's generation, so a slot
+  // is freed once, and a Job never frees a slot that holds another job by then.
+  static uint64_t detached_key(uint32_t s, uint32_t generation) {
+    return uint64_t{s} << 32 | generation;
+  }
+
+  void detach_finished_locked() {
+    for (uint32_t s = 0; s < slot_count_; ++s) {
+      JobSlot& js = slot(s);
+      const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
+      if (!is_terminal(w.state) || in_free_list_locked(s) || is_abandoned_locked(s)) continue;
+      detached_.emplace(detached_key(s, w.generation), read_result(js, w));
+      js.state.store(SlotWord{w.generation + 1, JobState::kFree, 0}.pack(),
+                     std::memory_order_release);
+      js.cancel_requested.store(0, std::memory_order_release);  // after FREE: see free_slot
+      uncount_locked(s, false);
+      free_slots_.push_back(s);
+    }
+  }
+
+  bool in_free_list_locked(uint32_t s) const {
+    return std::find(free_slots_.begin(), free_slots_.end(), s) != free_slots_.end();
+  }
+  bool is_abandoned_locked(uint32_t s) const {
+    return std::any_of(abandoned_.begin(), abandoned_.end(),
+                       [&](const auto& a) { return a.first == s; });
+  }
+
+  // A detached job's result, if the Job of (s, generation) has one.
+  std::optional<JobResult> detached_result(uint32_t s, uint32_t generation) {
+    std::lock_guard lock(slot_mutex_);
+    auto it = detached_.find(detached_key(s, generation));
+    if (it == detached_.end()) return std::nullopt;
+    return it->second;
   }
 
   // The Job of a running slot went away: the slot is freed once its job finishes.
@@ -554,7 +638,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       return disconnected_error();
     }
 
-    auto acquired = acquire_slot(pool->id);
+    auto acquired = acquire_slot(pool->id, timeout_ns, blocking);
     if (!acquired) return acquired.error();
     const auto [s, generation] = *acquired;
     GPUQ_FAULT_POINT("client.submit.slot_acquired");
@@ -698,8 +782,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   Result<JobResult> wait(uint32_t s, uint32_t generation, int64_t timeout_ns) {
     if (forked()) return forked_error();
     JobSlot& js = slot(s);
+    // Finished, or finished and its slot given back (a later generation: see detached_).
     auto finished = [&] {
-      return is_terminal(SlotWord::unpack(js.state.load(std::memory_order_acquire)).state);
+      const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
+      return is_terminal(w.state) || w.generation != generation;
     };
     const uint64_t spin_ns = wait_spin_ns_.load(std::memory_order_relaxed);
     if (spin_until(finished, spin_ns)) {
@@ -734,8 +820,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
     if (w.generation != generation) {
+      if (auto r = detached_result(s, generation)) return *r;
       return Error(ErrorCode::kInternal, "job slot was reused while a Job still held it");
     }
+    return read_result(js, w);
+  }
+
+  // The result of the finished job in `js`, whose state word is `w`.
+  JobResult read_result(const JobSlot& js, const SlotWord& w) const {
     JobOutcome out;
     std::memcpy(&out, &js.outcome, sizeof out);
     char message[kMessageBytes] = "";
@@ -778,6 +870,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   Result<JobStatus> poll(uint32_t s, uint32_t generation) {
     if (forked()) return forked_error();
     JobSlot& js = slot(s);
+    if (SlotWord::unpack(js.state.load(std::memory_order_acquire)).generation != generation) {
+      if (auto r = detached_result(s, generation)) return r->status;
+      return Error(ErrorCode::kInternal, "job slot was reused while a Job still held it");
+    }
     if (js.desc.deadline_ns != kNoDeadline && monotonic_ns() >= js.desc.deadline_ns) {
       expire_if_queued(js, generation);
     }
@@ -863,6 +959,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     JobSlot& js = slot(s);
     uint64_t word = js.state.load(std::memory_order_acquire);
     SlotWord w = SlotWord::unpack(word);
+    if (w.generation != generation) {  // finished, and its slot given back: its result goes
+      last = free_slot(s, generation);
+      return;
+    }
     if (w.state == JobState::kSubmitted) {
       const uint64_t cancelled = SlotWord{generation, JobState::kCancelled, 0}.pack();
       if (js.state.compare_exchange_strong(word, cancelled, std::memory_order_acq_rel)) {
@@ -915,6 +1015,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   std::atomic<uint32_t> stale_[kMaxPools] = {};
   std::deque<uint32_t> free_slots_;
   std::vector<std::pair<uint32_t, uint32_t>> abandoned_;
+  // Results of finished jobs whose slots went back before their Jobs were dropped
+  // ("Finished jobs give their slots back"), by detached_key.
+  std::unordered_map<uint64_t, JobResult> detached_;
+  uint32_t wait_cursor_ = 0;  // the slot whose end a submit waiting for a slot sleeps on next
   // Live Jobs, and this object's own reference while there are any (under slot_mutex_; see
   // "Jobs keep their connection alive").
   uint32_t live_jobs_ = 0;

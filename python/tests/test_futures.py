@@ -12,6 +12,7 @@ import time
 import pytest
 
 import gpuq
+import gpuq.testing
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import mp_tasks  # noqa: E402
@@ -334,3 +335,32 @@ def test_forked_child_waiting_on_a_watched_parent_job(client):
     # The parent's job is not the child's own.
     assert mp_tasks.raises_in_forked_child(f, gpuq.ForkedClient, 5)
     assert f.result(10) == 300_000
+
+
+def test_ten_thousand_futures_held_before_any_is_read(client):
+    # More futures than job slots (64 here): finished jobs give their slots back to the submits
+    # that need them, their results kept for their futures; a submit with none finished waits.
+    assert client.slot_count == 64
+    futures = [client.submit("sleep", us=i % 5) for i in range(10_000)]
+    assert [f.result(timeout=60) for f in futures] == [i % 5 for i in range(10_000)]
+    assert all(f.info.status == "done" for f in futures)
+
+
+def test_ten_thousand_futures_awaited_together(client):
+    async def main():
+        return await asyncio.gather(*(client.submit("sleep", us=i % 3) for i in range(10_000)))
+
+    assert asyncio.run(main()) == [i % 3 for i in range(10_000)]
+
+
+def test_try_submit_with_every_slot_running_is_queue_full():
+    cfg = {"pools": [{"name": "cpu", "workers": 2}], "max_jobs_per_client": 4}
+    with gpuq.testing.Daemon(cfg) as d, gpuq.connect(d.runtime_dir) as c:
+        assert c.slot_count == 4
+        running = [c.submit("sleep", us=300_000) for _ in range(c.slot_count)]
+        with pytest.raises(gpuq.QueueFull, match="job slots"):
+            c.try_submit("noop")
+        with pytest.raises(gpuq.Timeout):
+            c.submit("noop", timeout=0.001)
+        assert c.submit("noop").result(timeout=30) == 0  # waited for a slot
+        assert [f.result(timeout=30) for f in running] == [300_000] * c.slot_count

@@ -547,6 +547,30 @@ static void test_more_tensor_ops(gpuq_client_t* client) {
   for (i = 0; i < 10; ++i) gpuq_free(client, &buffers[i]);
 }
 
+/* 10,000 job handles held before any is waited on: more than the client's job slots, which
+ * finished jobs give back to the submits that need them (their results kept for their handles). */
+static void test_many_held_jobs(gpuq_client_t* client) {
+  enum { kJobs = 10000 };
+  gpuq_job_t** jobs = calloc(kJobs, sizeof *jobs);
+  int submitted = 0, done = 0;
+  CHECK(jobs != NULL);
+  if (jobs == NULL) return;
+  for (int i = 0; i < kJobs; ++i) {
+    gpuq_job_spec_t spec = new_spec("noop");
+    if (gpuq_submit(client, &spec, kTimeoutNs, &jobs[i]) == GPUQ_OK) ++submitted;
+  }
+  CHECK(submitted == kJobs);
+  for (int i = 0; i < submitted; ++i) {
+    gpuq_job_result_t result = new_result();
+    if (gpuq_job_wait(jobs[i], kTimeoutNs, &result) == GPUQ_OK && result.status == GPUQ_JOB_DONE) {
+      ++done;
+    }
+    gpuq_job_release(jobs[i]);
+  }
+  CHECK(done == kJobs);
+  free(jobs);
+}
+
 int main(int argc, char** argv) {
   gpuq_connect_options_t options;
   gpuq_client_t* client = NULL;
@@ -576,6 +600,7 @@ int main(int argc, char** argv) {
     test_echo(client);
     test_checksum(client);
     test_unknown_op(client);
+    test_many_held_jobs(client);
     test_tensor_ops(client);
     test_more_tensor_ops(client);
     test_status_json(argv[1]);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "integration/integration_support.hpp"
 
@@ -314,6 +315,46 @@ TEST_CASE("a job whose deadline passes while queued expires without running") {
   // The sleep and the patient job; the expired one was ended by its waiter and skipped by the
   // worker.
   CHECK(worker["jobs_done"] == 2);
+}
+
+TEST_CASE("any number of Jobs may be held: finished jobs give their slots back") {
+  DaemonProcess daemon(one_pool_config(2, {{"max_jobs_per_client", 8}}));
+  Client client = connect_client(daemon);
+  CHECK(client.slot_count() == 8);
+  // 10,000 jobs submitted and held before any is read: a submit that finds every slot taken
+  // takes one whose job has finished (its result kept for its Job), or waits for one.
+  std::vector<Job> jobs;
+  jobs.reserve(10'000);
+  for (int i = 0; i < 10'000; ++i) {
+    JobSpec spec = sleep_spec(i % 7);
+    jobs.push_back(submit_ok(client, spec));
+  }
+  for (int i = 0; i < 10'000; ++i) {
+    JobResult r = wait_done(jobs[i]);
+    CHECK(r.value == static_cast<uint64_t>(i % 7));   // sleep's value: its `us`
+    CHECK(poll_status(jobs[i]) == JobStatus::kDone);  // again, from the kept result
+  }
+  // A kept result is read as often as asked; a finished job can no longer be cancelled.
+  CHECK(wait_done(jobs[0]).value == 0);
+  auto cancel = jobs[1].cancel();
+  REQUIRE_FALSE(cancel.ok());
+  CHECK(cancel.error().code() == ErrorCode::kNotCancellable);
+  jobs.clear();
+
+  // With every slot held by a job that has not finished: try_submit says QueueFull at once,
+  // submit waits, and takes the first slot that comes free.
+  std::vector<Job> running;
+  for (int i = 0; i < 8; ++i) running.push_back(submit_ok(client, sleep_spec(300'000)));
+  auto refused = client.try_submit(noop_spec());
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().code() == ErrorCode::kQueueFull);
+  CHECK(refused.error().message().find("job slots") != std::string::npos);
+  auto timed_out = client.submit(noop_spec(), 1ms);
+  REQUIRE_FALSE(timed_out.ok());
+  CHECK(timed_out.error().code() == ErrorCode::kTimeout);
+  Job after = submit_ok(client, noop_spec());  // waits for the first sleep to end
+  wait_done(after);
+  for (auto& j : running) wait_done(j);
 }
 
 }  // namespace

@@ -233,12 +233,14 @@ class GPUQ_API Client {
   // (PoolInfo::runs_on) if it has one. Errors: UnknownOp, UnknownPool, NoDevice (the pool is
   // unavailable and has no fallback; the message names the pool and the reason),
   // InvalidArgument (params), Timeout (the ring stayed full for `timeout`, counted from the
-  // first look that found no room), ShuttingDown, Disconnected,
-  // ForkedClient, OutOfMemory (all of this client's job slots are in use). Thread-safe;
-  // lock-free when there is room.
+  // first look that found no room, or no job slot came free: every one of this client's
+  // `max_jobs_per_client` slots holds an unfinished job), ShuttingDown, Disconnected,
+  // ForkedClient. A finished job gives its slot back when a submit needs it, its result kept
+  // for its Job, so any number of Jobs may be held. Thread-safe; lock-free when there is room.
   Result<Job> submit(const JobSpec& spec,
                      std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
-  // Like submit() but returns QueueFull at once when there is no room. Never blocks.
+  // Like submit() but returns QueueFull at once when there is no room (in the ring, or no job
+  // slot free or finished). Never blocks.
   Result<Job> try_submit(const JobSpec& spec);
 
   // Tensor ops: build the job with the matching *_job() builder above, check that every

@@ -252,8 +252,9 @@ GPUQ_API gpuq_status_t gpuq_free(gpuq_client_t* client, const gpuq_buffer_t* buf
  * On success *out is a new job handle, to be released with gpuq_job_release().
  * Errors: GPUQ_INVALID_ARGUMENT (a NULL argument, unknown spec->version, a bad field or
  * parameter: the message names it), GPUQ_UNKNOWN_OP, GPUQ_UNKNOWN_POOL, GPUQ_TIMEOUT (the ring
- * stayed full), GPUQ_SHUTTING_DOWN, GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT, GPUQ_OUT_OF_MEMORY
- * (all of this client's job slots are in use), GPUQ_INTERNAL.
+ * stayed full, or every one of this client's job slots held an unfinished job), GPUQ_SHUTTING_DOWN,
+ * GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT, GPUQ_INTERNAL. A finished job gives its slot back when a
+ * submit needs it (its result stays with its handle), so any number of handles may be held.
  * Blocking while the ring is full. Thread-safe; lock-free when there is room. */
 GPUQ_API gpuq_status_t gpuq_submit(gpuq_client_t* client, const gpuq_job_spec_t* spec,
                                    int64_t timeout_ns, gpuq_job_t** out);
