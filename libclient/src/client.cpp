@@ -482,7 +482,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // The Job of a running slot went away: the slot is freed once its job finishes.
   [[nodiscard]] std::shared_ptr<ClientImpl> abandon(uint32_t s, uint32_t generation) {
     std::lock_guard lock(slot_mutex_);
-    abandoned_.emplace_back(s, generation);
+    if (SlotWord::unpack(slot(s).state.load(std::memory_order_acquire)).generation != generation) {
+      detached_.erase(detached_key(s, generation));  // it finished, and its slot went back
+    } else {
+      abandoned_.emplace_back(s, generation);
+    }
     return end_job_locked();
   }
 
@@ -504,6 +508,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     std::erase_if(abandoned_, [&](const std::pair<uint32_t, uint32_t>& a) {
       JobSlot& js = slot(a.first);
       SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
+      if (w.generation != a.second) return true;  // freed already (abandon() saw it first)
       if (!is_terminal(w.state)) return false;
       uncount_locked(a.first, false);
       js.state.store(SlotWord{a.second + 1, JobState::kFree, 0}.pack(), std::memory_order_release);
@@ -536,12 +541,6 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                             std::memory_order_relaxed);
       }
     }
-  }
-  // This client ended slot `s`'s job while it was queued: its entry stays in the ring until a
-  // worker pops and drops it.
-  void count_stale(uint32_t s) {
-    std::lock_guard lock(slot_mutex_);
-    uncount_locked(s, true);
   }
   // Ring cells of `pool` this client may hold (at least as many as it does). Lock-free.
   uint32_t held(uint32_t pool) const {
@@ -902,19 +901,24 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                         const char* message, uint64_t* seen = nullptr) {
     uint64_t word = SlotWord{generation, JobState::kSubmitted, 0}.pack();
     const uint64_t final_word = SlotWord{generation, state, 0}.pack();
-    if (!js.state.compare_exchange_strong(word, final_word, std::memory_order_acq_rel,
-                                          std::memory_order_acquire)) {
-      if (seen != nullptr) *seen = word;
-      return false;
+    {
+      // Under slot_mutex_ from the CAS to the outcome: a submit that gives finished jobs'
+      // slots back (detach_finished_locked) copies this outcome only once it is written.
+      std::lock_guard lock(slot_mutex_);
+      if (!js.state.compare_exchange_strong(word, final_word, std::memory_order_acq_rel,
+                                            std::memory_order_acquire)) {
+        if (seen != nullptr) *seen = word;
+        return false;
+      }
+      uncount_locked(static_cast<uint32_t>(&js - &slot(0)), true);  // its entry stays in the ring
+      // Written after the CAS: the readers of this outcome are this client's own wait() and
+      // poll(), which see the terminal state first (job_states.md, "Cancel against start").
+      JobOutcome out{};
+      out.code = static_cast<int32_t>(code);
+      set_slot_message(js, message);
+      out.finished_stamp = read_stamp(stamps_.clock);
+      std::memcpy(&js.outcome, &out, sizeof out);
     }
-    count_stale(static_cast<uint32_t>(&js - &slot(0)));  // its reference stays in the ring
-    // Written after the CAS: the readers of this outcome are this client's own wait() and
-    // poll(), which see the terminal state first (job_states.md, "Cancel against start").
-    JobOutcome out{};
-    out.code = static_cast<int32_t>(code);
-    set_slot_message(js, message);
-    out.finished_stamp = read_stamp(stamps_.clock);
-    std::memcpy(&js.outcome, &out, sizeof out);
     js.done.notify_all();  // another thread may be waiting on this job
     return true;
   }
@@ -965,11 +969,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     if (w.state == JobState::kSubmitted) {
       const uint64_t cancelled = SlotWord{generation, JobState::kCancelled, 0}.pack();
+      std::unique_lock lock(slot_mutex_);  // against detach_finished_locked, as in free_slot
       if (js.state.compare_exchange_strong(word, cancelled, std::memory_order_acq_rel)) {
-        count_stale(s);  // its entry stays in the ring until a worker drops it
+        uncount_locked(s, true);  // its entry stays in the ring until a worker drops it
+        lock.unlock();
         last = free_slot(s, generation);
         return;
       }
+      lock.unlock();
       w = SlotWord::unpack(word);
     }
     if (is_terminal(w.state)) {

@@ -357,5 +357,60 @@ TEST_CASE("any number of Jobs may be held: finished jobs give their slots back")
   for (auto& j : running) wait_done(j);
 }
 
+TEST_CASE("threads that submit, wait, cancel and drop Jobs while slots are scarce") {
+  // Four slots, four threads: submits give finished jobs' slots back (or wait for one) while
+  // other threads cancel queued jobs, drop unfinished and finished Jobs, and read results
+  // kept for their Jobs. Every wait on a kept Job must see its own job's end.
+  DaemonProcess daemon(one_pool_config(2, {{"max_jobs_per_client", 4}}));
+  Client client = connect_client(daemon);
+  std::atomic<int> wrong{0};
+  std::atomic<int> waited{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::pair<Job, int64_t>> held;
+      for (int i = 0; i < 400; ++i) {
+        const int64_t us = (i * 7 + t) % 50;
+        auto job = client.submit(sleep_spec(us), 30s);
+        if (!job) {
+          wrong.fetch_add(1);
+          continue;
+        }
+        held.emplace_back(std::move(job).value(), us);
+        switch ((i + t) % 5) {
+          case 0:  // cancel it: queued jobs end at once, running ones may finish first
+            (void)held.back().first.cancel();
+            break;
+          case 1:  // drop it unfinished (or finished)
+            held.pop_back();
+            break;
+          default:
+            break;
+        }
+        if (held.size() > 6) {  // read the oldest: its own result, or its own cancellation
+          auto r = held.front().first.wait(30s);
+          if (!r || (r->status == JobStatus::kDone &&
+                     r->value != static_cast<uint64_t>(held.front().second))) {
+            wrong.fetch_add(1);
+          }
+          waited.fetch_add(1);
+          held.erase(held.begin());
+        }
+      }
+      for (auto& [job, us] : held) {
+        auto r = job.wait(30s);
+        if (!r || (r->status == JobStatus::kDone && r->value != static_cast<uint64_t>(us))) {
+          wrong.fetch_add(1);
+        }
+        waited.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(wrong.load() == 0);
+  CHECK(waited.load() > 1000);
+  check_echo_works(client);
+}
+
 }  // namespace
 }  // namespace gpuq::test
