@@ -92,6 +92,8 @@ class Worker {
     private_page_ = std::move(*page);
     priv_ = static_cast<WorkerPrivate*>(private_page_.address());
     job_seq_ = priv_->job_seq.load(std::memory_order_relaxed) & ~uint64_t{1};
+    // The page outlives the worker: a predecessor that died in a batched call left its count.
+    priv_->batch_jobs.store(1, std::memory_order_relaxed);
     metrics_ = reinterpret_cast<WorkerMetrics*>(static_cast<char*>(private_page_.address()) +
                                                 kWorkerMetricsOffset);
     metrics_on_ = metrics_->enabled != 0;
@@ -380,7 +382,10 @@ class Worker {
       final_state = JobState::kFailed;
       outcome = MetricOutcome::kFailed;
       set_outcome(out, v.error());
-    } else if (v->op->python != nullptr && v->op->python->batching_on(options_.pool_id).batched()) {
+    } else if (const BatchSettings b = v->op->python != nullptr
+                                           ? v->op->python->batching_on(options_.pool_id)
+                                           : BatchSettings{};
+               b.batched()) {
       Claimed c;
       c.value = value;
       c.mc = &mc;
@@ -389,7 +394,6 @@ class Worker {
       c.d = d;
       c.out = out;
       c.v.emplace(std::move(*v));
-      const BatchSettings b = c.v->op->python->batching_on(options_.pool_id);
       return run_batch(std::move(c), b);
     } else {
       char* arena = mc.view.arena();
@@ -459,22 +463,14 @@ class Worker {
     error_message_ = e.message();
   }
 
-  // Claims the job `value` refers to: its slot SUBMITTED -> RUNNING. kDropped: a stale or
-  // forged reference, or a job its client cancelled first. kUnmapped: the reference's client
-  // is not mapped here and `may_wait` is false (the reference is still the caller's).
-  Claim claim(uint32_t value, Claimed& c, bool may_wait) {
+  // Claims a job popped while a batch is gathered: its slot SUBMITTED -> RUNNING. kDropped: a
+  // stale or forged reference, or a job its client cancelled first. kUnmapped: the reference's
+  // client is not mapped here yet (the reference is still the caller's: a batch never waits
+  // for a mapping, nor reads control messages, while it holds claimed jobs).
+  Claim claim(uint32_t value, Claimed& c) {
     const JobRef ref = JobRef::unpack(value);
-    if (may_wait) {
-      if (ref.client < clients_.size() && !clients_[ref.client] &&
-          self_->control_seq.load(std::memory_order_acquire) != seen_control_) {
-        // A client that has just connected: its MapClient message was sent before its
-        // Welcome, so it is waiting on the control socket now.
-        seen_control_ = self_->control_seq.load(std::memory_order_acquire);
-        drain_control();
-      }
-      if (ref.client < clients_.size() && !clients_[ref.client]) wait_for_map(ref.client);
-    } else if (ref.client < clients_.size() && !clients_[ref.client] &&
-               queue_.client(ref.client).session.load() != 0) {
+    if (ref.client < clients_.size() && !clients_[ref.client] &&
+        queue_.client(ref.client).session.load() != 0) {
       return Claim::kUnmapped;
     }
     if (ref.client >= clients_.size() || !clients_[ref.client]) {
@@ -523,20 +519,13 @@ class Worker {
     return Claim::kClaimed;
   }
 
-  // Makes `c` the job this worker runs, for the supervisor's time limits and status, on the
-  // private page: which job, since when, then the odd job_seq that publishes them (a
-  // seqlock's write; the release fence keeps these stores after the previous job's even
-  // job_seq). `batch_jobs`: how many jobs its call serves. A job published already (a batch
-  // whose first job's time limit is not the first to pass) is unpublished first.
-  void publish(Claimed& c, uint32_t batch_jobs) {
-    if ((job_seq_ & 1) != 0) {
-      priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
-    } else {
-      // A job taken straight after the previous one starts when that one finished: one stamp
-      // per job instead of two. The difference is the pop and claim, well under a
-      // microsecond.
-      c.out.started_stamp = went_on_ != 0 ? went_on_ : read_stamp(options_.job_clock);
-    }
+  // Makes `c` the job this worker is seen to run, for the supervisor's time limits and
+  // status, in place of the batch's job published so far (handle_one published the first):
+  // the next even job_seq ends that publication, then which job, since when, and the odd
+  // job_seq that publishes them (a seqlock's write, as in handle_one). `batch_jobs`: how many
+  // jobs the call serves.
+  void republish(const Claimed& c, uint32_t batch_jobs) {
+    priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_release);
     priv_->job.store(c.value, std::memory_order_relaxed);
     priv_->job_started.store(c.out.started_stamp, std::memory_order_relaxed);
@@ -566,7 +555,6 @@ class Worker {
     }
     // One copy, validated once (no re-reads): the fixed fields, then only the params in use.
     // params_bytes stays as the client wrote it, so that validation rejects one over the limit.
-    self_->busy.store(1, std::memory_order_relaxed);
     std::memcpy(&c.d, &slot.desc, offsetof(JobDescriptor, params));
     std::memcpy(c.d.params, slot.desc.params, std::min<uint32_t>(c.d.params_bytes, kMaxParamBytes));
   }
@@ -736,6 +724,12 @@ class Worker {
     });
     call_batch(op, op_id);
     unpublish();
+    // The jobs handle_one publishes next run alone (it never writes batch_jobs): while no job
+    // is published, the page says so again.
+    if (published_batch_jobs_ != 1) {
+      published_batch_jobs_ = 1;
+      priv_->batch_jobs.store(1, std::memory_order_relaxed);
+    }
     return carried;
   }
 
@@ -769,7 +763,7 @@ class Worker {
       if (!ring_.try_pop(&value)) continue;
       if (queued_op(value).value_or(op_id) != op_id) return value;
       Claimed c;
-      const Claim claimed = claim(value, c, false);
+      const Claim claimed = claim(value, c);
       if (claimed == Claim::kUnmapped) return value;
       if (claimed == Claim::kDropped) continue;
       c.out.started_stamp = read_stamp(options_.job_clock);
@@ -796,7 +790,7 @@ class Worker {
   // time limit run again, in a call of their own.
   void call_batch(const OpInfo* op, uint32_t op_id) {
     while (!batch_.empty()) {
-      publish(governing(), static_cast<uint32_t>(batch_.size()));
+      republish(governing(), static_cast<uint32_t>(batch_.size()));
       contexts_.clear();
       for (const Claimed& c : batch_) contexts_.push_back(context(c));
       context_ptrs_.clear();
@@ -1012,7 +1006,7 @@ class Worker {
   std::vector<Result<OpOutput>> results_;
   std::vector<uint32_t> call_rows_;
   std::vector<bool> again_;
-  uint32_t published_batch_jobs_ = 0;  // this worker's copy of priv_->batch_jobs
+  uint32_t published_batch_jobs_ = 1;  // this worker's copy of priv_->batch_jobs
 };
 
 }  // namespace

@@ -187,6 +187,20 @@ def test_a_job_expired_while_its_batch_gathers_leaves_it(bc):
         a.result(timeout=30)
 
 
+def test_a_lone_job_after_a_batch_is_stopped_by_its_cancel(bc, bdaemon):
+    # The worker's page says how many jobs its call serves; after a batch it says one again,
+    # so a cancelled lone job that ignores its flag has its worker stopped after the grace, as
+    # any job's would be (a call serving several clients is not stopped for one's cancel).
+    wait_ready(bdaemon, "one")
+    _open_a_batch(bc)
+    f = bc.submit_call("block", 5.0, pool="one")
+    time.sleep(0.2)
+    assert f.cancel() is False  # running: asked to stop
+    with pytest.raises(gpuq.Cancelled):
+        f.result(timeout=3)
+    wait_ready(bdaemon, "one")
+
+
 def test_a_time_limit_ends_the_gathering(bc, bdaemon):
     # Gathering counts toward a job's time limit: once the first job's has passed, the batch is
     # called at once, instead of waiting out bwait's one-second delay for company until the
