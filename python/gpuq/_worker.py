@@ -160,21 +160,25 @@ class Runtime:
         entry = self.ops.get(name)
         if entry is None:
             return (_errors.UnknownOp.code, f"{name}: not an op of this Python pool", 0, 0)
-        fn = entry[0]
         try:
             args, kwargs = _pyops.decode_call(inp, params)
         except Exception as e:  # noqa: BLE001 - the client's mistake, not the op's
             return (_errors.InvalidArgument.code, f"{name}: {e}", 0, 0)
         try:
-            result = fn(*args, **kwargs)
-            return (0, "", _pyops.write_result(out, result), 0)
+            return self._call(name, entry[0], args, kwargs, out)
+        finally:
+            del args, kwargs
+
+    def _call(self, name: str, fn: Any, args: list, kwargs: dict,
+              out: memoryview) -> Tuple[int, str, int, int]:
+        """One call of a named op for one job, its answer or failure written into ``out``."""
+        try:
+            return (0, "", _pyops.write_result(out, fn(*args, **kwargs)), 0)
         except ResultTooLarge as e:
             n = _pyops.write_error(out, "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
             return (_errors.InvalidArgument.code, f"{name}: {e}", n, 0)
         except BaseException as e:  # noqa: BLE001 - every failure is the job's, reported
             return self._failed(name, e, out)
-        finally:
-            del args, kwargs
 
     def run_batch(self, name: str, ins: List[memoryview], outs: List[memoryview],
                   params: List[Dict[str, Any]]) -> Tuple[List[Tuple[int, str, int, int]], List[int]]:
@@ -191,7 +195,7 @@ class Runtime:
         results: List[Any] = [None] * len(ins)
         jobs: List[Any] = [None] * len(ins)
         calls: List[List[int]] = []
-        groups: Dict[Any, List[List[int]]] = {}
+        groups: Dict[Any, Tuple[List[List[int]], int]] = {}
         try:
             for i, (inp, p) in enumerate(zip(ins, params)):
                 try:
@@ -204,14 +208,15 @@ class Runtime:
                 if key is None:
                     calls.append([i])
                     continue
-                # Consecutive chunks of at most max_rows rows (one job may be more alone).
-                chunks = groups.setdefault(key, [[]])
-                last = chunks[-1]
-                if last and sum(jobs[j][2] for j in last) + rows > max_rows:
-                    chunks.append([i])
-                else:
-                    last.append(i)
-            for chunks in groups.values():
+                # Consecutive chunks of at most max_rows rows (one job may be more alone):
+                # per key, its chunks and the rows of its last.
+                chunks, last_rows = groups.get(key, ([[]], 0))
+                if chunks[-1] and last_rows + rows > max_rows:
+                    chunks.append([])
+                    last_rows = 0
+                chunks[-1].append(i)
+                groups[key] = (chunks, last_rows + rows)
+            for chunks, _ in groups.values():
                 calls.extend(chunks)
             calls.sort(key=lambda c: c[0])
             call_rows = []
@@ -224,16 +229,9 @@ class Runtime:
 
     def _call_batch(self, name: str, fn: Any, call: List[int], jobs: List[Any],
                     outs: List[memoryview], results: List[Any]) -> None:
-        if len(call) == 1:
+        if len(call) == 1:  # called as an unbatched op's job is, with its own arrays
             i = call[0]
-            args, kwargs, _ = jobs[i]
-            try:
-                results[i] = (0, "", _pyops.write_result(outs[i], fn(*args, **kwargs)), 0)
-            except ResultTooLarge as e:
-                n = _pyops.write_error(outs[i], "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
-                results[i] = (_errors.InvalidArgument.code, f"{name}: {e}", n, 0)
-            except BaseException as e:  # noqa: BLE001 - every failure is the job's, reported
-                results[i] = self._failed(name, e, outs[i])
+            results[i] = self._call(name, fn, jobs[i][0], jobs[i][1], outs[i])
             return
         first_args, first_kwargs, _ = jobs[call[0]]
         try:
