@@ -386,8 +386,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       const uint32_t s = wait_cursor_++ % slot_count_;
       JobSlot& js = slot(s);
       EventCount::Key key = js.done.prepare_wait();
-      if (is_terminal(SlotWord::unpack(js.state.load(std::memory_order_acquire)).state) ||
-          SlotWord::unpack(js.state.load(std::memory_order_acquire)).state == JobState::kFree) {
+      if (const JobState st = SlotWord::unpack(js.state.load(std::memory_order_acquire)).state;
+          is_terminal(st) || st == JobState::kFree) {
         js.done.cancel_wait();
       } else {
         lock.unlock();
@@ -442,7 +442,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // A Job whose job has finished keeps its slot until the Job is read and dropped; with every
   // slot taken that way, a submit would have none. So when no slot is free, each finished
   // job's result is copied out of its slot into `detached_` (keyed by slot and generation) and
-  // the slot is freed; its Job finds its result there (result_of) and erases it when it goes.
+  // the slot is freed; its Job finds its result there (detached_result) and erases it when it goes.
   // Both this and free_slot run under slot_mutex_ and look at the slot's generation, so a slot
   // is freed once, and a Job never frees a slot that holds another job by then.
   static uint64_t detached_key(uint32_t s, uint32_t generation) {
@@ -822,7 +822,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       if (auto r = detached_result(s, generation)) return *r;
       return Error(ErrorCode::kInternal, "job slot was reused while a Job still held it");
     }
-    return read_result(js, w);
+    JobResult r = read_result(js, w);
+    // Given back while it was read (another thread's submit, detach_finished_locked)? Then the
+    // slot may hold another job by now, and the copy kept for this Job is the one to trust.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (SlotWord::unpack(js.state.load(std::memory_order_relaxed)).generation != generation) {
+      if (auto kept = detached_result(s, generation)) return *kept;
+    }
+    return r;
   }
 
   // The result of the finished job in `js`, whose state word is `w`.
