@@ -15,7 +15,9 @@
 #           file fails the stage. docs/testing.md
 #   package install build/ into a temporary prefix and build and run examples/consumer against it
 #           (CMake and pkg-config); build the .deb (cpack), dpkg -i it, run the installed
-#           daemon, dpkg -r and -P it (as root; skipped otherwise). tests/package/, docs/service.md
+#           daemon, dpkg -r and -P it (as root; skipped otherwise); the gpuq-gpu .deb's contents,
+#           and its binaries' libraries found with the loader's cache ignored (a build with
+#           CUDA). tests/package/, docs/service.md
 #   python  the Python client: a venv in build-python/venv (the system python3 -m venv),
 #           `pip install ./python[test]` into it (pip's own isolated build, nanobind and
 #           scikit-build-core from PyPI), then pytest python/tests against the daemon of build/
@@ -277,14 +279,15 @@ stage_build() {
 }
 
 # Install and package, from build/ (the build stage's tree; configured and built here if that
-# stage did not run): tests/package/install_test.sh and tests/package/deb_test.sh. Each cleans up
-# after itself; deb_test.sh purges a gpuq package an earlier run left installed, and exits 77
-# (counted as skipped) when not run as root.
+# stage did not run): tests/package/install_test.sh, deb_test.sh and gpu_deb_test.sh (the
+# gpuq-gpu package; its run on a GPU where there is one). Each cleans up after itself;
+# deb_test.sh purges a gpuq package an earlier run left installed, and exits 77 (counted as
+# skipped) when not run as root; gpu_deb_test.sh exits 77 in a build without CUDA.
 stage_package() {
   [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
   build build
   local t rc passed=0 skipped=0
-  for t in install_test deb_test; do
+  for t in install_test deb_test gpu_deb_test; do
     rc=0
     GPUQ_BUILD_JOBS="${BUILD_JOBS}" bash "tests/package/${t}.sh" build || rc=$?
     if ((rc == 77)); then
