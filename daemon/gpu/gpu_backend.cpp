@@ -3,11 +3,16 @@
 // supported in cuDNN 9) and cuBLAS.
 #include "gpu_backend.hpp"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <variant>
@@ -15,6 +20,7 @@
 
 #include "cuda_check.hpp"
 #include "gpu_kernels.hpp"
+#include "gpuq/common/clock.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/tensor_ops.hpp"
 #include "plugins.hpp"
@@ -29,6 +35,21 @@ using namespace gpuq::tensor;
 constexpr const char* kFaultTestOp = "gpu_fault_test";
 // cuBLAS's workspace, taken from the budget once: at most this, at most 1/8 of the budget.
 constexpr uint64_t kCublasWorkspaceBytes = 4ull << 20;
+// A tensor job's device buffers (input, output, cuDNN workspace) come from buffers the worker
+// keeps from job to job, up to this much each and at most 1/8 of the budget; a larger job
+// allocates its own for its run. Kept buffers count in the budget; a job that would not fit
+// beside them frees them first.
+constexpr uint64_t kKeptBufferBytes = 64ull << 20;
+// A tensor job estimated at this many floating-point operations or more, or whose buffers hold
+// this many bytes or more, waits for its kernels in slices and looks at the cancel flag
+// between them, and copies its result back only once they are done: a cancel or time limit
+// ends it then, the worker and its context stay (the kernel already running finishes on the
+// stream, before the next job's work). Smaller jobs enqueue copy in, kernels and copy out at
+// once and wait once: a second wait would cost them more than they run.
+constexpr double kCancellableFlops = 1e10;
+constexpr uint64_t kCancellableBytes = 1ull << 30;
+// The cancellable wait spins on the event this long, then yields the CPU between looks.
+constexpr uint64_t kWaitSpinNs = 1'000'000;
 
 Error out_of_budget(uint64_t want, uint64_t used, uint64_t limit, const char* what) {
   return Error(ErrorCode::kOutOfMemory, std::string(what) + ": " + std::to_string(want) +
@@ -165,7 +186,7 @@ Result<void> make_activation(ActivationDesc& a, Activation mode) {
   return {};
 }
 
-// A conv2d's shape, the key of the per-worker algorithm cache.
+// A conv2d's shape, for messages.
 std::string conv_key(const Conv2d& c) {
   return std::string(dtype_name(c.dtype)) + " x" + c.x.shape.to_string() + " w" +
          c.w.shape.to_string() + " s" + std::to_string(c.stride[0]) + "x" +
@@ -174,11 +195,52 @@ std::string conv_key(const Conv2d& c) {
          std::to_string(c.dilation[1]) + " g" + std::to_string(c.groups);
 }
 
-struct ConvChoice {
-  cudnnConvolutionFwdAlgo_t algo;
-  cudnnMathType_t math;
-  size_t workspace;
+// The same as the key of the per-worker plan cache: no strings made per job.
+using ConvKey = std::array<int64_t, 16>;
+ConvKey conv_plan_key(const Conv2d& c) {
+  return {static_cast<int64_t>(c.dtype),
+          c.x.shape.dims[0],
+          c.x.shape.dims[1],
+          c.x.shape.dims[2],
+          c.x.shape.dims[3],
+          c.w.shape.dims[0],
+          c.w.shape.dims[1],
+          c.w.shape.dims[2],
+          c.w.shape.dims[3],
+          c.stride[0],
+          c.stride[1],
+          c.pad[0],
+          c.pad[1],
+          c.dilation[0],
+          c.dilation[1],
+          c.groups};
+}
+
+// Everything cuDNN needs for one conv2d shape, made on its first job and kept for the
+// worker's life (at most kMaxConvPlans shapes): descriptors of x, w, y and the bias, the
+// convolution, and the algorithm chosen with its workspace size.
+struct ConvPlan {
+  TensorDesc x, y, bias;
+  FilterDesc w;
+  ConvDesc conv;
+  cudnnConvolutionFwdAlgo_t algo{};
+  size_t workspace = 0;
+  int out_channels = 0;
 };
+constexpr size_t kMaxConvPlans = 256;
+
+// An estimate of a tensor op's floating-point operations, to tell a long job from a short one.
+double flops_of(const Conv2d& c) {
+  return 2.0 * static_cast<double>(c.y.elements()) * static_cast<double>(c.w.shape.dims[1]) *
+         static_cast<double>(c.w.shape.dims[2]) * static_cast<double>(c.w.shape.dims[3]);
+}
+double flops_of(const Gemm& g) {
+  return 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+}
+template <typename Op>  // the elementwise and per-window ops: a few per element of x
+double flops_of(const Op& o) {
+  return 8.0 * static_cast<double>(o.x.shape.elements());
+}
 
 struct ClientSegment {
   const std::byte* base;
@@ -264,6 +326,7 @@ class GpuBackend final : public OpBackend {
     if (!ws) return std::move(ws).error();
     cublas_workspace_ = std::move(*ws);
     GPUQ_CUBLAS(cublasSetWorkspace(cublas_, cublas_workspace_.get(), cublas_workspace_.bytes()));
+    GPUQ_CUDA(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
     GPUQ_CUDA(cudaStreamSynchronize(stream_));
     started_ = true;
     for (auto& [client, seg] : segments_) register_segment(client, seg);
@@ -298,6 +361,13 @@ class GpuBackend final : public OpBackend {
     auto it = segments_.find(client);
     if (it == segments_.end()) return;
     if (it->second.registered && !poisoned_) {
+      if (left_running_) {  // a cancelled job's copy in may still read this segment
+        if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
+          GPUQ_LOG_WARN("client %u: cudaStreamSynchronize before unregistering: %s", client,
+                        cudaGetErrorString(e));
+        }
+        left_running_ = false;
+      }
       if (cudaError_t e = cudaHostUnregister(base); e != cudaSuccess) {
         GPUQ_LOG_WARN("client %u: cudaHostUnregister: %s", client, cudaGetErrorString(e));
         (void)cudaGetLastError();
@@ -316,12 +386,14 @@ class GpuBackend final : public OpBackend {
       r = run_plugin(op, ctx);
     } else if (std::strcmp(op.name, kFaultTestOp) == 0) {
       r = test_hooks_
-              ? run_fault_test()
+              ? run_fault_test(ctx)
               : Result<OpOutput>(Error(ErrorCode::kUnknownOp, std::string(kFaultTestOp) +
                                                                   ": a test op, enabled only with "
                                                                   "GPUQ_TEST_HOOKS=1"));
     }
-    if (!r) return after_failure(std::move(r).error());
+    // A cancel (wait_for_kernels) leaves the job's kernels running on the stream: no
+    // synchronization here, the next job's finds any error.
+    if (!r && r.error().code() != ErrorCode::kCancelled) return after_failure(std::move(r).error());
     return r;
   }
 
@@ -331,6 +403,12 @@ class GpuBackend final : public OpBackend {
 
   Result<DeviceMemory> allocate(uint64_t bytes, const char* what) {
     if (bytes == 0) return DeviceMemory();
+    if (bytes <= limit_ && used_ > limit_ - bytes) {
+      // The buffers kept for the next jobs give way first (stream-ordered frees: the work
+      // already enqueued that uses them comes first), but not the one this job's data is in.
+      if (!io_in_use_) kept_io_.reset();
+      kept_workspace_.reset();
+    }
     if (bytes > limit_ || used_ > limit_ - bytes) return out_of_budget(bytes, used_, limit_, what);
     void* p = nullptr;
     GPUQ_CUDA(cudaMallocFromPoolAsync(&p, bytes, pool_, stream_));
@@ -390,7 +468,18 @@ class GpuBackend final : public OpBackend {
     return Error(ErrorCode::kOpFailed, "sticky CUDA error, the worker is replaced: " + message);
   }
 
-  Result<OpOutput> run_fault_test() {
+  // The test op: with spin_us > 0, a kernel that runs that long, waited for as a long tensor
+  // job is (cancellable: the path a cancel or time limit takes without replacing the worker);
+  // else a kernel that writes far out of bounds, a sticky error.
+  Result<OpOutput> run_fault_test(const OpContext& ctx) {
+    auto spin_us = ctx.params.get_int("spin_us", 0, 0, 60'000'000);
+    if (!spin_us) return spin_us.error();
+    if (*spin_us > 0) {
+      GPUQ_CUDA(gpu::launch_spin(static_cast<uint64_t>(*spin_us) * 1000, stream_));
+      auto done = wait_for_kernels(ctx, kFaultTestOp);
+      if (!done) return std::move(done).error();
+      return OpOutput{0, static_cast<uint64_t>(*spin_us)};
+    }
     auto buf = allocate(256, kFaultTestOp);
     if (!buf) return std::move(buf).error();
     // 2^47 bytes on: past the top of the x86-64 user address space, where unified addressing
@@ -429,38 +518,107 @@ class GpuBackend final : public OpBackend {
     return r;
   }
 
+  // A kept buffer of at least `bytes` (grown to it, within kKeptBufferBytes and 1/8 of the
+  // budget), or null when the job needs more than that and must allocate its own.
+  Result<std::byte*> kept(DeviceMemory& buf, uint64_t bytes, const char* what) {
+    const uint64_t cap = std::min(kKeptBufferBytes, limit_ / 8);
+    if (bytes > cap) return nullptr;
+    if (buf.bytes() < bytes) {
+      const uint64_t size = std::min(cap, std::max({bytes, 2 * buf.bytes(), uint64_t{1} << 20}));
+      buf.reset();
+      auto grown = allocate(size, what);
+      if (!grown) return std::move(grown).error();
+      buf = std::move(*grown);
+    }
+    return buf.get();
+  }
+
+  // Device memory for one job: from `buf` kept between jobs where it fits, else `own`,
+  // allocated for this job alone.
+  Result<std::byte*> job_memory(DeviceMemory& buf, DeviceMemory& own, uint64_t bytes,
+                                const char* what) {
+    if (bytes == 0) return nullptr;
+    auto p = kept(buf, bytes, what);
+    if (!p) return p;
+    if (*p != nullptr) return p;
+    auto mine = allocate(bytes, what);
+    if (!mine) return std::move(mine).error();
+    own = std::move(*mine);
+    return own.get();
+  }
+
   Result<OpOutput> run_tensor(OpKind kind, const OpContext& ctx) {
     const JobBuffers buffers{ctx.input_offset, ctx.input_bytes, ctx.output_offset,
                              ctx.output_capacity};
     auto parsed = parse_tensor_op(kind, ctx.params, buffers);
     if (!parsed) return std::move(parsed).error();
     const TensorOp& top = *parsed;
+    const char* name = op_kind_name(kind);
     const uint64_t out_bytes = result_bytes(top);
     const bool from_pinned = pinned(ctx.input, ctx.input_bytes) && pinned(ctx.output, out_bytes);
 
-    auto in = allocate(ctx.input_bytes, op_kind_name(kind));
-    if (!in) return std::move(in).error();
-    auto out = allocate(out_bytes, op_kind_name(kind));
-    if (!out) return std::move(out).error();
-    GPUQ_CUDA(
-        cudaMemcpyAsync(in->get(), ctx.input, ctx.input_bytes, cudaMemcpyHostToDevice, stream_));
-    Result<void> ran = std::visit(
-        [&](const auto& o) { return compute(o, ctx.input, in->get(), out->get()); }, top);
+    // Input and output in one buffer, the output 256-byte aligned after the input.
+    const uint64_t out_at = (ctx.input_bytes + 255) & ~uint64_t{255};
+    DeviceMemory own;
+    auto io = job_memory(kept_io_, own, out_at + out_bytes, name);
+    if (!io) return std::move(io).error();
+    std::byte* in = *io;
+    std::byte* out = *io + out_at;
+    io_in_use_ = own.get() == nullptr;
+    struct Release {
+      bool& flag;
+      ~Release() { flag = false; }
+    } release{io_in_use_};
+    job_workspace_ = DeviceMemory();
+    GPUQ_CUDA(cudaMemcpyAsync(in, ctx.input, ctx.input_bytes, cudaMemcpyHostToDevice, stream_));
+    const bool cancellable =
+        std::visit([](const auto& o) { return flops_of(o); }, top) >= kCancellableFlops ||
+        ctx.input_bytes + out_bytes >= kCancellableBytes;
+    Result<void> ran =
+        std::visit([&](const auto& o) { return compute(o, ctx.input, in, out); }, top);
     if (!ran) return std::move(ran).error();
-    GPUQ_CUDA(cudaMemcpyAsync(ctx.output, out->get(), out_bytes, cudaMemcpyDeviceToHost, stream_));
+    if (cancellable) {
+      auto done = wait_for_kernels(ctx, name);
+      if (!done) return std::move(done).error();
+    }
+    GPUQ_CUDA(cudaMemcpyAsync(ctx.output, out, out_bytes, cudaMemcpyDeviceToHost, stream_));
     GPUQ_CUDA(cudaStreamSynchronize(stream_));
+    left_running_ = false;
+    job_workspace_ = DeviceMemory();
     return OpOutput{out_bytes, from_pinned ? 1u : 0u};
   }
 
-  // Each op: `host` is the job's input buffer on the host (read only for the few values an op
-  // needs there), `in` its copy on the device, `out` the result's device buffer.
-  Result<void> compute(const Conv2d& c, const std::byte*, std::byte* in, std::byte* out) {
+  // After a cancellable job's kernels are enqueued: waits for them, looking at the job's cancel
+  // flag between looks at the stream. Cancelled: nothing more is enqueued (no result is copied
+  // back) and the job ends kCancelled now. Its copy in and kernels (and those of earlier
+  // cancelled jobs) finish on the stream before any later work, and its device memory is freed
+  // after them (stream-ordered). Its copy in may still read the client's segment: the worker
+  // waits for the stream before it unregisters a segment (client_unmapping).
+  Result<void> wait_for_kernels(const OpContext& ctx, const char* name) {
+    GPUQ_CUDA(cudaEventRecord(computed_, stream_));
+    const uint64_t start = monotonic_ns();
+    for (;;) {
+      const cudaError_t e = cudaEventQuery(computed_);
+      if (e == cudaSuccess) return {};
+      if (e != cudaErrorNotReady) GPUQ_CUDA(e);
+      if (ctx.cancel_requested.load(std::memory_order_relaxed) != 0) {
+        left_running_ = true;
+        job_workspace_ = DeviceMemory();
+        return Error(ErrorCode::kCancelled, std::string(name) + ": cancelled while running");
+      }
+      if (monotonic_ns() - start > kWaitSpinNs) sched_yield();
+    }
+  }
+
+  // The plan of a conv2d's shape: made on its first job (descriptors, and the algorithm by
+  // cuDNN's heuristics: the first whose workspace fits the budget), then kept.
+  Result<const ConvPlan*> conv_plan(const Conv2d& c) {
+    const ConvKey key = conv_plan_key(c);
+    if (auto found = conv_plans_.find(key); found != conv_plans_.end()) return found->second.get();
     const char* op = "conv2d";
-    TensorDesc x, y;
-    FilterDesc w;
-    ConvDesc conv;
-    if (auto r = make_tensor(x, c.dtype, c.x.shape, op, "x"); !r) return r;
-    if (auto r = make_tensor(y, c.dtype, c.y, op, "y"); !r) return r;
+    auto plan = std::make_unique<ConvPlan>();
+    if (auto r = make_tensor(plan->x, c.dtype, c.x.shape, op, "x"); !r) return r.error();
+    if (auto r = make_tensor(plan->y, c.dtype, c.y, op, "y"); !r) return r.error();
     for (int i = 0; i < 4; ++i) {
       if (!fits_int(c.w.shape.dims[i])) return too_large(op, "w");
     }
@@ -470,73 +628,74 @@ class GpuBackend final : public OpBackend {
       }
     }
     if (!fits_int(c.groups)) return too_large(op, "groups");
-    GPUQ_CUDNN(cudnnCreateFilterDescriptor(&w.d));
+    GPUQ_CUDNN(cudnnCreateFilterDescriptor(&plan->w.d));
     GPUQ_CUDNN(cudnnSetFilter4dDescriptor(
-        w.d, cudnn_type(c.dtype), CUDNN_TENSOR_NCHW, static_cast<int>(c.w.shape.dims[0]),
+        plan->w.d, cudnn_type(c.dtype), CUDNN_TENSOR_NCHW, static_cast<int>(c.w.shape.dims[0]),
         static_cast<int>(c.w.shape.dims[1]), static_cast<int>(c.w.shape.dims[2]),
         static_cast<int>(c.w.shape.dims[3])));
-    GPUQ_CUDNN(cudnnCreateConvolutionDescriptor(&conv.d));
+    GPUQ_CUDNN(cudnnCreateConvolutionDescriptor(&plan->conv.d));
     // f16 tensors with f32 accumulation; f32 without TF32 (results as precise as the CPU's).
     GPUQ_CUDNN(cudnnSetConvolution2dDescriptor(
-        conv.d, static_cast<int>(c.pad[0]), static_cast<int>(c.pad[1]),
+        plan->conv.d, static_cast<int>(c.pad[0]), static_cast<int>(c.pad[1]),
         static_cast<int>(c.stride[0]), static_cast<int>(c.stride[1]),
         static_cast<int>(c.dilation[0]), static_cast<int>(c.dilation[1]), CUDNN_CROSS_CORRELATION,
         CUDNN_DATA_FLOAT));
-    GPUQ_CUDNN(cudnnSetConvolutionGroupCount(conv.d, static_cast<int>(c.groups)));
+    GPUQ_CUDNN(cudnnSetConvolutionGroupCount(plan->conv.d, static_cast<int>(c.groups)));
     const cudnnMathType_t math = c.dtype == DType::kF16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
-    GPUQ_CUDNN(cudnnSetConvolutionMathType(conv.d, math));
+    GPUQ_CUDNN(cudnnSetConvolutionMathType(plan->conv.d, math));
     int on = 0, oc = 0, oh = 0, ow = 0;
-    GPUQ_CUDNN(cudnnGetConvolution2dForwardOutputDim(conv.d, x.d, w.d, &on, &oc, &oh, &ow));
+    GPUQ_CUDNN(cudnnGetConvolution2dForwardOutputDim(plan->conv.d, plan->x.d, plan->w.d, &on, &oc,
+                                                     &oh, &ow));
     if (on != c.y.dims[0] || oc != c.y.dims[1] || oh != c.y.dims[2] || ow != c.y.dims[3]) {
       return Error(ErrorCode::kInternal, "conv2d: cuDNN's output shape " + std::to_string(on) +
                                              "x" + std::to_string(oc) + "x" + std::to_string(oh) +
                                              "x" + std::to_string(ow) + " is not the parser's " +
                                              c.y.to_string());
     }
-
-    // The algorithm: chosen once per shape (cuDNN's heuristics, the first whose workspace fits
-    // the budget), then cached for the worker's life.
-    const std::string key = conv_key(c);
-    auto found = conv_cache_.find(key);
-    if (found == conv_cache_.end()) {
-      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-      int returned = 0;
-      GPUQ_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(
-          cudnn_, x.d, w.d, conv.d, y.d, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
-      const uint64_t room = limit_ - used_;
-      std::optional<ConvChoice> choice;
-      for (int i = 0; i < returned && !choice; ++i) {
-        if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
-        if (c.dtype == DType::kF32 && perf[i].mathType != CUDNN_FMA_MATH &&
-            perf[i].mathType != CUDNN_DEFAULT_MATH) {
-          continue;
-        }
-        if (perf[i].memory > room) continue;
-        choice = ConvChoice{perf[i].algo, perf[i].mathType, perf[i].memory};
+    plan->out_channels = oc;
+    if (auto r = make_tensor(plan->bias, c.dtype, Dims4{1, oc, 1, 1}); !r) return r.error();
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int returned = 0;
+    GPUQ_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, plan->x.d, plan->w.d, plan->conv.d,
+                                                      plan->y.d, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                      &returned, perf));
+    const uint64_t room = limit_ - used_;
+    bool chosen = false;
+    for (int i = 0; i < returned && !chosen; ++i) {
+      if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+      if (c.dtype == DType::kF32 && perf[i].mathType != CUDNN_FMA_MATH &&
+          perf[i].mathType != CUDNN_DEFAULT_MATH) {
+        continue;
       }
-      if (!choice) {
-        return Error(ErrorCode::kOutOfMemory,
-                     "conv2d " + key + ": no cuDNN algorithm fits in the " + std::to_string(room) +
-                         " bytes left of the worker's memory_limit");
-      }
-      GPUQ_CUDNN(cudnnSetConvolutionMathType(conv.d, choice->math));
-      GPUQ_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(cudnn_, x.d, w.d, conv.d, y.d,
-                                                         choice->algo, &choice->workspace));
-      found = conv_cache_.emplace(key, *choice).first;
+      if (perf[i].memory > room) continue;
+      plan->algo = perf[i].algo;
+      GPUQ_CUDNN(cudnnSetConvolutionMathType(plan->conv.d, perf[i].mathType));
+      chosen = true;
     }
-    const ConvChoice& ch = found->second;
-    GPUQ_CUDNN(cudnnSetConvolutionMathType(conv.d, ch.math));
-    auto ws = allocate(ch.workspace, "conv2d workspace");
+    if (!chosen) {
+      return Error(ErrorCode::kOutOfMemory,
+                   "conv2d " + conv_key(c) + ": no cuDNN algorithm fits in the " +
+                       std::to_string(room) + " bytes left of the worker's memory_limit");
+    }
+    GPUQ_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(cudnn_, plan->x.d, plan->w.d, plan->conv.d,
+                                                       plan->y.d, plan->algo, &plan->workspace));
+    if (conv_plans_.size() >= kMaxConvPlans) conv_plans_.clear();  // many shapes: start over
+    return conv_plans_.emplace(key, std::move(plan)).first->second.get();
+  }
+
+  // Each op: `host` is the job's input buffer on the host (read only for the few values an op
+  // needs there), `in` its copy on the device, `out` the result's device buffer.
+  Result<void> compute(const Conv2d& c, const std::byte*, std::byte* in, std::byte* out) {
+    auto planned = conv_plan(c);
+    if (!planned) return std::move(planned).error();
+    const ConvPlan& p = **planned;
+    auto ws = job_memory(kept_workspace_, job_workspace_, p.workspace, "conv2d workspace");
     if (!ws) return std::move(ws).error();
     const float one = 1.0f, zero = 0.0f;
-    GPUQ_CUDNN(cudnnConvolutionForward(cudnn_, &one, x.d, in + c.x.offset, w.d, in + c.w.offset,
-                                       conv.d, ch.algo, ws->get(), ch.workspace, &zero, y.d, out));
-    if (c.b) {
-      TensorDesc b;
-      if (auto r = make_tensor(b, c.dtype, Dims4{1, oc, 1, 1}); !r) return r;
-      GPUQ_CUDNN(cudnnAddTensor(cudnn_, &one, b.d, in + c.b->offset, &one, y.d, out));
-    }
-    if (c.relu) return activation_in_place(Activation::kRelu, y, out);
+    GPUQ_CUDNN(cudnnConvolutionForward(cudnn_, &one, p.x.d, in + c.x.offset, p.w.d, in + c.w.offset,
+                                       p.conv.d, p.algo, *ws, p.workspace, &zero, p.y.d, out));
+    if (c.b) GPUQ_CUDNN(cudnnAddTensor(cudnn_, &one, p.bias.d, in + c.b->offset, &one, p.y.d, out));
+    if (c.relu) return activation_in_place(Activation::kRelu, p.y, out);
     return {};
   }
 
@@ -545,10 +704,10 @@ class GpuBackend final : public OpBackend {
     if (a.x.shape.elements() > static_cast<uint64_t>(INT_MAX)) return too_large("activation", "x");
     Dims4 flat{1, 1, 1, static_cast<int>(a.x.shape.elements())};
     if (auto r = make_tensor(x, a.dtype, flat); !r) return r;
-    ActivationDesc ad;
-    if (auto r = make_activation(ad, a.mode); !r) return r;
+    auto ad = activation(a.mode);
+    if (!ad) return std::move(ad).error();
     const float one = 1.0f, zero = 0.0f;
-    GPUQ_CUDNN(cudnnActivationForward(cudnn_, ad.d, &one, x.d, in + a.x.offset, &zero, x.d, out));
+    GPUQ_CUDNN(cudnnActivationForward(cudnn_, *ad, &one, x.d, in + a.x.offset, &zero, x.d, out));
     return {};
   }
 
@@ -647,11 +806,23 @@ class GpuBackend final : public OpBackend {
     return {};
   }
 
+  // The activation descriptor of a mode, made once.
+  Result<cudnnActivationDescriptor_t> activation(Activation mode) {
+    ActivationDesc& ad = activations_[static_cast<size_t>(mode)];
+    if (ad.d == nullptr) {
+      if (auto r = make_activation(ad, mode); !r) {
+        if (ad.d != nullptr) (void)cudnnDestroyActivationDescriptor(std::exchange(ad.d, nullptr));
+        return r.error();
+      }
+    }
+    return ad.d;
+  }
+
   Result<void> activation_in_place(Activation mode, const TensorDesc& y, std::byte* out) {
-    ActivationDesc ad;
-    if (auto r = make_activation(ad, mode); !r) return r;
+    auto ad = activation(mode);
+    if (!ad) return std::move(ad).error();
     const float one = 1.0f, zero = 0.0f;
-    GPUQ_CUDNN(cudnnActivationForward(cudnn_, ad.d, &one, y.d, out, &zero, y.d, out));
+    GPUQ_CUDNN(cudnnActivationForward(cudnn_, *ad, &one, y.d, out, &zero, y.d, out));
     return {};
   }
 
@@ -670,8 +841,17 @@ class GpuBackend final : public OpBackend {
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   DeviceMemory cublas_workspace_;
+  DeviceMemory kept_io_;            // tensor jobs' input and output, kept between jobs
+  DeviceMemory kept_workspace_;     // conv2d's cuDNN workspace, kept between jobs
+  DeviceMemory job_workspace_;      // a workspace too large to keep: this job's alone
+  bool io_in_use_ = false;          // a job's data is in kept_io_ (allocate must not free it)
+  cudaEvent_t computed_ = nullptr;  // a cancellable job's kernels are done
+  // A cancelled job's work may still be on the stream (wait_for_kernels): until the next
+  // synchronization of the stream, a segment is unregistered only after one.
+  bool left_running_ = false;
   std::map<uint32_t, ClientSegment> segments_;
-  std::map<std::string, ConvChoice> conv_cache_;
+  std::map<ConvKey, std::unique_ptr<ConvPlan>> conv_plans_;
+  std::array<ActivationDesc, 3> activations_;  // by Activation: relu, sigmoid, tanh
 };
 
 void DeviceMemory::reset() {

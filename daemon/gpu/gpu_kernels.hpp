@@ -14,4 +14,9 @@ namespace gpuq::gpu {
 // returns cudaErrorIllegalAddress, a sticky error. Returns the launch's own error.
 cudaError_t launch_out_of_bounds_write(float* base, uint64_t far_bytes, cudaStream_t stream);
 
+// Test only (gpu_fault_test with mode=spin): a one-thread kernel on `stream` that runs for
+// `ns` nanoseconds of the GPU's global timer: a long kernel that ends by itself, for the
+// cancel and time-limit paths. Returns the launch's own error.
+cudaError_t launch_spin(uint64_t ns, cudaStream_t stream);
+
 }  // namespace gpuq::gpu

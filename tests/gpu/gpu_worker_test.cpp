@@ -4,7 +4,8 @@
 // registration, and the jobs report pinned copies; a job beyond a small memory_limit fails with
 // OutOfMemory and the same worker process serves the next one; the test op gpu_fault_test (a
 // real sticky CUDA error) fails only its job, the worker is replaced by a new process, and the
-// other jobs succeed.
+// other jobs succeed; a job whose kernel runs long (gpu_fault_test with spin_us) ends at its
+// time limit or its client's cancel while the kernel runs on, and the same worker serves on.
 //
 // Exits 77 (ctest: skipped) when the CUDA runtime reports no device (gpu_test_main.cpp: a
 // child process asks, so this one, a client, never initialises CUDA; gpuqd and the clients
@@ -20,6 +21,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "integration/integration_support.hpp"
@@ -490,6 +492,61 @@ TEST_CASE("a sticky CUDA error fails only its job; the worker is replaced; other
   // the job that ran it failed.
   Job later = submit_ok(client, noop_spec("gpu"));
   wait_done(later);
+  CHECK(daemon.terminate().ok());
+}
+
+TEST_CASE("a long kernel's job ends at its time limit or cancel; the same worker serves on") {
+  // gpu_fault_test with spin_us: one kernel that runs 3 s, waited for as a long tensor job is.
+  // The worker looks at the job's cancel flag while it waits, so the job ends at once, and the
+  // worker keeps its context: no forced stop, no replacement.
+  DaemonOptions options;
+  options.config_json = gpu_config();
+  options.env = {"GPUQ_TEST_HOOKS=1"};
+  DaemonProcess daemon(options);
+  Client client = connect_client(daemon);
+  const pid_t before = gpu_worker_pid(daemon);
+  JobSpec spin = job_spec("gpu_fault_test", {}, {}, "gpu");
+  spin.params = {JobParam::integer("spin_us", 3'000'000)};
+
+  spin.time_limit = 200ms;
+  auto t0 = std::chrono::steady_clock::now();
+  Job limited = submit_ok(client, spin);
+  const JobResult timed_out = wait_result(limited);
+  const auto limited_took = std::chrono::steady_clock::now() - t0;
+  INFO("message: " << timed_out.message);
+  CHECK(timed_out.status == JobStatus::kFailed);
+  CHECK(timed_out.code == ErrorCode::kTimedOut);
+  CHECK(timed_out.message.find("time limit (200 ms)") != std::string::npos);
+  CHECK(limited_took < 2s);  // not the kernel's 3 s
+
+  spin.time_limit = 0ms;
+  t0 = std::chrono::steady_clock::now();
+  Job cancelled = submit_ok(client, spin);
+  std::this_thread::sleep_for(300ms);
+  CHECK(cancelled.cancel().ok());
+  const JobResult c = wait_result(cancelled);
+  const auto cancel_took = std::chrono::steady_clock::now() - t0;
+  INFO("message: " << c.message);
+  CHECK(c.status == JobStatus::kCancelled);
+  CHECK(cancel_took < 2500ms);
+
+  // The next job runs after the kernels still on the stream, on the same worker.
+  std::mt19937 rng(11);
+  TensorJob next{"gemm",
+                 {JobParam::text("a", "4x8"), JobParam::text("b", "8x5")},
+                 {random_vec(rng, 32), random_vec(rng, 40)},
+                 20};
+  round_operands(next.operands, false);
+  TensorResult r = run_tensor(client, "gpu", next, false);
+  INFO("after: " << r.job.message);
+  REQUIRE(r.job.status == JobStatus::kDone);
+  check_close(r.y,
+              gemm_ref(next.operands[0], next.operands[1], nullptr, 4, 5, 8, false, false, 1, 0),
+              false);
+  const nlohmann::json status = daemon.status();
+  const nlohmann::json& worker = gpu_pool(status)["workers"][0];
+  CHECK(worker["pid"].get<pid_t>() == before);
+  CHECK(worker.value("stops_forced", 0) == 0);
   CHECK(daemon.terminate().ok());
 }
 
