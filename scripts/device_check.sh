@@ -25,9 +25,14 @@
 #
 # Environment:
 #   OUT                      output folder (default <repo>/build-device/out)
-#   GPUQ_DEVICE_STAGES       stages, in order (default "info configure build test python batching
-#                            bench"; python: the gpu Python pool tests, torch, in a venv of the
-#                            machine's; batching: bench/python/bench_batching.py --gpu in it)
+#   GPUQ_DEVICE_STAGES       stages, in order (default "info configure build test deb bench python
+#                            patterns batching pybench"; deb: tests/package/gpu_deb_test.sh, the
+#                            gpuq-gpu package's binaries unpacked and run without the loader's
+#                            cache; python: the gpu Python pool tests, torch, in a venv of the
+#                            machine's; patterns: the seed patterns on their gpu pool, in it;
+#                            batching: bench/python/bench_batching.py --gpu in it; pybench:
+#                            bench/python/bench_gpu_python.py, a torch model through a gpu pool
+#                            against each process loading it itself)
 #   GPUQ_DEVICE_BUILD        build folder (default <repo>/build-device; kept, so a rerun is
 #                            incremental; GPUQ_DEVICE_CLEAN=1 removes it first)
 #   GPUQ_DEVICE_DEPS         the bundle (default <repo>/build-device-deps)
@@ -38,7 +43,9 @@
 #   GPUQ_DEVICE_BENCH_TIMEOUT seconds for the benchmark (default 120)
 #   GPUQ_CUDA_ARCH           CMAKE_CUDA_ARCHITECTURES (default 90: H100, H200)
 #   GPUQ_BUILD_JOBS          parallel compile jobs (default: nproc)
-#   GPUQ_DEVICE_PYTHON       the Python with the nvidia wheels (default python3)
+#   GPUQ_DEVICE_PYTHON       the Python with torch and the nvidia wheels (default: python3, or
+#                            /opt/torch/.venv/bin/python3 where only that imports torch)
+#   GPUQ_PYBENCH_ARGS        extra arguments of bench_gpu_python.py (word-split)
 #   GPUQ_DEVICE_CMAKE_ARGS   extra configure arguments (word-split)
 set -euo pipefail
 
@@ -47,13 +54,25 @@ readonly ROOT="${PWD}"
 readonly BUILD="${GPUQ_DEVICE_BUILD:-${ROOT}/build-device}"
 readonly DEPS="${GPUQ_DEVICE_DEPS:-${ROOT}/build-device-deps}"
 OUT="${OUT:-${BUILD}/out}"
-readonly STAGES="${GPUQ_DEVICE_STAGES:-info configure build test python batching bench}"
+readonly STAGES="${GPUQ_DEVICE_STAGES:-info configure build test deb bench python patterns batching pybench}"
 readonly BUDGET="${GPUQ_DEVICE_BUDGET:-420}"
 readonly TEST_TIMEOUT="${GPUQ_DEVICE_TEST_TIMEOUT:-180}"
 readonly BENCH_TIMEOUT="${GPUQ_DEVICE_BENCH_TIMEOUT:-120}"
 readonly ARCH="${GPUQ_CUDA_ARCH:-90}"
 readonly JOBS="${GPUQ_BUILD_JOBS:-$(nproc)}"
-readonly PY="${GPUQ_DEVICE_PYTHON:-python3}"
+# The Python with torch: GPUQ_DEVICE_PYTHON, else the first of python3 and the image's torch
+# venv that imports torch (a session's PATH may lead python3 elsewhere), else python3.
+PY="${GPUQ_DEVICE_PYTHON:-}"
+if [[ -z "${PY}" ]]; then
+  PY=python3
+  for candidate in python3 /opt/torch/.venv/bin/python3; do
+    if command -v "${candidate}" >/dev/null && "${candidate}" -c 'import torch' 2>/dev/null; then
+      PY="${candidate}"
+      break
+    fi
+  done
+fi
+readonly PY
 
 mkdir -p "${OUT}"
 OUT="$(cd "${OUT}" && pwd)"
@@ -218,7 +237,7 @@ configure() {
   cmake -S "${ROOT}" -B "${BUILD}" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES="${ARCH}" "${nvcc[@]}" -DGPUQ_WITH_CUDA=ON \
     -DGPUQ_BUILD_TESTS=ON -DGPUQ_BUILD_BENCH=ON -DGPUQ_BUILD_EXAMPLES=ON \
-    -DCMAKE_CUDA_FLAGS="${cuda_flags}" "${policy[@]}" \
+    -DCMAKE_CUDA_FLAGS="${cuda_flags}" "${policy[@]}" -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON \
     -DBoost_DIR="${DEPS}/lib/cmake/Boost" \
     -Dnlohmann_json_DIR="${DEPS}/lib/cmake/nlohmann_json" \
     -Ddoctest_DIR="${DEPS}/lib/cmake/doctest" \
@@ -241,12 +260,14 @@ build() {
     | "${PY}" -c 'import json, os, sys
 print("\n".join(sorted({os.path.basename(t["command"][0]) for t in json.load(sys.stdin)["tests"]
                         if t.get("command")})))')" || targets=""
-  # The same by name (today's list, should the query fail), the benchmark, and the daemon,
-  # workers, tool and plug-ins they start (add_dependencies names them too).
+  # The same by name (today's list, should the query fail), the benchmark, the daemon,
+  # workers, tool and plug-ins they start (add_dependencies names them too), and libgpuq, which
+  # the packages of the deb stage hold too (its cpack builds nothing itself: the configure's
+  # CMAKE_SKIP_INSTALL_ALL_DEPENDENCY keeps it from building every test first).
   # shellcheck disable=SC2086
   targets="$(printf '%s\n' ${targets} gpuq-gpu-probe test_gpu_worker test_gpu_plugins \
     gpuq_bench_gpu gpuqd gpuq-worker gpuq-gpu-worker gpuqctl gpuq_example_plugin \
-    gpuq_test_plugin | sort -u | tr '\n' ' ')"
+    gpuq_test_plugin gpuq gpuq_static_dist | sort -u | tr '\n' ' ')"
   echo "targets: ${targets}"
   local keep_going=(-k 0)
   if [[ ! -f "${BUILD}/build.ninja" ]]; then keep_going=(-k); fi
@@ -293,16 +314,59 @@ if [[ " ${STAGES} " == *" test "* ]]; then
   fi
 fi
 
+# ---- deb: the gpuq and gpuq-gpu packages (cpack), unpacked; the GPU binaries load their CUDA
+# libraries with the loader's cache ignored and, started by the unpacked gpuqd without
+# LD_LIBRARY_PATH, run a gemm and a conv2d (tests/package/gpu_deb_test.sh) ---------------------
+deb() {
+  local args=""
+  # No dpkg-dev here (Ubuntu's image): gpuq's dependency list is not what this stage checks.
+  command -v dpkg-shlibdeps >/dev/null || args="-D CPACK_DEBIAN_MAIN_PACKAGE_SHLIBDEPS=OFF"
+  GPUQ_CPACK_ARGS="${args}" timeout -k 10 "$(limit 120)" \
+    bash "${ROOT}/tests/package/gpu_deb_test.sh" "${BUILD}"
+}
+stage deb deb
+
+# ---- bench: the GPU benchmark, full run ------------------------------------------------------
+bench() {
+  local lim rc
+  lim="$(limit "${BENCH_TIMEOUT}")"
+  echo "gpuq_bench_gpu --json ${OUT}/gpu_bench.json (limit ${lim}s)"
+  set +e
+  timeout -k 10 "${lim}" "${BUILD}/bench/gpuq_bench_gpu" --json "${OUT}/gpu_bench.json" \
+    >"${OUT}/gpu_bench.txt" 2>&1
+  rc=$?
+  set -e
+  cat "${OUT}/gpu_bench.txt"
+  cp "${BUILD}/bench_gpu_smoke.json" "${OUT}/" 2>/dev/null || true
+  return "${rc}"
+}
+stage bench bench
+
 # ---- python: the gpu Python pool tests (python/tests/test_python_gpu.py, torch) and the gpu
 # pool's metrics (test_metrics_gpu.py: worker memory, NVML figures from the sampler) -----------
 # The gpuq package built into a venv that sees the machine's own packages (torch, nanobind,
 # scikit-build-core; no internet), against the bundle's headers, then pytest -m gpu against the
 # gpuqd of this build. Exit 77 (skipped) when torch or a device is missing.
 python_gpu() {
-  local venv="${BUILD}/pyvenv" lim
-  if [[ ! -x "${venv}/bin/python" ]]; then "${PY}" -m venv --system-site-packages "${venv}"; fi
+  local venv="${BUILD}/pyvenv" lim site
+  if [[ ! -x "${venv}/bin/python" ]]; then
+    "${PY}" -m venv --system-site-packages "${venv}"
+    # ${PY} may itself be a venv's (the image's torch is in /opt/torch/.venv), whose packages a
+    # venv made from it does not see (only the base interpreter's): a .pth names them.
+    site="$("${venv}/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "${PY}" -c 'import site, sysconfig
+p = sysconfig.get_paths()
+print("\n".join(dict.fromkeys([p["purelib"], p["platlib"], *site.getsitepackages()])))' \
+      >"${site}/device-python.pth"
+  fi
+  echo "python: ${PY} ($("${PY}" --version 2>&1)); venv ${venv} sees: $(tr '\n' ' ' <"$(
+    "${venv}/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+  )/device-python.pth")"
   "${venv}/bin/python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 77)' \
     || return $?
+  if compgen -G "${DEPS}/wheels/*.whl" >/dev/null; then
+    "${venv}/bin/python" -m pip install -q --no-deps --no-index "${DEPS}"/wheels/*.whl
+  fi
   "${venv}/bin/python" -m pip install -q --no-build-isolation --no-deps --no-index \
     --config-settings=build-dir="${BUILD}/pybuild" \
     --config-settings=cmake.define.Boost_DIR="${DEPS}/lib/cmake/Boost" \
@@ -314,6 +378,23 @@ python_gpu() {
     "${ROOT}/python/tests/test_python_gpu.py" "${ROOT}/python/tests/test_metrics_gpu.py"
 }
 stage python python_gpu
+
+# ---- patterns: the seed patterns (examples/python/patterns) on their default pool, patterns-gpu,
+# in the python stage's venv: each must say it ran there with its model on cuda, not on the cpu
+# fallback (python/tests/test_examples.py, GPUQ_TEST_REQUIRE_GPU=1). Output: patterns.txt ------
+patterns_gpu() {
+  local venv="${BUILD}/pyvenv" lim
+  [[ -x "${venv}/bin/python" ]] || { echo "no venv: run the python stage first"; return 1; }
+  "${venv}/bin/python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 77)' \
+    || return $?
+  lim="$(limit "${TEST_TIMEOUT}")"
+  GPUQ_TEST_REQUIRE_GPU=1 GPUQ_GPUQD="${BUILD}/daemon/gpuqd" timeout -k 10 "${lim}" \
+    "${venv}/bin/python" -m pytest -v -s -p no:cacheprovider -k "test_pattern_runs and default" \
+    --junitxml="${OUT}/patterns.xml" "${ROOT}/python/tests/test_examples.py" 2>&1 \
+    | tee "${OUT}/patterns.txt"
+  return "${PIPESTATUS[0]}"
+}
+stage patterns patterns_gpu
 
 # ---- batching: dynamic batching on a gpu Python pool (bench/python/bench_batching.py --gpu):
 # 1, 8 and 32 client processes sending 1-row requests to a torch MLP on cuda, batched and not,
@@ -331,20 +412,20 @@ batching_gpu() {
 }
 stage batching batching_gpu
 
-# ---- bench: the GPU benchmark, full run ------------------------------------------------------
-bench() {
-  local lim rc
+# ---- pybench: a small torch model through a gpu Python pool from 1, 4 and 16 client processes
+# against each process loading it on the GPU itself, and a torch no-op op against the same call
+# in-process (bench/python/bench_gpu_python.py), in the python stage's venv. Output:
+# gpu-python.json and .txt ----------------------------------------------------------------------
+pybench() {
+  local venv="${BUILD}/pyvenv" lim
+  [[ -x "${venv}/bin/python" ]] || { echo "no venv: run the python stage first"; return 1; }
   lim="$(limit "${BENCH_TIMEOUT}")"
-  echo "gpuq_bench_gpu --json ${OUT}/gpu_bench.json (limit ${lim}s)"
-  set +e
-  timeout -k 10 "${lim}" "${BUILD}/bench/gpuq_bench_gpu" --json "${OUT}/gpu_bench.json" \
-    >"${OUT}/gpu_bench.txt" 2>&1
-  rc=$?
-  set -e
-  cat "${OUT}/gpu_bench.txt"
-  cp "${BUILD}/bench_gpu_smoke.json" "${OUT}/" 2>/dev/null || true
-  return "${rc}"
+  # shellcheck disable=SC2086  # extra arguments, word-split on purpose
+  GPUQ_GPUQD="${BUILD}/daemon/gpuqd" timeout -k 10 "${lim}" "${venv}/bin/python" \
+    "${ROOT}/bench/python/bench_gpu_python.py" ${GPUQ_PYBENCH_ARGS:-} \
+    --json "${OUT}/gpu-python.json" 2>&1 | tee "${OUT}/gpu-python.txt"
+  return "${PIPESTATUS[0]}"
 }
-stage bench bench
+stage pybench pybench
 
 if ((failures > 0)); then exit 1; fi

@@ -24,6 +24,7 @@
 #                      them with Boost_DIR, nlohmann_json_DIR and doctest_DIR. Config mode is
 #                      what both CMake lookups of Boost take: FindBoost (CMake < 3.30, or
 #                      CMP0167 OLD) tries BoostConfig.cmake first, and CMP0167 NEW uses only it.
+#   wheels/            pure-Python wheels the device's Python lacks (loky), for the patterns stage
 #   MANIFEST.txt       versions, where each came from, file counts
 #
 # Environment:
@@ -295,6 +296,13 @@ printf '# doctest %s, written by scripts/device_deps.sh.\n%s\n' "${doctest_versi
 header_target "${cfg}" doctest::doctest
 write_version "${DEST}/lib/cmake/doctest/doctestConfigVersion.cmake" "${doctest_version}" 1
 
+# Pure-Python wheels the device's Python lacks, for the patterns stage (textgen_executor.py
+# compares with loky itself): pip download, which needs PyPI here; best effort.
+mkdir -p "${DEST}/wheels"
+if ! python3 -m pip download -q --no-deps --only-binary=:all: -d "${DEST}/wheels" loky 2>/dev/null; then
+  echo "device_deps: pip download loky failed: the patterns stage's textgen_executor will fail" >&2
+fi
+
 count() { find "$1" -type f | wc -l; }
 cat >"${DEST}/MANIFEST.txt" <<EOF
 Written by scripts/device_deps.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ) ($(hostname)),
@@ -302,6 +310,7 @@ for scripts/device_check.sh on a machine without these packages.
 Boost         ${boost_version}  from ${boost_root}/boost  ($(count "${DEST}/include/boost") files; whole: ${whole[*]})
 nlohmann_json ${json_version}  from ${json_root}/nlohmann  ($(count "${DEST}/include/nlohmann") files)
 doctest       ${doctest_version}   from ${doctest_root}/doctest  ($(count "${DEST}/include/doctest") files)
+wheels        $(find "${DEST}/wheels" -name '*.whl' -printf '%f ')
 EOF
 cat "${DEST}/MANIFEST.txt"
 

@@ -5,11 +5,14 @@ The pattern examples of examples/python/patterns run against a daemon with the P
 of their sample config, gpuqd-patterns.json, whose paths are this checkout's and whose
 interpreter is this test's: each once with its default pool ("patterns-gpu": on a machine
 without a GPU, its jobs go to the cpu Python pool "patterns") and once with
-$GPUQ_PATTERNS_POOL naming the cpu Python pool."""
+$GPUQ_PATTERNS_POOL naming the cpu Python pool. With GPUQ_TEST_REQUIRE_GPU=1 (the `patterns`
+stage of scripts/device_check.sh, on a GPU machine with torch) the default-pool runs must show
+that they ran on "patterns-gpu" itself, with the model on a cuda device, not on its fallback."""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -87,4 +90,9 @@ def test_pattern_runs(patterns_daemon, script, pool):
     assert r.stdout.rstrip().endswith("ok"), r.stdout
     want = pool or "patterns-gpu"
     assert f"pool {want!r}" in r.stdout, r.stdout
+    if pool is None and os.environ.get("GPUQ_TEST_REQUIRE_GPU") == "1":
+        assert "cuda" in r.stdout, f"{script.name}: the model is not on a cuda device\n{r.stdout}"
+        if script.stem != "fork_pool":  # it prints only the model's device
+            assert ("runs on 'patterns-gpu'" in r.stdout or "of 'patterns-gpu')" in r.stdout), \
+                f"{script.name} did not run on the gpu pool itself\n{r.stdout}"
     print(r.stdout)

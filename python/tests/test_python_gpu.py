@@ -65,7 +65,8 @@ def test_device_stream_and_pinned_segment(gc):
     info = gc.call("gpu_info", pool="pygpu")
     assert info["gpu"] and info["devices"] == 1 and info["device"] == 0
     assert info["stream"] == info["worker_stream"] != info["default_stream"]
-    assert gc.call("gpu_pinned_copy", gc.array(np.ones(1024, np.float32)), pool="pygpu") is True
+    pinned = gc.call("gpu_pinned_copy", gc.array(np.ones(1024, np.float32)), pool="pygpu")
+    assert isinstance(pinned, np.bool_) and pinned  # a scalar comes back as a numpy scalar
 
 
 def test_memory_budget(gc):
