@@ -5,7 +5,14 @@
 //   conv2d, gemm      per-job time of a small conv2d (1x16x32x32, 16x16x3x3, pad 1) and gemm
 //                     (64x64x64), f32: through gpuq (submit + wait, one job in flight) against
 //                     the same cuDNN / cuBLAS call made directly in this process (copy in from
-//                     pinned memory, compute, copy out, synchronize); medians and their ratio;
+//                     pinned memory, compute, copy out, synchronize: cublasGemmEx with
+//                     CUBLAS_COMPUTE_32F, and the conv2d algorithm the worker's rule picks,
+//                     the first of cuDNN's heuristics without TF32); 5 rounds, each gpuq (a
+//                     fresh daemon) then direct, so that drift falls on both, each series after
+//                     a warm-up of half its length: the median of the rounds' medians, and their
+//                     ratio (each round's in the JSON). conv2d also from a client connected with
+//                     spin = 1 ms (_spin_1ms): the default 50 us spin gives up on a job that
+//                     long and its wait pays a futex wake-up;
 //   h2d_gbps          host -> device bandwidth of 256 MiB from a malloc'd buffer registered with
 //                     cudaHostRegister (what a GPU worker does with each client segment) and
 //                     from cudaMallocHost;
@@ -49,6 +56,14 @@ double ms_since(Clock::time_point t0) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Small nonzero floats (not zeros: they can run faster than real data and hide unwritten
+// output), the same in every buffer.
+void fill(void* p, size_t bytes) {
+  auto* f = static_cast<float*>(p);
+  for (size_t i = 0; i < bytes / sizeof(float); ++i)
+    f[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
 }
 
 [[noreturn]] void die(const std::string& what) {
@@ -105,10 +120,12 @@ class Daemon {
   Clock::time_point started() const { return started_; }
 
   // Connects, retrying while the socket is not there yet (up to 60 s).
-  gpuq::Client connect(uint64_t segment_bytes = 64ull << 20) const {
+  // spin: ConnectOptions::spin (the default, 50 us, when 0).
+  gpuq::Client connect(std::chrono::nanoseconds spin = {}) const {
     gpuq::ConnectOptions o;
     o.runtime_dir = dir_ + "/run";
-    o.segment_bytes = segment_bytes;
+    o.segment_bytes = 64ull << 20;
+    if (spin.count() > 0) o.spin = spin;
     for (auto deadline = Clock::now() + std::chrono::seconds(60);;) {
       auto c = gpuq::Client::connect(o);
       if (c) return std::move(c).value();
@@ -143,7 +160,7 @@ GpuqJob gemm_job(gpuq::Client& client, int n) {
   const uint64_t bytes = uint64_t(n) * n * 4;
   gpuq::Buffer in = must(client.allocate(2 * bytes), "allocate");
   gpuq::Buffer out = must(client.allocate(bytes), "allocate");
-  std::memset(in.data(), 0, 2 * bytes);
+  fill(in.data(), 2 * bytes);
   GpuqJob j;
   j.spec.op = "gemm";
   j.spec.pool = "gpu";
@@ -158,7 +175,7 @@ GpuqJob conv_job(gpuq::Client& client) {
   const uint64_t x = 16 * 32 * 32 * 4, w = 16 * 16 * 9 * 4;
   gpuq::Buffer in = must(client.allocate(x + w), "allocate");
   gpuq::Buffer out = must(client.allocate(x), "allocate");
-  std::memset(in.data(), 0, x + w);
+  fill(in.data(), x + w);
   GpuqJob j;
   j.spec.op = "conv2d";
   j.spec.pool = "gpu";
@@ -202,15 +219,16 @@ struct Direct {
     void *host = nullptr, *dev = nullptr;
     GPUQ_CUDA(cudaMallocHost(&host, 3 * bytes));
     GPUQ_CUDA(cudaMalloc(&dev, 3 * bytes));
-    std::memset(host, 0, 3 * bytes);
+    fill(host, 2 * bytes);
     std::vector<double> us;
     const float one = 1, zero = 0;
     auto* d = static_cast<float*>(dev);
     for (int i = 0; i < warmup + iters; ++i) {
       auto t0 = Clock::now();
       GPUQ_CUDA(cudaMemcpyAsync(dev, host, 2 * bytes, cudaMemcpyHostToDevice, stream));
-      GPUQ_CUBLAS(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, d + n * n, n, d, n,
-                              &zero, d + 2 * n * n, n));
+      GPUQ_CUBLAS(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, d + n * n,
+                               CUDA_R_32F, n, d, CUDA_R_32F, n, &zero, d + 2 * n * n, CUDA_R_32F, n,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       GPUQ_CUDA(cudaMemcpyAsync(static_cast<char*>(host) + 2 * bytes, d + 2 * n * n, bytes,
                                 cudaMemcpyDeviceToHost, stream));
       GPUQ_CUDA(cudaStreamSynchronize(stream));
@@ -241,15 +259,24 @@ struct Direct {
     int returned = 0;
     GPUQ_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(
         cudnn, x, w, c, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
-    if (returned == 0) return gpuq::Error(gpuq::ErrorCode::kInternal, "no conv algorithm");
-    const cudnnConvolutionFwdAlgo_t algo = perf[0].algo;
+    // The worker's rule: the first that succeeds without TF32.
+    int pick = -1;
+    for (int i = 0; i < returned && pick < 0; ++i) {
+      if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+          (perf[i].mathType == CUDNN_FMA_MATH || perf[i].mathType == CUDNN_DEFAULT_MATH)) {
+        pick = i;
+      }
+    }
+    if (pick < 0) return gpuq::Error(gpuq::ErrorCode::kInternal, "no conv algorithm");
+    const cudnnConvolutionFwdAlgo_t algo = perf[pick].algo;
+    GPUQ_CUDNN(cudnnSetConvolutionMathType(c, perf[pick].mathType));
     size_t ws_bytes = 0;
     GPUQ_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(cudnn, x, w, c, y, algo, &ws_bytes));
     void *host = nullptr, *dev = nullptr, *ws = nullptr;
     GPUQ_CUDA(cudaMallocHost(&host, xb + wb + xb));
     GPUQ_CUDA(cudaMalloc(&dev, xb + wb + xb));
     if (ws_bytes > 0) GPUQ_CUDA(cudaMalloc(&ws, ws_bytes));
-    std::memset(host, 0, xb + wb + xb);
+    fill(host, xb + wb);
     auto* d = static_cast<char*>(dev);
     const float one = 1, zero = 0;
     std::vector<double> us;
@@ -307,7 +334,7 @@ std::string utc_now() {
 
 int main(int argc, char** argv) {
   std::string json_path, gpuqd = GPUQ_BENCH_GPUQD;
-  int iters = 200;
+  int iters = 1000;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -330,17 +357,45 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) die("cudaGetDeviceProperties");
   json out{{"bench", "gpu"}, {"device", prop.name}, {"date", utc_now()}, {"iterations", iters}};
 
-  // Through gpuq: first job, per-job times.
-  std::vector<double> gpuq_gemm, gpuq_conv;
-  {
-    Daemon daemon(gpuqd, false);
-    gpuq::Client client = daemon.connect();
-    GpuqJob gemm = gemm_job(client, 64);
-    gemm.run_ok(client);
-    out["first_job_ms"] = ms_since(daemon.started());
-    gpuq_gemm = time_gpuq(client, gemm, 10, iters);
-    gpuq_conv = time_gpuq(client, conv_job(client), 10, iters);
+  // Rounds of: through gpuq (a fresh daemon: its first job, then per-job times), then the same
+  // directly in this process (its context made in the first round and kept).
+  constexpr int kRounds = 5;
+  const int warmup = iters / 2;  // and the GPU's clocks up before each timed series
+  std::vector<double> gpuq_gemm, gpuq_conv, gpuq_conv_spin, direct_gemm, direct_conv;
+  json rounds = json::array();
+  Direct direct;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<double> gg, gc, gs;
+    {
+      Daemon daemon(gpuqd, false);
+      gpuq::Client client = daemon.connect();
+      GpuqJob gemm = gemm_job(client, 64);
+      gemm.run_ok(client);
+      if (round == 0) out["first_job_ms"] = ms_since(daemon.started());
+      gg = time_gpuq(client, gemm, warmup, iters);
+      gc = time_gpuq(client, conv_job(client), warmup, iters);
+      // The same conv2d from a client that spins up to 1 ms before it sleeps: its waits catch
+      // the result as it lands, where the default 50 us spin gives up on an ~80 us job and pays
+      // a futex wake-up.
+      gpuq::Client spinning = daemon.connect(std::chrono::milliseconds(1));
+      gs = time_gpuq(spinning, conv_job(spinning), warmup, iters);
+    }
+    if (round == 0) must(direct.init(), "direct: init");
+    const std::vector<double> dg = must(direct.gemm(64, warmup, iters), "direct gemm");
+    const std::vector<double> dc = must(direct.conv(warmup, iters), "direct conv");
+    rounds.push_back(
+        {{"gemm_64", {{"gpuq_median_us", median(gg)}, {"direct_median_us", median(dg)}}},
+         {"conv2d_1x16x32x32_k16r3",
+          {{"gpuq_median_us", median(gc)},
+           {"gpuq_spin_1ms_median_us", median(gs)},
+           {"direct_median_us", median(dc)}}}});
+    gpuq_gemm.push_back(median(gg));
+    gpuq_conv.push_back(median(gc));
+    gpuq_conv_spin.push_back(median(gs));
+    direct_gemm.push_back(median(dg));
+    direct_conv.push_back(median(dc));
   }
+  out["rounds"] = rounds;
   // Restart after a sticky error.
   {
     Daemon daemon(gpuqd, true);
@@ -358,11 +413,6 @@ int main(int argc, char** argv) {
     out["fault_message"] = r.message;
   }
 
-  // Directly in this process.
-  Direct direct;
-  must(direct.init(), "direct: init");
-  const std::vector<double> direct_gemm = must(direct.gemm(64, 10, iters), "direct gemm");
-  const std::vector<double> direct_conv = must(direct.conv(10, iters), "direct conv");
   auto entry = [](const std::vector<double>& via, const std::vector<double>& base) {
     return json{{"gpuq_median_us", median(via)},
                 {"direct_median_us", median(base)},
@@ -371,6 +421,7 @@ int main(int argc, char** argv) {
   };
   out["gemm_64"] = entry(gpuq_gemm, direct_gemm);
   out["conv2d_1x16x32x32_k16r3"] = entry(gpuq_conv, direct_conv);
+  out["conv2d_1x16x32x32_k16r3_spin_1ms"] = entry(gpuq_conv_spin, direct_conv);
 
   const size_t bytes = 256ull << 20;
   void* pageable = std::aligned_alloc(4096, bytes);
