@@ -46,6 +46,8 @@ constexpr uint64_t kLivenessCheckNs = 20'000'000;
 // How long a submit waiting for a job slot sleeps on one job's end before it looks again.
 constexpr uint64_t kSlotWaitSliceNs = 2'000'000;
 constexpr uint64_t kAlignment = 64;
+// Blocks of at least this size are placed from the top of the segment (allocate()).
+constexpr uint64_t kLargeBlockBytes = 4ull << 20;
 
 Error forked_error() {
   return Error(ErrorCode::kForkedClient,
@@ -313,18 +315,44 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     const uint64_t rounded = (size + kAlignment - 1) & ~(kAlignment - 1);
     std::lock_guard lock(alloc_mutex_);
-    for (auto it = free_blocks_.begin(); it != free_blocks_.end(); ++it) {
-      if (it->second < rounded) continue;
-      const uint64_t offset = it->first;
-      const uint64_t remaining = it->second - rounded;
-      free_blocks_.erase(it);
-      if (remaining > 0) free_blocks_.emplace(offset + rounded, remaining);
-      used_blocks_.emplace(offset, rounded);
-      return Buffer{offset, size, reinterpret_cast<std::byte*>(view_.arena() + offset)};
+    uint64_t free_bytes = 0, largest = 0;
+    if (rounded >= kLargeBlockBytes) {
+      // A large block: from the top of the highest free run that fits, and small ones from
+      // the bottom of the lowest, so that small blocks (which come and go often, or are kept)
+      // do not split the room the large ones need.
+      for (auto it = free_blocks_.rbegin(); it != free_blocks_.rend(); ++it) {
+        free_bytes += it->second;
+        largest = std::max(largest, it->second);
+        if (it->second < rounded) continue;
+        const uint64_t remaining = it->second - rounded;
+        const uint64_t offset = it->first + remaining;
+        if (remaining > 0) {
+          it->second = remaining;
+        } else {
+          free_blocks_.erase(std::next(it).base());
+        }
+        used_blocks_.emplace(offset, rounded);
+        return Buffer{offset, size, reinterpret_cast<std::byte*>(view_.arena() + offset)};
+      }
+    } else {
+      for (auto it = free_blocks_.begin(); it != free_blocks_.end(); ++it) {
+        free_bytes += it->second;
+        largest = std::max(largest, it->second);
+        if (it->second < rounded) continue;
+        const uint64_t offset = it->first;
+        const uint64_t remaining = it->second - rounded;
+        free_blocks_.erase(it);
+        if (remaining > 0) free_blocks_.emplace(offset + rounded, remaining);
+        used_blocks_.emplace(offset, rounded);
+        return Buffer{offset, size, reinterpret_cast<std::byte*>(view_.arena() + offset)};
+      }
     }
     return Error(ErrorCode::kOutOfMemory,
                  "allocate: no free run of " + std::to_string(rounded) + " bytes in the " +
-                     std::to_string(view_.arena_bytes()) + "-byte payload segment");
+                     std::to_string(view_.arena_bytes()) + "-byte payload segment (" +
+                     std::to_string(free_bytes) + " bytes free, the largest run " +
+                     std::to_string(largest) + ", " + std::to_string(used_blocks_.size()) +
+                     " blocks in use)");
   }
 
   void release(const Buffer& b) {

@@ -27,6 +27,40 @@ JobResult run_failing_job(Client& client, const JobSpec& spec) {
   return r;
 }
 
+TEST_CASE(
+    "segment blocks: large ones from the top, small ones from the bottom; a full segment says "
+    "why") {
+  DaemonProcess daemon(one_pool_config(1));
+  constexpr uint64_t kSegment = 64ull << 20, kLarge = 16ull << 20;
+  Client client = connect_client(daemon, kSegment);
+  // Small blocks kept between large ones that come and go split no large run: the large ones
+  // sit at the top, the small ones at the bottom.
+  Buffer small_a = allocate(client, 4096);
+  Buffer large_a = allocate(client, kLarge);
+  Buffer small_b = allocate(client, 4096);
+  Buffer large_b = allocate(client, kLarge);
+  CHECK(small_a.offset < small_b.offset);
+  CHECK(small_b.offset < large_b.offset);
+  CHECK(large_b.offset < large_a.offset);
+  CHECK(large_a.offset + kLarge == kSegment);
+  client.release(large_a);
+  client.release(large_b);
+  // With the small blocks kept, the rest is one run: 64 MiB less the two small blocks.
+  Buffer most = allocate(client, kSegment - 2 * 4096);
+  CHECK(most.offset == 2 * 4096);
+  auto none = client.allocate(kLarge);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error().code() == ErrorCode::kOutOfMemory);
+  const std::string& message = none.error().message();
+  INFO(message);
+  CHECK(message.find("0 bytes free, the largest run 0, 3 blocks in use") != std::string::npos);
+  client.release(most);
+  client.release(small_a);
+  client.release(small_b);
+  check_echo_works(client);
+  CHECK(daemon.terminate().ok());
+}
+
 TEST_CASE("bad jobs fail with their own error and the daemon keeps serving") {
   DaemonProcess daemon(one_pool_config(1));
   Client client = connect_client(daemon, kArenaBytes);

@@ -221,8 +221,11 @@ class GPUQ_API Client {
   Client& operator=(Client&&) noexcept;
   ~Client();
 
-  // Allocates `size` bytes (64-byte aligned) in the payload segment. Errors: OutOfMemory
-  // (segment full), InvalidArgument (size 0), ForkedClient. Thread-safe.
+  // Allocates `size` bytes (64-byte aligned) in the payload segment: blocks of 4 MiB or more
+  // from the top of the highest free run that fits, smaller ones from the bottom of the lowest,
+  // so that small blocks do not split the room large ones need. Errors: OutOfMemory (no free
+  // run that large; the message gives the bytes free, the largest run and the blocks in use),
+  // InvalidArgument (size 0), ForkedClient. Thread-safe.
   Result<Buffer> allocate(uint64_t size);
   // Returns a buffer from allocate(). Releasing a buffer a queued or running job uses is the
   // caller's bug: the job may read or write freed memory (only this client's own).
