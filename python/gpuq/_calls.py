@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _errors, _pyops
+from . import _args, _errors, _pyops, _room
 from ._future import Future, JobInfo
 
 _OUTPUT_SLACK = 64 << 10  # room for the answer's header and small results
@@ -57,8 +57,8 @@ def build_header(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Dict[st
 
 
 def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarray],
-           keep: list, copy_all: bool,
-           output_bytes: int) -> Tuple[int, int, int, int, np.ndarray, int]:
+           keep: list, copy_all: bool, output_bytes: int,
+           timeout: Optional[float]) -> Tuple[int, int, int, int, np.ndarray, int]:
     """Lays the header, the arrays and the room for the answer out in the segment, in one
     block: (span offset, span length, header offset within the span, header length, the
     answer's room as a uint8 array, its offset). ``copy_all``: copy even arrays already in the
@@ -77,7 +77,7 @@ def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarr
     hdr_room = _pyops.align(len(sized) + 64 + sum(_pyops.spec_bound(a) for a in arrays))
     block_bytes = hdr_room + sum(_pyops.align(arrays[i].nbytes) for i in copies)
     # The native allocation itself (a uint8 array): client.empty's checks cost more than it.
-    block = conn.native.allocate(block_bytes + output_bytes)
+    block = _room.allocate(conn, block_bytes + output_bytes, timeout)
     out = block[block_bytes:]
     keep.append(block)
     block_off = block.__array_interface__["data"][0] - conn.base
@@ -121,8 +121,7 @@ def submit_python(client: Any, op: str, header: Dict[str, Any], arrays: List[np.
                   pool: Optional[str], output_bytes: Optional[int], timeout: Optional[float],
                   expire_after: Optional[float], retryable: bool, time_limit: Optional[float],
                   try_only: bool, callable_job: bool) -> Future:
-    from ._client import _fork_generation, _seconds_to_ns, _time_limit_ms  # noqa: F401
-    limit_ms = _time_limit_ms(time_limit)
+    limit_ms = _args.time_limit_ms(time_limit)
     if output_bytes is None:
         output_bytes = sum(a.nbytes for a in arrays) + _OUTPUT_SLACK
     elif not isinstance(output_bytes, int) or output_bytes < 64:
@@ -131,9 +130,9 @@ def submit_python(client: Any, op: str, header: Dict[str, Any], arrays: List[np.
     conn = client._c()
     keep: list = []
     in_off, in_len, h_off, h_len, out, out_off = _place(client, conn, header, arrays, keep,
-                                                        callable_job, output_bytes)
-    timeout_ns = -1 if timeout is None else _seconds_to_ns(timeout, "timeout")
-    expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
+                                                        callable_job, output_bytes, timeout)
+    timeout_ns = -1 if timeout is None else _args.seconds_to_ns(timeout, "timeout")
+    expire_ns = -1 if expire_after is None else _args.seconds_to_ns(expire_after, "expire_after")
     params = [("py.h", h_off), ("py.n", h_len)]
     if not callable_job:
         # For a batched op's worker, which counts rows while it gathers jobs (it checks the
@@ -148,6 +147,8 @@ def submit_python(client: Any, op: str, header: Dict[str, Any], arrays: List[np.
         (lambda info, out=out: _pyops.result_value(_pyops.read_answer(out, info.output_size)))
     f = Future(job, keep, convert, conn.watcher)
     f._on_error = lambda info, exc, out=out: _remote_error(out, info, exc, callable_job)
+    f._out = out
+    conn.holders.add(f)
     return f
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -12,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _errors, _native
+from . import _args, _calls, _errors, _native, _room
 from ._future import Future, Watcher
 
 _native.set_error_factory(_errors.error_for)
@@ -42,35 +41,9 @@ if hasattr(os, "register_at_fork"):
 _TENSOR_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 
 
-def _seconds_to_ns(value: Optional[float], what: str) -> int:
-    if value is None:
-        return -1
-    if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-        raise _errors.InvalidArgument(f"{what}: must be a number of seconds >= 0, not {value!r}")
-    return int(value * 1e9) if math.isfinite(value) else -1
-
-
-# JobSpec::time_limit's bound: 2^32 - 1 ms (about 49.7 days).
-_MAX_TIME_LIMIT_MS = 0xFFFFFFFF
-
-
-def _time_limit_ms(value: Optional[float]) -> int:
-    """``time_limit`` in seconds as whole milliseconds, rounded up (0: none)."""
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
-            or value < 0:
-        raise _errors.InvalidArgument(
-            f"time_limit: must be a number of seconds >= 0 (0 or None: no limit), not {value!r}")
-    if value == 0 or math.isinf(value):
-        return 0
-    # Rounded to the nanosecond first, so that 1.1 s is 1100 ms and not 1101.
-    ms = max(1, math.ceil(round(value * 1000, 6)))
-    if ms > _MAX_TIME_LIMIT_MS:
-        raise _errors.InvalidArgument(
-            f"time_limit: {value!r} s is more than the most a job may be given, "
-            f"{_MAX_TIME_LIMIT_MS} ms (about 49.7 days); None: no limit")
-    return ms
+# The conversions of times the calls take (shared with _calls).
+_seconds_to_ns = _args.seconds_to_ns
+_time_limit_ms = _args.time_limit_ms
 
 
 def _shape_tuple(shape: Shape) -> Tuple[int, ...]:
@@ -82,7 +55,7 @@ def _shape_tuple(shape: Shape) -> Tuple[int, ...]:
 class _Connection:
     """One native connection and what belongs to it (this process's only)."""
 
-    __slots__ = ("native", "base", "end", "watcher", "pools", "__weakref__")
+    __slots__ = ("native", "base", "end", "watcher", "pools", "holders", "__weakref__")
 
     def __init__(self, native: Any) -> None:
         self.native = native
@@ -90,6 +63,9 @@ class _Connection:
         self.end = self.base + native.arena_bytes
         self.watcher = Watcher()
         self.pools = {p[0]: p for p in native.pools()}
+        # The pending futures of Python calls, each holding a block of the segment until it
+        # is read (_room: a submit that finds no room settles the finished ones).
+        self.holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 class Client:
@@ -215,7 +191,8 @@ class Client:
         """A new uninitialised array in this client's shared-memory segment: jobs read and
         write it in place, with no copy. Its memory returns to the segment when the last array
         (or view) of it and the last job using it are gone. Raises :class:`gpuq.OutOfMemory`
-        when the segment is full."""
+        when the segment is full and no pending call of this client could make room (one
+        that has ended gives its room back; one still running is waited for)."""
         shape_t = _shape_tuple(shape)
         if any(d < 0 for d in shape_t):
             raise _errors.InvalidArgument(f"shape: dimensions must be >= 0, not {shape_t}")
@@ -224,7 +201,7 @@ class Client:
             raise _errors.InvalidArgument(f"dtype: {dt} holds Python objects; gpuq arrays hold "
                                           "plain numbers")
         nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
-        raw = self._c().native.allocate(max(nbytes, 1))
+        raw = _room.allocate(self._c(), max(nbytes, 1), None)
         return raw[:nbytes].view(dt).reshape(shape_t)
 
     def zeros(self, shape: Shape, dtype: Any = np.float32) -> np.ndarray:
@@ -395,10 +372,10 @@ class Client:
         needed. The other options are :meth:`submit`'s.
 
         The future's result is what the function returned: an array, a tuple, a numpy scalar,
-        a str or dict, or None; arrays are views of this client's segment. An exception in the
+        a str or dict, or None; the arrays of an answer larger than 64 KiB are views of this
+        client's segment. An exception in the
         function fails the job with :class:`gpuq.OpFailed`, whose ``remote_type`` and
         ``remote_traceback`` (and ``__cause__``) give the worker's exception."""
-        from . import _calls
         if params:
             clash = set(params) & set(kwargs)
             if clash:

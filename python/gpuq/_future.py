@@ -74,6 +74,10 @@ class _Waiters(list):
             f._watch()
 
 
+# A Python op's answer of at most this many bytes is read from a copy (Future._out).
+COPY_ANSWER_BYTES = 64 << 10
+
+
 # Guards each future's one PENDING -> finished transition and its lists of waiters and
 # callbacks. One lock for all: held for a few attribute writes, never while waiting or calling
 # out, and cheaper than a Condition per future (which is made only when a thread waits on one).
@@ -123,6 +127,11 @@ class Future(concurrent.futures.Future):
     _t: Optional[Tuple[int, int, str, int, int, int, int, int]] = None
     # A Python op's job: (info, exc) -> the exception to raise (its remote type and traceback).
     _on_error: Optional[Callable[[JobInfo, BaseException], BaseException]] = None
+    # A Python op's job: the room of its answer in the segment (a view of its block). An answer
+    # of at most COPY_ANSWER_BYTES is read from a copy, so that its result holds no part of the
+    # segment and the block goes back when the job ends; a larger one is read in place (its
+    # result's arrays are views of the block, which stays until they are gone).
+    _out: Any = None
 
     # Built in Client; never by users.
     def __init__(self, job: Any, keep: Any, convert: Optional[Callable[[JobInfo], Any]],
@@ -177,26 +186,34 @@ class Future(concurrent.futures.Future):
 
     # ---- finishing ---------------------------------------------------------------------------
 
-    def _finish(self, t: Tuple[int, int, str, int, int, int, int, int]) -> None:
-        """Records the job's outcome once; later calls do nothing."""
+    def _finish(self, t: Tuple[int, int, str, int, int, int, int, int],
+                copy_answer: bool = False) -> None:
+        """Records the job's outcome once; later calls do nothing. ``copy_answer``: read a
+        Python op's answer from a copy whatever its size (settle_finished)."""
         status = t[0]
         result: Any = None
         exc: Optional[BaseException] = None
+        out = self._out
+        extra = {}
+        if out is not None and (copy_answer or t[3] <= COPY_ANSWER_BYTES):
+            extra = {"out": out[:t[3]].copy()}
         if status == DONE:
-            if self._convert is None:
+            convert = self._convert
+            if convert is None:
                 result = t[4]
             else:
                 try:
-                    result = self._convert(JobInfo(t))
+                    result = convert(JobInfo(t), **extra)
                 except BaseException as e:  # a conversion bug must still end the future
                     exc = e
         elif status == CANCELLED:
             exc = _errors.Cancelled(t[2] or "the job was cancelled")
         else:
             exc = _errors.error_for(t[1], t[2] or _STATUS_NAMES[status])
-            if self._on_error is not None:
+            on_error = self._on_error
+            if on_error is not None:
                 try:
-                    exc = self._on_error(JobInfo(t), exc)
+                    exc = on_error(JobInfo(t), exc, **extra)
                 except Exception:  # noqa: BLE001 - the plain error, then
                     pass
         self._end(_CANCELLED_AND_NOTIFIED if status == CANCELLED else _FINISHED, result, exc, t)
@@ -225,6 +242,10 @@ class Future(concurrent.futures.Future):
                         self._state = state
                         self._job = None  # frees the job's slot in the client
                         self._keep = None
+                        # What read the answer: the block goes back once no result holds it.
+                        self._convert = None
+                        self._on_error = None
+                        self._out = None
                         waiters = list(self._w) if self._w else None
                         callbacks = self._done_callbacks
                         self._done_callbacks = None

@@ -3,6 +3,7 @@ python/tests/pyops/pyops_mod.py in this test's own interpreter (sys.executable),
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import os
 import pathlib
@@ -103,7 +104,7 @@ def test_arrays_keep_dtype_and_shape(pc, dtype):
     y = pc.call("identity", x)
     assert y.dtype == x.dtype and y.shape == x.shape
     np.testing.assert_array_equal(y, x)
-    assert pc.in_segment(y)  # the result lies in the caller's segment
+    assert not pc.in_segment(y)  # an answer of at most 64 KiB is read from a private copy
 
 
 def test_params_and_several_arrays(pc):
@@ -282,6 +283,77 @@ def test_executor_runs_callables(pc):
         fs = [ex.submit(pow, i, 2) for i in range(20)]
         assert sorted(f.result() for f in concurrent.futures.as_completed(fs)) == \
             [i * i for i in range(20)]
+
+
+def test_ten_thousand_calls_held_before_any_is_read(pc):
+    # Each call's block has room for a 64 KiB answer: 10,000 of them would take 640 MiB of the
+    # 64 MiB segment. The calls that have ended give theirs back when a submit needs the room.
+    x = np.arange(4.0)
+    fs = [pc.submit_call("double", x, factor=i % 7) for i in range(10_000)]
+    for i, f in enumerate(fs):
+        np.testing.assert_array_equal(f.result(timeout=120), x * (i % 7))
+
+
+def test_ten_thousand_executor_futures_held(pc):
+    with gpuq.Executor(client=pc) as ex:
+        fs = [ex.submit(abs, -i) for i in range(10_000)]
+        assert [f.result(timeout=120) for f in fs] == list(range(10_000))
+
+
+def test_small_answers_hold_no_segment_and_a_full_segment_says_why(pydaemon):
+    with gpuq.connect(pydaemon.runtime_dir, segment_bytes=4 << 20) as c:
+        # Small results are private copies: holding many keeps no block.
+        kept = [c.call("double", np.ones(8), factor=i) for i in range(200)]
+        assert all(r.base is None or not c.in_segment(r) for r in kept)
+        # Large ones are views of their blocks: held, they fill the segment, and a call that
+        # no pending call can make room for fails at once, saying what is free.
+        held = [c.call("big", 1 << 20, output_bytes=(1 << 20) + 4096) for _ in range(3)]
+        assert all(c.in_segment(r) for r in held)
+        with pytest.raises(gpuq.OutOfMemory, match=r"bytes free, the largest run \d+"):
+            c.call("big", 1 << 20, output_bytes=(1 << 20) + 4096, timeout=5)
+        del held
+        assert c.call("big", 1 << 20, output_bytes=(1 << 20) + 4096).shape == (1 << 20,)
+
+
+def test_segment_room_under_a_random_mix_of_calls(pydaemon):
+    """1 MiB and 64 MiB calls, @op and Executor, arrays in and out of the segment, at most 2
+    in flight, over a 512 MiB segment, for a minute (GPUQ_TEST_SEGMENT_MIX_S): never
+    OutOfMemory, every result right. (Up to 2 x 192 MiB is in use at once: a 64 MiB argument
+    in the segment and a 128 MiB block holding a copied-in one and the answer's room.)"""
+    duration = float(os.environ.get("GPUQ_TEST_SEGMENT_MIX_S", "60"))
+    rng = np.random.default_rng(int(time.time()))
+    sizes = (1 << 20, 64 << 20)
+    calls = 0
+    with gpuq.connect(pydaemon.runtime_dir, segment_bytes=512 << 20) as c, \
+            gpuq.Executor(client=c) as ex:
+        inflight: "collections.deque" = collections.deque()
+        end = time.monotonic() + duration
+        while time.monotonic() < end or inflight:
+            if time.monotonic() < end:
+                n = int(rng.choice(sizes)) // 8
+                x = c.empty(n, np.float64) if rng.random() < 0.5 else np.empty(n)
+                x[0], x[-1] = calls, -calls
+                how = int(rng.integers(3))
+                if how == 0:
+                    f = c.submit_call("identity", x, output_bytes=x.nbytes + (64 << 10))
+                elif how == 1:
+                    f = c.submit_call("stats", x)  # a small answer
+                else:
+                    f = ex.submit(pyops_helpers.ends, x)
+                inflight.append((f, how, calls))
+                del x, f  # the future keeps its arguments while the job may use them
+                calls += 1
+            while len(inflight) >= 2 or (inflight and time.monotonic() >= end):
+                f, how, k = inflight.popleft()
+                r = f.result(timeout=120)
+                if how == 0:
+                    assert (r[0], r[-1]) == (k, -k)
+                elif how == 1:
+                    assert r is not None
+                else:
+                    assert r == (k, -k)
+                del f, r  # a result read is let go, as a loop over calls does
+    assert calls > 10
 
 
 def test_executor_arguments_are_private_copies(pc):
