@@ -63,6 +63,19 @@ def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarr
     block: (span offset, span length, header offset within the span, header length, the
     answer's room as a uint8 array, its offset). ``copy_all``: copy even arrays already in the
     segment (a callable's arguments, which its worker may change in place)."""
+    if not arrays:
+        # No arrays: the header is final as it is (a no-op call's whole cost is this path).
+        hb = json.dumps(header).encode()
+        if len(hb) > _pyops.MAX_HEADER_BYTES:
+            raise _errors.InvalidArgument(
+                f"the call's JSON arguments take {len(hb)} bytes, more than "
+                f"{_pyops.MAX_HEADER_BYTES}: pass large data as numpy arrays")
+        room = _pyops.align(len(hb))
+        block = _room.allocate(conn, room + output_bytes, timeout)
+        keep.append(block)
+        memoryview(block)[:len(hb)] = hb
+        block_off = block.ctypes.data - conn.base
+        return block_off, room, 0, len(hb), block[room:], block_off + room
     in_place: Dict[int, int] = {}
     copies: List[int] = []
     for i, a in enumerate(arrays):
