@@ -377,6 +377,24 @@ void check_every_op(Client& client, bool f16) {
   }
 }
 
+// A small f32 gemm (m x k times k x n, random operands from `seed`) on the gpu pool, checked
+// against the float64 reference: the pool serves (after an error, a cancel, a replacement).
+void check_small_gemm(Client& client, unsigned seed, int m, int k, int n, const char* when) {
+  std::mt19937 rng(seed);
+  TensorJob t{
+      "gemm",
+      {JobParam::text("a", std::to_string(m) + "x" + std::to_string(k)),
+       JobParam::text("b", std::to_string(k) + "x" + std::to_string(n))},
+      {random_vec(rng, static_cast<size_t>(m) * k), random_vec(rng, static_cast<size_t>(k) * n)},
+      static_cast<size_t>(m) * n};
+  round_operands(t.operands, false);
+  TensorResult r = run_tensor(client, "gpu", t, false);
+  INFO(when << ": " << r.job.message);
+  REQUIRE(r.job.status == JobStatus::kDone);
+  check_close(r.y, gemm_ref(t.operands[0], t.operands[1], nullptr, m, n, k, false, false, 1, 0),
+              false);
+}
+
 TEST_CASE("every tensor op on the GPU, f32 and f16, matches the float64 reference") {
   DaemonProcess daemon(gpu_config());
   Client client = connect_client(daemon);
@@ -431,18 +449,7 @@ TEST_CASE("a job beyond memory_limit fails OutOfMemory; the same worker serves t
   client.release(in);
   client.release(out);
 
-  std::mt19937 rng(7);
-  TensorJob small{"gemm",
-                  {JobParam::text("a", "8x8"), JobParam::text("b", "8x8")},
-                  {random_vec(rng, 64), random_vec(rng, 64)},
-                  64};
-  round_operands(small.operands, false);
-  TensorResult r = run_tensor(client, "gpu", small, false);
-  INFO("after OOM: " << r.job.message);
-  REQUIRE(r.job.status == JobStatus::kDone);
-  check_close(r.y,
-              gemm_ref(small.operands[0], small.operands[1], nullptr, 8, 8, 8, false, false, 1, 0),
-              false);
+  check_small_gemm(client, 7, 8, 8, 8, "after OOM");
   CHECK(gpu_worker_pid(daemon) == before);
   CHECK(daemon.terminate().ok());
 }
@@ -476,18 +483,7 @@ TEST_CASE("a sticky CUDA error fails only its job; the worker is replaced; other
       },
       60s));
   CHECK(after != before);
-  std::mt19937 rng(9);
-  TensorJob next{"gemm",
-                 {JobParam::text("a", "4x8"), JobParam::text("b", "8x5")},
-                 {random_vec(rng, 32), random_vec(rng, 40)},
-                 20};
-  round_operands(next.operands, false);
-  TensorResult r = run_tensor(client, "gpu", next, false);
-  INFO("after the fault: " << r.job.message);
-  REQUIRE(r.job.status == JobStatus::kDone);
-  check_close(r.y,
-              gemm_ref(next.operands[0], next.operands[1], nullptr, 4, 5, 8, false, false, 1, 0),
-              false);
+  check_small_gemm(client, 9, 4, 8, 5, "after the fault");
   // Without the hooks the op does not exist on the GPU worker (see docs/ops.md); with them, only
   // the job that ran it failed.
   Job later = submit_ok(client, noop_spec("gpu"));
@@ -531,18 +527,7 @@ TEST_CASE("a long kernel's job ends at its time limit or cancel; the same worker
   CHECK(cancel_took < 2500ms);
 
   // The next job runs after the kernels still on the stream, on the same worker.
-  std::mt19937 rng(11);
-  TensorJob next{"gemm",
-                 {JobParam::text("a", "4x8"), JobParam::text("b", "8x5")},
-                 {random_vec(rng, 32), random_vec(rng, 40)},
-                 20};
-  round_operands(next.operands, false);
-  TensorResult r = run_tensor(client, "gpu", next, false);
-  INFO("after: " << r.job.message);
-  REQUIRE(r.job.status == JobStatus::kDone);
-  check_close(r.y,
-              gemm_ref(next.operands[0], next.operands[1], nullptr, 4, 5, 8, false, false, 1, 0),
-              false);
+  check_small_gemm(client, 11, 4, 8, 5, "after the time limit and the cancel");
   const nlohmann::json status = daemon.status();
   const nlohmann::json& worker = gpu_pool(status)["workers"][0];
   CHECK(worker["pid"].get<pid_t>() == before);
