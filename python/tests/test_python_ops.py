@@ -3,6 +3,7 @@ python/tests/pyops/pyops_mod.py in this test's own interpreter (sys.executable),
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import os
@@ -292,6 +293,12 @@ def test_ten_thousand_calls_held_before_any_is_read(pc):
     fs = [pc.submit_call("double", x, factor=i % 7) for i in range(10_000)]
     for i, f in enumerate(fs):
         np.testing.assert_array_equal(f.result(timeout=120), x * (i % 7))
+
+
+def test_ten_thousand_calls_awaited_together(pc):
+    async def main():
+        return await asyncio.gather(*(pc.submit_call("kwargs", i=i) for i in range(10_000)))
+    assert [r["i"] for r in asyncio.run(main())] == list(range(10_000))
 
 
 def test_ten_thousand_executor_futures_held(pc):
