@@ -299,6 +299,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     view_ = ClientSegmentView(segment_.address(), g, slot_count_);
     for (uint32_t s = 0; s < slot_count_; ++s) free_slots_.push_back(s);
     in_ring_ = std::make_unique<uint8_t[]>(slot_count_);
+    readers_ = std::make_unique<std::atomic<uint32_t>[]>(slot_count_);
     free_blocks_.emplace(0, view_.arena_bytes());
     return {};
   }
@@ -483,8 +484,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
       if (!is_terminal(w.state) || in_free_list_locked(s) || is_abandoned_locked(s)) continue;
       detached_.emplace(detached_key(s, w.generation), read_result(js, w));
+      // seq_cst: a wait that counts itself in readers_ after this sees the new generation
+      // (and takes the kept copy); one counted before holds off the submit that reuses s.
       js.state.store(SlotWord{w.generation + 1, JobState::kFree, 0}.pack(),
-                     std::memory_order_release);
+                     std::memory_order_seq_cst);
       js.cancel_requested.store(0, std::memory_order_release);  // after FREE: see free_slot
       uncount_locked(s, false);
       free_slots_.push_back(s);
@@ -669,6 +672,9 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     if (!acquired) return acquired.error();
     const auto [s, generation] = *acquired;
     GPUQ_FAULT_POINT("client.submit.slot_acquired");
+    // A wait of the slot's previous job (given back while it was not yet read) may still be
+    // reading it: let it finish first (readers_). Never on a slot freed by its own Job.
+    while (readers_[s].load(std::memory_order_seq_cst) != 0) sched_yield();
     JobSlot& js = slot(s);
     ClientShm& cs = queue_.client(index_);
     JobRing ring = queue_.ring(pool->id);
@@ -809,6 +815,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   Result<JobResult> wait(uint32_t s, uint32_t generation, int64_t timeout_ns) {
     if (forked()) return forked_error();
     JobSlot& js = slot(s);
+    // Counted as reading the slot until this returns: a submit does not write another job
+    // into it meanwhile (readers_). Past the count, a slot already given back shows a later
+    // generation, and the result comes from the copy kept for this Job.
+    readers_[s].fetch_add(1, std::memory_order_seq_cst);
+    struct Uncount {
+      std::atomic<uint32_t>& n;
+      ~Uncount() { n.fetch_sub(1, std::memory_order_release); }
+    } uncount{readers_[s]};
     // Finished, or finished and its slot given back (a later generation: see detached_).
     auto finished = [&] {
       const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
@@ -845,19 +859,15 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       // A job that ended soon after the spin gave up: a longer spin would have caught it.
       adapt_wait_spin(monotonic_ns() - slept_from < spin_ns_);
     }
-    const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
+    const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_seq_cst));
     if (w.generation != generation) {
       if (auto r = detached_result(s, generation)) return *r;
       return Error(ErrorCode::kInternal, "job slot was reused while a Job still held it");
     }
-    JobResult r = read_result(js, w);
-    // Given back while it was read (another thread's submit, detach_finished_locked)? Then the
-    // slot may hold another job by now, and the copy kept for this Job is the one to trust.
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (SlotWord::unpack(js.state.load(std::memory_order_relaxed)).generation != generation) {
-      if (auto kept = detached_result(s, generation)) return *kept;
-    }
-    return r;
+    // Given back while it is read (detach_finished_locked under another thread's submit)? The
+    // slot keeps this job's outcome until this wait is done (readers_), and the kept copy is
+    // the same.
+    return read_result(js, w);
   }
 
   // The result of the finished job in `js`, whose state word is `w`.
@@ -1053,6 +1063,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // held() without it: per slot, the pool + 1 while its job counts, else 0; per pool, the jobs
   // counted and this client's entries left behind by jobs it ended while queued.
   std::unique_ptr<uint8_t[]> in_ring_;
+  // Per slot, the wait() calls in progress on it. A submit that takes a slot given back by
+  // detach_finished_locked writes its descriptor only once none is left: a wait reads the
+  // slot (the outcome, the descriptor) without a lock, and must never read it while another
+  // job is written there.
+  std::unique_ptr<std::atomic<uint32_t>[]> readers_;
   std::atomic<uint32_t> counted_[kMaxPools] = {};
   std::atomic<uint32_t> stale_[kMaxPools] = {};
   std::deque<uint32_t> free_slots_;
