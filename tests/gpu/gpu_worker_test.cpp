@@ -377,6 +377,14 @@ void check_every_op(Client& client, bool f16) {
   }
 }
 
+// gpuqd with the gpu pool and the test hooks on (the op gpu_fault_test).
+DaemonOptions hooked_gpu_options() {
+  DaemonOptions options;
+  options.config_json = gpu_config();
+  options.env = {"GPUQ_TEST_HOOKS=1"};
+  return options;
+}
+
 // A small f32 gemm (m x k times k x n, random operands from `seed`) on the gpu pool, checked
 // against the float64 reference: the pool serves (after an error, a cancel, a replacement).
 void check_small_gemm(Client& client, unsigned seed, int m, int k, int n, const char* when) {
@@ -455,10 +463,7 @@ TEST_CASE("a job beyond memory_limit fails OutOfMemory; the same worker serves t
 }
 
 TEST_CASE("a sticky CUDA error fails only its job; the worker is replaced; other jobs succeed") {
-  DaemonOptions options;
-  options.config_json = gpu_config();
-  options.env = {"GPUQ_TEST_HOOKS=1"};
-  DaemonProcess daemon(options);
+  DaemonProcess daemon(hooked_gpu_options());
   Client client = connect_client(daemon);
   const pid_t before = gpu_worker_pid(daemon);
 
@@ -495,10 +500,7 @@ TEST_CASE("a long kernel's job ends at its time limit or cancel; the same worker
   // gpu_fault_test with spin_us: one kernel that runs 3 s, waited for as a long tensor job is.
   // The worker looks at the job's cancel flag while it waits, so the job ends at once, and the
   // worker keeps its context: no forced stop, no replacement.
-  DaemonOptions options;
-  options.config_json = gpu_config();
-  options.env = {"GPUQ_TEST_HOOKS=1"};
-  DaemonProcess daemon(options);
+  DaemonProcess daemon(hooked_gpu_options());
   Client client = connect_client(daemon);
   const pid_t before = gpu_worker_pid(daemon);
   JobSpec spin = job_spec("gpu_fault_test", {}, {}, "gpu");
