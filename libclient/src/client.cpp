@@ -316,37 +316,38 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     const uint64_t rounded = (size + kAlignment - 1) & ~(kAlignment - 1);
     std::lock_guard lock(alloc_mutex_);
-    uint64_t free_bytes = 0, largest = 0;
+    auto give = [&](uint64_t offset) {
+      used_blocks_.emplace(offset, rounded);
+      return Buffer{offset, size, reinterpret_cast<std::byte*>(view_.arena() + offset)};
+    };
     if (rounded >= kLargeBlockBytes) {
       // A large block: from the top of the highest free run that fits, and small ones from
       // the bottom of the lowest, so that small blocks (which come and go often, or are kept)
       // do not split the room the large ones need.
       for (auto it = free_blocks_.rbegin(); it != free_blocks_.rend(); ++it) {
-        free_bytes += it->second;
-        largest = std::max(largest, it->second);
         if (it->second < rounded) continue;
-        const uint64_t remaining = it->second - rounded;
-        const uint64_t offset = it->first + remaining;
-        if (remaining > 0) {
-          it->second = remaining;
-        } else {
+        const uint64_t offset = it->first + it->second - rounded;
+        if (it->second == rounded) {
           free_blocks_.erase(std::next(it).base());
+        } else {
+          it->second -= rounded;
         }
-        used_blocks_.emplace(offset, rounded);
-        return Buffer{offset, size, reinterpret_cast<std::byte*>(view_.arena() + offset)};
+        return give(offset);
       }
     } else {
       for (auto it = free_blocks_.begin(); it != free_blocks_.end(); ++it) {
-        free_bytes += it->second;
-        largest = std::max(largest, it->second);
         if (it->second < rounded) continue;
         const uint64_t offset = it->first;
         const uint64_t remaining = it->second - rounded;
         free_blocks_.erase(it);
         if (remaining > 0) free_blocks_.emplace(offset + rounded, remaining);
-        used_blocks_.emplace(offset, rounded);
-        return Buffer{offset, size, reinterpret_cast<std::byte*>(view_.arena() + offset)};
+        return give(offset);
       }
+    }
+    uint64_t free_bytes = 0, largest = 0;
+    for (const auto& [offset, bytes] : free_blocks_) {
+      free_bytes += bytes;
+      largest = std::max(largest, bytes);
     }
     return Error(ErrorCode::kOutOfMemory,
                  "allocate: no free run of " + std::to_string(rounded) + " bytes in the " +
