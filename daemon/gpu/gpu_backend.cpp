@@ -225,7 +225,6 @@ struct ConvPlan {
   ConvDesc conv;
   cudnnConvolutionFwdAlgo_t algo{};
   size_t workspace = 0;
-  int out_channels = 0;
 };
 constexpr size_t kMaxConvPlans = 256;
 
@@ -652,7 +651,6 @@ class GpuBackend final : public OpBackend {
                                              "x" + std::to_string(ow) + " is not the parser's " +
                                              c.y.to_string());
     }
-    plan->out_channels = oc;
     if (auto r = make_tensor(plan->bias, c.dtype, Dims4{1, oc, 1, 1}); !r) return r.error();
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int returned = 0;
