@@ -56,6 +56,15 @@ def build_header(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Dict[st
     return header, arrays
 
 
+def _header_bytes(header: Dict[str, Any]) -> bytes:
+    hb = json.dumps(header).encode()
+    if len(hb) > _pyops.MAX_HEADER_BYTES:
+        raise _errors.InvalidArgument(
+            f"the call's JSON arguments take {len(hb)} bytes, more than "
+            f"{_pyops.MAX_HEADER_BYTES}: pass large data as numpy arrays")
+    return hb
+
+
 def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarray],
            keep: list, copy_all: bool, output_bytes: int,
            timeout: Optional[float]) -> Tuple[int, int, int, int, np.ndarray, int]:
@@ -65,11 +74,7 @@ def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarr
     segment (a callable's arguments, which its worker may change in place)."""
     if not arrays:
         # No arrays: the header is final as it is (a no-op call's whole cost is this path).
-        hb = json.dumps(header).encode()
-        if len(hb) > _pyops.MAX_HEADER_BYTES:
-            raise _errors.InvalidArgument(
-                f"the call's JSON arguments take {len(hb)} bytes, more than "
-                f"{_pyops.MAX_HEADER_BYTES}: pass large data as numpy arrays")
+        hb = _header_bytes(header)
         room = _pyops.align(len(hb))
         block = _room.allocate(conn, room + output_bytes, timeout)
         keep.append(block)
@@ -118,14 +123,10 @@ def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarr
     else:  # a callable's: the pickle and its buffers, by index
         header = {"pickle": [where[header["pickle"]] - start, arrays[header["pickle"]].nbytes],
                   "buffers": [[where[i] - start, arrays[i].nbytes] for i in header["buffers"]]}
-    hb = json.dumps(header).encode()
+    hb = _header_bytes(header)
     if len(hb) > hdr_room:  # spec_bound is wrong: a bug here, never the caller's
         raise _errors.Internal(f"a Python op's header ({len(hb)} bytes) outgrew its room "
                                f"({hdr_room})")
-    if len(hb) > _pyops.MAX_HEADER_BYTES:
-        raise _errors.InvalidArgument(
-            f"the call's JSON arguments take {len(hb)} bytes, more than "
-            f"{_pyops.MAX_HEADER_BYTES}: pass large data as numpy arrays")
     block[:len(hb)] = np.frombuffer(hb, dtype=np.uint8)
     return start, end - start, block_off - start, len(hb), out, block_off + block_bytes
 

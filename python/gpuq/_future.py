@@ -194,16 +194,15 @@ class Future(concurrent.futures.Future):
         result: Any = None
         exc: Optional[BaseException] = None
         out = self._out
-        extra = {}
         if out is not None and (copy_answer or t[3] <= COPY_ANSWER_BYTES):
-            extra = {"out": out[:t[3]].copy()}
+            out = out[:t[3]].copy()  # the answer read from here: the block is let go
         if status == DONE:
             convert = self._convert
             if convert is None:
                 result = t[4]
             else:
                 try:
-                    result = convert(JobInfo(t), **extra)
+                    result = convert(JobInfo(t)) if out is None else convert(JobInfo(t), out=out)
                 except BaseException as e:  # a conversion bug must still end the future
                     exc = e
         elif status == CANCELLED:
@@ -213,7 +212,8 @@ class Future(concurrent.futures.Future):
             on_error = self._on_error
             if on_error is not None:
                 try:
-                    exc = on_error(JobInfo(t), exc, **extra)
+                    exc = on_error(JobInfo(t), exc) if out is None else \
+                        on_error(JobInfo(t), exc, out=out)
                 except Exception:  # noqa: BLE001 - the plain error, then
                     pass
         self._end(_CANCELLED_AND_NOTIFIED if status == CANCELLED else _FINISHED, result, exc, t)

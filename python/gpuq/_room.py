@@ -63,7 +63,7 @@ def allocate(conn: Any, nbytes: int, timeout: Optional[float]) -> np.ndarray:
                                           "pending calls to give room back)") from None
             job = pending[0]._job
             if job is not None:  # read again: another thread may have finished it meanwhile
-                job.wait(int(min(0.01, left if left is not None else 0.01) * 1e9))
+                job.wait(int((0.01 if left is None else min(0.01, left)) * 1e9))
         try:
             return conn.native.allocate(nbytes)
         except _errors.OutOfMemory as e:
