@@ -125,8 +125,7 @@ for _ in $(seq 600); do
   sleep 0.05
 done
 ((ready)) || fail "the unpacked gpuqd's pools did not get ready in 30 s: $(ctl ready 2>&1)"
-ctl status | tee "${TMP}/status.txt"
-grep -q 'gpuq-gpu-worker\|gpu' "${TMP}/status.txt" || fail "no gpu pool in gpuqctl status"
+ctl status
 head -c $((64 * 64 * 4)) /dev/urandom >"${TMP}/a.bin"
 cp "${TMP}/a.bin" "${TMP}/b.bin"
 out=$(ctl submit gemm --pool gpu --input "${TMP}/a.bin" --input "${TMP}/b.bin" \
@@ -140,6 +139,7 @@ step "conv2d on the unpacked gpuq-gpu-worker: ${out//$'\n'/ }"
 pids=$(ctl status --json | python3 -c 'import json, sys
 d = json.load(sys.stdin)
 print(" ".join(str(w["pid"]) for p in d["pools"] if p["name"] == "gpu" for w in p["workers"]))')
+[[ -n "${pids}" ]] || fail "the gpu pool has no worker in gpuqctl status --json"
 for pid in ${pids}; do
   exe=$(readlink "/proc/${pid}/exe")
   [[ "${exe}" == "${ROOT_DIR}/usr/libexec/gpuq/gpuq-gpu-worker" ]] ||
