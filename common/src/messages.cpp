@@ -68,13 +68,13 @@ Result<bool> get_bool(const json& j, const std::string& where, const char* key, 
   return it->get<bool>();
 }
 
-// header | slots | arena, in this order, inside the segment. slot_count <= kMaxSlotsPerClient
-// (checked by the caller), so the slots' size cannot overflow; each comparison below is arranged
-// so that no sum can either.
+// header | events | slots | arena, in this order, inside the segment. slot_count <=
+// kMaxSlotsPerClient (checked by the caller), so the slots' size cannot overflow; each comparison
+// below is arranged so that no sum can either.
 Result<void> check_geometry(const char* message, uint32_t slot_count,
                             const ClientSegmentGeometry& g) {
   const uint64_t slots_size = uint64_t{slot_count} * sizeof(JobSlot);
-  if (g.slots_offset < sizeof(ClientSegmentHeader) || g.slots_offset % alignof(JobSlot) != 0 ||
+  if (g.slots_offset < kClientSlotsMinOffset || g.slots_offset % alignof(JobSlot) != 0 ||
       g.slots_offset > g.segment_bytes || slots_size > g.segment_bytes - g.slots_offset ||
       g.arena_offset < g.slots_offset + slots_size || g.arena_offset > g.segment_bytes ||
       g.arena_bytes > g.segment_bytes - g.arena_offset) {

@@ -73,6 +73,7 @@ void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string&
       SlotWord failed{sw.generation, end, sw.worker_plus_one};
       if (slot.state.compare_exchange_strong(word, failed.pack(), std::memory_order_acq_rel)) {
         slot.done.notify_all();
+        view.events().ended.notify_all();
         queue_.worker(worker).jobs_failed.fetch_add(1, std::memory_order_relaxed);
         const char* outcome = !stopped_for_it                         ? "worker_died"
                               : forced->code == ErrorCode::kCancelled ? "cancelled"

@@ -5,6 +5,7 @@
 // with its what()): no C++ exception may unwind into C.
 #include "gpuq/gpuq.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "gpuq/client.hpp"
 #include "gpuq/error.hpp"
@@ -647,6 +649,27 @@ gpuq_status_t gpuq_job_poll(gpuq_job_t* job, gpuq_job_status_t* out) {
     *out = static_cast<gpuq_job_status_t>(status.value());
     return GPUQ_OK;
   });
+}
+
+gpuq_status_t gpuq_job_wait_any(gpuq_job_t* const* jobs, size_t count, int64_t timeout_ns,
+                                uint8_t* ended) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (count > 0 && jobs == nullptr) return invalid("jobs is NULL");
+    if (count > 0 && ended == nullptr) return invalid("ended is NULL");
+    std::vector<const gpuq::Job*> list(count);
+    for (size_t i = 0; i < count; ++i) list[i] = jobs[i] != nullptr ? &jobs[i]->job : nullptr;
+    gpuq::Result<std::vector<size_t>> r =
+        gpuq::Job::wait_any(list, std::chrono::nanoseconds(timeout_ns));
+    if (!r) return fail(r.error());
+    std::fill(ended, ended + count, uint8_t{0});
+    for (size_t i : *r) ended[i] = 1;
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_job_wake_waiters(gpuq_job_t* job) {
+  if (job != nullptr) job->job.wake_waiters();
+  return GPUQ_OK;
 }
 
 gpuq_status_t gpuq_job_cancel(gpuq_job_t* job) {

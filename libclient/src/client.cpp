@@ -13,7 +13,6 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,6 +30,7 @@
 #include "gpuq/common/runtime_dir.hpp"
 #include "gpuq/common/shm.hpp"
 #include "gpuq/common/shm_layout.hpp"
+#include "payload_arena.hpp"
 
 namespace gpuq {
 namespace {
@@ -43,11 +43,11 @@ void on_fork_child() {
 
 // How often a sleeping waiter wakes to check that the daemon is still there.
 constexpr uint64_t kLivenessCheckNs = 20'000'000;
+// How often wait_any(), asleep on the connection's event, checks that the daemon is still
+// there: a thread watching jobs that run for minutes wakes once a second, not fifty times.
+constexpr uint64_t kWatchLivenessCheckNs = 1'000'000'000;
 // How long a submit waiting for a job slot sleeps on one job's end before it looks again.
 constexpr uint64_t kSlotWaitSliceNs = 2'000'000;
-constexpr uint64_t kAlignment = 64;
-// Blocks of at least this size are placed from the top of the segment (allocate()).
-constexpr uint64_t kLargeBlockBytes = 4ull << 20;
 
 Error forked_error() {
   return Error(ErrorCode::kForkedClient,
@@ -300,7 +300,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     for (uint32_t s = 0; s < slot_count_; ++s) free_slots_.push_back(s);
     in_ring_ = std::make_unique<uint8_t[]>(slot_count_);
     readers_ = std::make_unique<std::atomic<uint32_t>[]>(slot_count_);
-    free_blocks_.emplace(0, view_.arena_bytes());
+    arena_.reset(view_.arena_bytes());
     return {};
   }
 
@@ -309,74 +309,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   Result<Buffer> allocate(uint64_t size) {
     if (forked()) return forked_error();
     if (size == 0) return Error(ErrorCode::kInvalidArgument, "allocate: size must be > 0");
-    if (size > view_.arena_bytes()) {
-      return Error(ErrorCode::kOutOfMemory,
-                   "allocate: " + std::to_string(size) + " bytes exceed the " +
-                       std::to_string(view_.arena_bytes()) + "-byte payload segment");
-    }
-    const uint64_t rounded = (size + kAlignment - 1) & ~(kAlignment - 1);
-    std::lock_guard lock(alloc_mutex_);
-    auto give = [&](uint64_t offset) {
-      used_blocks_.emplace(offset, rounded);
-      return Buffer{offset, size, reinterpret_cast<std::byte*>(view_.arena() + offset)};
-    };
-    if (rounded >= kLargeBlockBytes) {
-      // A large block: from the top of the highest free run that fits, and small ones from
-      // the bottom of the lowest, so that small blocks (which come and go often, or are kept)
-      // do not split the room the large ones need.
-      for (auto it = free_blocks_.rbegin(); it != free_blocks_.rend(); ++it) {
-        if (it->second < rounded) continue;
-        const uint64_t offset = it->first + it->second - rounded;
-        if (it->second == rounded) {
-          free_blocks_.erase(std::next(it).base());
-        } else {
-          it->second -= rounded;
-        }
-        return give(offset);
-      }
-    } else {
-      for (auto it = free_blocks_.begin(); it != free_blocks_.end(); ++it) {
-        if (it->second < rounded) continue;
-        const uint64_t offset = it->first;
-        const uint64_t remaining = it->second - rounded;
-        free_blocks_.erase(it);
-        if (remaining > 0) free_blocks_.emplace(offset + rounded, remaining);
-        return give(offset);
-      }
-    }
-    uint64_t free_bytes = 0, largest = 0;
-    for (const auto& [offset, bytes] : free_blocks_) {
-      free_bytes += bytes;
-      largest = std::max(largest, bytes);
-    }
-    return Error(ErrorCode::kOutOfMemory,
-                 "allocate: no free run of " + std::to_string(rounded) + " bytes in the " +
-                     std::to_string(view_.arena_bytes()) + "-byte payload segment (" +
-                     std::to_string(free_bytes) + " bytes free, the largest run " +
-                     std::to_string(largest) + ", " + std::to_string(used_blocks_.size()) +
-                     " blocks in use)");
+    auto offset = arena_.allocate(size);
+    if (!offset) return std::move(offset).error();
+    return Buffer{*offset, size, reinterpret_cast<std::byte*>(view_.arena() + *offset)};
   }
 
   void release(const Buffer& b) {
     if (forked()) return;
-    std::lock_guard lock(alloc_mutex_);
-    auto used = used_blocks_.find(b.offset);
-    if (used == used_blocks_.end()) return;  // not ours, or released twice: ignore
-    uint64_t offset = used->first, size = used->second;
-    used_blocks_.erase(used);
-    auto next = free_blocks_.lower_bound(offset);
-    if (next != free_blocks_.end() && offset + size == next->first) {
-      size += next->second;
-      next = free_blocks_.erase(next);
-    }
-    if (next != free_blocks_.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == offset) {
-        prev->second += size;
-        return;
-      }
-    }
-    free_blocks_.emplace(offset, size);
+    arena_.release(b.offset);  // not ours, or released twice: ignored
   }
 
   // ---- Slots ----
@@ -940,6 +880,57 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
   }
 
+  // Job::wait_any: `jobs` are this connection's (checked by the caller).
+  Result<std::vector<size_t>> wait_any(std::span<const Job* const> jobs, int64_t timeout_ns) {
+    if (forked()) return forked_error();
+    std::vector<size_t> ended;
+    uint64_t wake_at = 0;
+    // The ended ones into `ended`; `wake_at` lowered to the earliest deadline of a queued one.
+    auto collect = [&] {
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        const Job* j = jobs[i];
+        if (j == nullptr || j->impl_ == nullptr) {
+          ended.push_back(i);
+          continue;
+        }
+        Result<JobStatus> st = poll(j->slot_, j->generation_);
+        if (!st || (*st != JobStatus::kQueued && *st != JobStatus::kRunning)) {
+          ended.push_back(i);  // an error too: the caller's wait() or poll() reports it
+        } else if (*st == JobStatus::kQueued) {
+          // Read as poll() reads it: a slot given back since shows the next job's, and only
+          // moves this wake earlier.
+          wake_at = std::min(wake_at, slot(j->slot_).desc.deadline_ns);
+        }
+      }
+      return !ended.empty();
+    };
+    const uint64_t deadline = deadline_after_ns(timeout_ns);
+    const uint64_t wakes = wake_requests_.load(std::memory_order_seq_cst);
+    wake_at = deadline;
+    if (collect()) return ended;
+    EventCount& event = view_.events().ended;
+    for (;;) {
+      const uint64_t now = monotonic_ns();
+      wake_at = std::min(deadline, now + kWatchLivenessCheckNs);
+      const EventCount::Key key = event.prepare_wait();
+      // After the registration: an end or a wake_waiters() from now on wakes the sleep below.
+      if (collect() || wake_requests_.load(std::memory_order_seq_cst) != wakes) {
+        event.cancel_wait();
+        return ended;
+      }
+      if (now >= deadline) {
+        event.cancel_wait();
+        return ended;
+      }
+      if (!event.wait(key, wake_at) && !daemon_alive()) return disconnected_error();
+    }
+  }
+
+  void wake_waiters() noexcept {
+    wake_requests_.fetch_add(1, std::memory_order_seq_cst);
+    view_.events().ended.notify_all_after_rmw();
+  }
+
   // Ends a job that no worker has started: SUBMITTED -> `state`, with `code` and `message`.
   // Races the worker's SUBMITTED -> RUNNING CAS on the same word: exactly one wins. False if
   // the job was not (or no longer) queued; `*seen` then holds the state word that won.
@@ -965,7 +956,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       out.finished_stamp = read_stamp(stamps_.clock);
       std::memcpy(&js.outcome, &out, sizeof out);
     }
-    js.done.notify_all();  // another thread may be waiting on this job
+    js.done.notify_all();               // another thread may be waiting on this job
+    view_.events().ended.notify_all();  // or watching it among others (wait_any)
     return true;
   }
 
@@ -1057,7 +1049,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   uint64_t session_ = 0;
   std::vector<Pool> pools_;
   std::atomic<bool> disconnected_{false};
-  ConnectOptions options_;  // as given to connect(), for Client::reconnect
+  std::atomic<uint64_t> wake_requests_{0};  // wake_waiters() calls, for wait_any()
+  ConnectOptions options_;                  // as given to connect(), for Client::reconnect
 
   std::mutex slot_mutex_;  // process-local; never in shared memory
   // The share count ("This client's share of each ring" above), written under slot_mutex_, read by
@@ -1082,9 +1075,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   uint32_t live_jobs_ = 0;
   std::shared_ptr<ClientImpl> keep_alive_;
 
-  std::mutex alloc_mutex_;
-  std::map<uint64_t, uint64_t> free_blocks_;  // offset -> size
-  std::map<uint64_t, uint64_t> used_blocks_;
+  PayloadArena arena_;  // where the blocks of allocate() lie
 };
 
 // ---- Job ----
@@ -1121,6 +1112,28 @@ Result<JobResult> Job::wait(std::chrono::nanoseconds timeout) {
 Result<JobStatus> Job::poll() const {
   if (!impl_) return Error(ErrorCode::kNotFound, "empty Job handle");
   return impl_->poll(slot_, generation_);
+}
+
+Result<std::vector<size_t>> Job::wait_any(std::span<const Job* const> jobs,
+                                          std::chrono::nanoseconds timeout) {
+  ClientImpl* impl = nullptr;
+  for (const Job* j : jobs) {
+    if (j == nullptr || j->impl_ == nullptr) continue;
+    if (impl != nullptr && j->impl_ != impl) {
+      return Error(ErrorCode::kInvalidArgument, "wait_any: the jobs are of two connections");
+    }
+    impl = j->impl_;
+  }
+  if (impl == nullptr) {  // all empty: all ended
+    std::vector<size_t> all(jobs.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    return all;
+  }
+  return impl->wait_any(jobs, timeout.count());
+}
+
+void Job::wake_waiters() const noexcept {
+  if (impl_ != nullptr) impl_->wake_waiters();
 }
 
 Result<void> Job::cancel() {

@@ -1,5 +1,5 @@
 // The tensor helpers of the client library: shapes, Tensor, result shapes and the JobSpec
-// builders of the tensor ops (gpuq/tensor.hpp, gpuq/client.hpp). The keys and their meaning are
+// builders of the tensor ops (gpuq/tensor.hpp). The keys and their meaning are
 // the contract of gpuq/common/tensor_ops.hpp; every JobSpec built here also passes the workers'
 // parser (parse_tensor_op) before it is returned.
 #include "gpuq/tensor.hpp"
@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "gpuq/client.hpp"
 #include "gpuq/common/assert.hpp"
 #include "gpuq/common/params.hpp"
 #include "gpuq/common/tensor_ops.hpp"

@@ -6,8 +6,8 @@ How a job's end reaches its future, without a thread per job:
   calling thread, with the GIL released (spin, then a futex sleep): the fast path.
 * Anything that needs to be told of the end from elsewhere (``add_done_callback``, asyncio's
   ``await``, ``concurrent.futures.wait`` and ``as_completed``, which add a waiter to the future)
-  hands the future to its client's one watcher thread, which polls the jobs it watches and
-  sleeps on the oldest of them, and finishes each future as its job ends.
+  hands the future to its client's one watcher thread, which sleeps on its connection's event
+  (every job's end wakes it; no polling) and finishes each future as its job ends.
 
 Either way the future is finished once, under its condition, with exactly one outcome.
 """
@@ -23,7 +23,7 @@ import threading
 import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import _errors
+from . import _errors, _native
 
 # gpuq::JobStatus values (the native layer's ints).
 QUEUED, RUNNING, DONE, FAILED, CANCELLED, EXPIRED = range(6)
@@ -92,6 +92,7 @@ def _after_fork_in_child() -> None:
         w._lock = threading.Lock()
         w._wake = threading.Condition(w._lock)
         w._thread = None
+        w._sleeping_on = None
         # The parent's jobs: not this process's to watch (a wait on one raises ForkedClient).
         w._futures = []
         w._orphans = []
@@ -439,16 +440,13 @@ class Watcher:
     """One per connection: a daemon thread that finishes the futures handed to it, and keeps
     the jobs of futures dropped before their end (with the arrays they use) until they end.
 
-    It polls the jobs it holds and sleeps on the oldest for a slice: a job that ends while an
-    older one runs is seen within the slice, which starts at ``_SLICE_MIN_NS`` and doubles, up
-    to ``_SLICE_MAX_NS``, each time a slice passes with no job ending (a long job watched
-    costs a wakeup every 20 ms, not two thousand a second). At interpreter exit (atexit) the
-    thread is stopped and joined before Python finalises, which would otherwise end it inside
-    a native wait."""
-
-    # How long the thread sleeps on its oldest job before it polls the others again.
-    _SLICE_MIN_NS = 500_000
-    _SLICE_MAX_NS = 20_000_000
+    It sleeps in the native ``Job.wait_any`` on all the jobs it holds: on one futex of the
+    connection that every job's end notifies (``ClientEvents``, docs/design/job_states.md), so
+    it wakes when one of them ends, not to poll them. A watcher with pending jobs and nothing
+    ending wakes once a second, to check that the daemon is there. A future or orphan handed to
+    it meanwhile wakes it (``wake_waiters``) to watch that job too. At interpreter exit
+    (atexit) the thread is stopped and joined before Python finalises, which would otherwise
+    end it inside a native wait."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -458,18 +456,25 @@ class Watcher:
         self._adopted: "collections.deque[Tuple[Any, Any]]" = collections.deque()  # new orphans
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
+        # A job the thread's native wait watches (any one: waking it wakes the wait), or None
+        # while it is not in one.
+        self._sleeping_on: Any = None
+        self.wakeups = 0  # native waits that returned (for tests: no polling)
         _watchers.add(self)
 
     def add(self, f: Future) -> None:
         with self._lock:
             self._futures.append(f)
             self._start_locked()
+            if self._sleeping_on is not None and f._job is not None:
+                f._job.wake_waiters()
 
     def adopt(self, job: Any, keep: Any) -> None:
         """Keeps a dropped future's unfinished job and its arrays until the job ends. Called
         from ``Future.__del__``, so from wherever the garbage collector runs, including inside
         this class's own locked sections: it never blocks on a lock."""
         self._adopted.append((job, keep))  # atomic; the thread takes them over
+        job.wake_waiters()  # lock-free; a thread in its native wait looks again
         if self._lock.acquire(blocking=False):
             try:
                 self._start_locked()
@@ -489,6 +494,8 @@ class Watcher:
             self._stopping = True
             thread = self._thread
             self._wake.notify()
+            if self._sleeping_on is not None:
+                self._sleeping_on.wake_waiters()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
 
@@ -499,6 +506,7 @@ class Watcher:
             # Ended by an exception (a callback's BaseException...): the work left needs a
             # thread (a normal end cleared _thread under the lock, with nothing left).
             with self._lock:
+                self._sleeping_on = None
                 if self._thread is threading.current_thread():
                     self._thread = None
                     if self._futures or self._orphans or self._adopted:
@@ -509,9 +517,9 @@ class Watcher:
             self._orphans.append(self._adopted.popleft())
 
     def _loop(self) -> None:
-        slice_ns = self._SLICE_MIN_NS
         while True:
             with self._lock:
+                self._sleeping_on = None
                 self._take_adopted_locked()
                 while not self._futures and not self._orphans and not self._stopping:
                     self._wake.wait(timeout=5.0)
@@ -522,59 +530,45 @@ class Watcher:
                 if self._stopping:
                     self._thread = None
                     return
-                futures = list(self._futures)
+                futures = [f for f in self._futures if f._state == _PENDING and f._job is not None]
+                jobs = [f._job for f in futures] + [o[0] for o in self._orphans]
                 orphans = list(self._orphans)
-            ended = []
-            for f in futures:
-                job = f._job
-                if f._state != _PENDING or job is None:
-                    ended.append(f)
+                # Set under the lock with the snapshot: an add() or adopt() after it wakes
+                # the wait below (which then returns at once if that came before the sleep).
+                self._sleeping_on = jobs[0] if jobs else None
+            ended: List[Future] = []
+            gone: List[Tuple[Any, Any]] = []
+            try:
+                positions = _native.Job.wait_any(jobs, -1, False) if jobs else []
+            except _errors.Error as e:  # Disconnected, ForkedClient: every job has it
+                for f in futures:
+                    f._fail(e)
+                ended, gone = futures, orphans
+                positions = []
+            self.wakeups += 1
+            n = len(futures)
+            for i in positions:
+                if i >= n:
+                    gone.append(orphans[i - n])
                     continue
+                f = futures[i]
                 try:
-                    status = job.poll()
-                    if status >= DONE:
-                        t = job.wait(0)
-                        if t is not None:
-                            f._finish(t)
-                            ended.append(f)
+                    t = jobs[i].wait(0)  # f._job may be gone: finished in another thread
+                    if t is not None:
+                        f._finish(t)
+                        ended.append(f)
                 except _errors.Error as e:
                     f._fail(e)
                     ended.append(f)
-            gone = []
-            for o in orphans:
-                try:
-                    if o[0].poll() >= DONE:
-                        gone.append(o)
-                except _errors.Error:
-                    gone.append(o)
-            if ended or gone:
-                with self._lock:
-                    if ended:
-                        ids = set(map(id, ended))
-                        self._futures = [f for f in self._futures if id(f) not in ids]
-                    if gone:
-                        ids = set(map(id, gone))
-                        self._orphans = [o for o in self._orphans if id(o) not in ids]
-                del gone, ended
-                slice_ns = self._SLICE_MIN_NS
-                continue
-            if futures:
-                oldest = futures[0]
-                job = oldest._job
-                if job is None:
-                    continue
-                try:
-                    t = job.wait(slice_ns)
-                    if t is not None:
-                        oldest._finish(t)
-                except _errors.Error as e:
-                    oldest._fail(e)
-            else:
-                try:
-                    orphans[0][0].wait(slice_ns)
-                except _errors.Error:
-                    pass
-            slice_ns = min(slice_ns * 2, self._SLICE_MAX_NS)
+            with self._lock:
+                # Finished elsewhere (result() in the caller's thread) or by this pass.
+                ids = set(map(id, ended))
+                self._futures = [f for f in self._futures if id(f) not in ids and
+                                 f._state == _PENDING and f._job is not None]
+                if gone:
+                    ids = set(map(id, gone))
+                    self._orphans = [o for o in self._orphans if id(o) not in ids]
+            del gone, ended, futures, orphans, jobs
 
 
 _watchers: "weakref.WeakSet[Watcher]" = weakref.WeakSet()

@@ -126,6 +126,47 @@ class Job {
 
   void cancel() { check(job_.cancel()); }
 
+  void wake_waiters() const noexcept { job_.wake_waiters(); }
+
+  // gpuq::Job::wait_any over `jobs` (Job objects of one connection), with the GIL released:
+  // the positions of those that have ended, empty after `timeout_ns` (negative: no limit) or a
+  // wake_waiters(). `interruptible`: wait in slices of 100 ms between which the signal handlers
+  // run (for the main thread; a watcher thread sleeps in one piece).
+  static std::vector<size_t> wait_any(const nb::list& jobs, int64_t timeout_ns,
+                                      bool interruptible) {
+    std::vector<const gpuq::Job*> list;
+    list.reserve(jobs.size());
+    for (nb::handle j : jobs) list.push_back(&nb::cast<const Job&>(j).job_);
+    constexpr int64_t kSliceNs = 100'000'000;
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int64_t slice = timeout_ns;
+      if (interruptible) {
+        const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count();
+        slice = timeout_ns < 0 ? kSliceNs
+                               : std::min(kSliceNs, std::max<int64_t>(timeout_ns - spent, 0));
+      }
+      gpuq::Result<std::vector<size_t>> r = gpuq::Error(gpuq::ErrorCode::kInternal, "not waited");
+      const auto slice_start = std::chrono::steady_clock::now();
+      {
+        nb::gil_scoped_release unlocked;
+        r = gpuq::Job::wait_any(list, ns(slice));
+      }
+      if (!r) raise_error(r.error());
+      // Done, out of time, or woken by wake_waiters() before the slice's end.
+      if (!interruptible || !r->empty() || slice == timeout_ns ||
+          std::chrono::steady_clock::now() - slice_start < ns(slice)) {
+        return std::move(*r);
+      }
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+      if (timeout_ns >= 0 && std::chrono::steady_clock::now() - start >= ns(timeout_ns)) {
+        return {};
+      }
+    }
+  }
+
  private:
   gpuq::Job job_;
 };
@@ -418,7 +459,11 @@ NB_MODULE(_native, m) {
       .def("wait", &Job::wait, "timeout_ns"_a,
            "Waits for the result (GIL released); None if timeout_ns passed first.")
       .def("poll", &Job::poll, "The job's status as an int (gpuq::JobStatus), lock-free.")
-      .def("cancel", &Job::cancel, "Cancels the job (gpuq::Job::cancel).");
+      .def("cancel", &Job::cancel, "Cancels the job (gpuq::Job::cancel).")
+      .def("wake_waiters", &Job::wake_waiters,
+           "Wakes every wait_any() on this job's connection (gpuq::Job::wake_waiters).")
+      .def_static("wait_any", &Job::wait_any, "jobs"_a, "timeout_ns"_a, "interruptible"_a,
+                  "Positions of the jobs that have ended (gpuq::Job::wait_any, GIL released).");
 
   nb::class_<Connection>(m, "Connection", "One connection to the daemon (gpuq::Client).")
       .def_static("connect", &Connection::connect, "runtime_dir"_a, "segment_bytes"_a, "name"_a,

@@ -55,6 +55,43 @@ def test_add_done_callback(client):
     assert seen == [5000, "again"]
 
 
+def test_watcher_sleeps_until_a_job_ends(client):
+    """The watcher sleeps on the connection's event: a job that runs 1.5 s costs it a wake-up
+    a second (to check the daemon), not one every slice of a poll; a job handed to it while it
+    sleeps is watched at once."""
+    ended = []
+    long_done = threading.Event()
+    short_done = threading.Event()
+    slow = client.submit("sleep", us=1_500_000)
+    slow.add_done_callback(lambda f: (ended.append("slow"), long_done.set()))
+    watcher = client._c().watcher
+    time.sleep(0.2)  # the watcher is asleep on `slow`
+    t0 = time.monotonic()
+    quick = client.submit("sleep", us=10_000)
+    quick.add_done_callback(lambda f: (ended.append("quick"), short_done.set()))
+    assert short_done.wait(10)
+    assert time.monotonic() - t0 < 1.0, "a job added while the watcher slept waited for its wake"
+    before = watcher.wakeups
+    assert long_done.wait(10)
+    assert ended == ["quick", "slow"]
+    # From the quick job's end to the slow one's (about 1.3 s): its end and at most two
+    # liveness checks. A 20 ms poll would have woken some 60 times.
+    assert watcher.wakeups - before <= 3, watcher.wakeups - before
+
+
+def test_watched_futures_fail_disconnected_when_the_daemon_dies():
+    with gpuq.testing.Daemon({"pools": [{"name": "cpu", "workers": 1}]}) as d:
+        c = gpuq.connect(d.runtime_dir)
+        f = c.submit("sleep", us=20_000_000)
+        errors = []
+        ev = threading.Event()
+        f.add_done_callback(lambda fut: (errors.append(fut.exception()), ev.set()))
+        time.sleep(0.2)
+        d.proc.kill()
+        assert ev.wait(10), "the callback did not run after the daemon died"
+        assert isinstance(errors[0], gpuq.Disconnected)
+
+
 def test_asyncio(client):
     async def main():
         one = await client.submit("sleep", us=2000)

@@ -43,7 +43,7 @@ void check_rejection(const Error& e) {
 void check_geometry(uint32_t slot_count, const ClientSegmentGeometry& g) {
   uint64_t slots_end = 0, arena_end = 0;
   GPUQ_ASSERT(slot_count <= kMaxSlotsPerClient);
-  GPUQ_ASSERT(g.slots_offset >= sizeof(ClientSegmentHeader));
+  GPUQ_ASSERT(g.slots_offset >= kClientSlotsMinOffset);
   GPUQ_ASSERT(g.slots_offset % alignof(JobSlot) == 0);
   GPUQ_ASSERT(add(g.slots_offset, uint64_t{slot_count} * sizeof(JobSlot), &slots_end));
   GPUQ_ASSERT(slots_end <= g.arena_offset);

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,48 +33,12 @@
 #include "gpuq/buffer.hpp"
 #include "gpuq/error.hpp"
 #include "gpuq/export.hpp"
+#include "gpuq/job_spec.hpp"
 #include "gpuq/tensor.hpp"
 
 namespace gpuq {
 
 class ClientImpl;
-
-// A small job parameter: integer, float or short string (see gpuq/common/params.hpp limits:
-// keys 1-32 chars of [a-z0-9_.], strings up to 64 bytes, 192 bytes in all).
-struct JobParam {
-  std::string key;
-  enum class Type { kInt, kFloat, kString } type = Type::kInt;
-  int64_t int_value = 0;
-  double float_value = 0;
-  std::string string_value;
-
-  static JobParam integer(std::string k, int64_t v) { return {std::move(k), Type::kInt, v, 0, {}}; }
-  static JobParam real(std::string k, double v) { return {std::move(k), Type::kFloat, 0, v, {}}; }
-  static JobParam text(std::string k, std::string v) {
-    return {std::move(k), Type::kString, 0, 0, std::move(v)};
-  }
-};
-
-// What to run. `input` and `output` may be empty Buffers (size 0).
-struct JobSpec {
-  std::string op;    // op name: "noop", "echo", "sleep", "checksum", ...
-  std::string pool;  // pool name; empty: the first pool
-  Buffer input;
-  Buffer output;
-  std::vector<JobParam> params;
-  // If still queued at this long after submission, the job ends Expired without running.
-  // Negative: no deadline.
-  std::chrono::nanoseconds expire_after{-1};
-  // If the worker running it dies, run it again (once) instead of failing it with
-  // WorkerDied. Only for jobs that may safely run twice: the first run may have written part
-  // of the output.
-  bool retryable = false;
-  // The longest the job may run once started (0: no limit of its own). The smaller of this and
-  // its pool's job_time_limit_ms applies: past it the op is asked to stop, and cancel_grace_ms
-  // later its worker is stopped; the job ends TimedOut either way (docs/design/faults.md, "Jobs
-  // that do not end"). At most 2^32 - 1 ms; negative is InvalidArgument.
-  std::chrono::milliseconds time_limit{0};
-};
 
 enum class JobStatus { kQueued, kRunning, kDone, kFailed, kCancelled, kExpired };
 GPUQ_API std::string_view job_status_name(JobStatus s) noexcept;
@@ -126,6 +91,23 @@ class GPUQ_API Job {
   // Errors: NotCancellable (already finished), ForkedClient.
   Result<void> cancel();
 
+  // Waits until one or more of `jobs` have ended (done, failed, cancelled or expired), or
+  // `timeout` passes (negative: forever), or wake_waiters() is called on the connection. One
+  // thread watches any number of jobs this way without polling them: it sleeps on one event of
+  // the connection that every job's end notifies. Returns the positions in `jobs` of those that
+  // have ended (an empty handle counts as ended; read each with wait() or poll()): empty when
+  // the timeout passed or wake_waiters() woke it. A job still queued at its deadline is expired
+  // here, as wait() does. All jobs must be of one connection. Errors: InvalidArgument (jobs of
+  // two connections), Disconnected (seen within a second of the daemon's end), ForkedClient.
+  // Blocking; thread-safe.
+  static Result<std::vector<size_t>> wait_any(
+      std::span<const Job* const> jobs,
+      std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
+
+  // Wakes every thread in wait_any() on this job's connection, whichever jobs it waits on: for
+  // a watcher whose set of jobs changed (as this one, just submitted). Lock-free.
+  void wake_waiters() const noexcept;
+
   bool valid() const noexcept { return impl_ != nullptr; }
 
  private:
@@ -175,31 +157,6 @@ struct PoolInfo {
   // cpu pool named by its "fallback": "cpu" config, or empty (no fallback: NoDevice).
   std::string runs_on;
 };
-
-// ---- Tensor ops (gpuq/tensor.hpp, docs/ops.md) -----------------------------------------------
-// Each builder makes the JobSpec of one tensor op without submitting it (set spec.pool,
-// expire_after or retryable, then Client::submit it), so that it can be checked without a
-// daemon. The job's input span is the smallest range of the segment that covers every
-// operand; each operand not where back-to-back packing from the span's start would put it is
-// placed with its "<operand>_at" parameter. The output span is y's bytes. Parameters at their
-// defaults (and dtype f32) are left out, to stay within the 192 parameter bytes.
-// Errors, all before anything is submitted: InvalidArgument, "<op>: <operand or key>: <what is
-// wrong>": an invalid or inconsistent shape, y's shape not the result's, operands of different
-// dtypes, an operand not aligned to its element size, y overlapping an operand, an option out
-// of range, or parameters over 192 bytes. Pure functions; thread-safe.
-
-GPUQ_API Result<JobSpec> conv2d_job(const Tensor& x, const Tensor& w,
-                                    const std::optional<Tensor>& b, const Tensor& y,
-                                    const Conv2dOptions& options = {});
-GPUQ_API Result<JobSpec> activation_job(const Tensor& x, const Tensor& y, ActivationMode mode);
-GPUQ_API Result<JobSpec> softmax_job(const Tensor& x, const Tensor& y,
-                                     const SoftmaxOptions& options = {});
-GPUQ_API Result<JobSpec> pool2d_job(const Tensor& x, const Tensor& y, const Pool2dOptions& options);
-GPUQ_API Result<JobSpec> batchnorm_job(const Tensor& x, const Tensor& scale, const Tensor& bias,
-                                       const Tensor& mean, const Tensor& var, const Tensor& y,
-                                       const BatchNormOptions& options = {});
-GPUQ_API Result<JobSpec> gemm_job(const Tensor& a, const Tensor& b, const std::optional<Tensor>& c,
-                                  const Tensor& y, const GemmOptions& options = {});
 
 class GPUQ_API Client {
  public:

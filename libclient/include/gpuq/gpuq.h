@@ -280,6 +280,24 @@ GPUQ_API gpuq_status_t gpuq_job_wait(gpuq_job_t* job, int64_t timeout_ns, gpuq_j
  * Lock-free. One thread at a time per job. */
 GPUQ_API gpuq_status_t gpuq_job_poll(gpuq_job_t* job, gpuq_job_status_t* out);
 
+/* Waits until one or more of the `count` jobs in `jobs` have ended, or `timeout_ns` passes
+ * (negative: forever), or gpuq_job_wake_waiters() is called on their connection: one thread
+ * watches many jobs without polling them (gpuq::Job::wait_any). On GPUQ_OK, ended[i] is set to 1
+ * for each job that has ended (NULL entries count as ended) and to 0 for the others; all 0 when
+ * the timeout passed or a wake-up came first. Read the ended ones with gpuq_job_wait().
+ * Errors: GPUQ_INVALID_ARGUMENT (jobs or ended NULL with count > 0, jobs of two connections),
+ * GPUQ_DISCONNECTED (seen within a second of the daemon's end), GPUQ_FORKED_CLIENT,
+ * GPUQ_INTERNAL.
+ * Blocking. Thread-safe; no gpuq_job_release of these jobs meanwhile. */
+GPUQ_API gpuq_status_t gpuq_job_wait_any(gpuq_job_t* const* jobs, size_t count,
+                                         int64_t timeout_ns, uint8_t* ended);
+
+/* Wakes every thread in gpuq_job_wait_any() on this job's connection, whichever jobs it waits
+ * on (for a watcher whose set of jobs changed). NULL is ignored.
+ * Errors: none (always GPUQ_OK).
+ * Lock-free. */
+GPUQ_API gpuq_status_t gpuq_job_wake_waiters(gpuq_job_t* job);
+
 /* Cancels the job. A queued job finishes GPUQ_JOB_CANCELLED at once. A running job is asked to
  * stop: an op that checks for cancellation (sleep, echo and checksum do) ends it
  * GPUQ_JOB_CANCELLED; an op that finishes first ends it with its result; an op that does

@@ -1,8 +1,8 @@
 // Tensors in a client's payload segment and the options of the catalog's tensor ops (conv2d,
-// activation, softmax, pool2d, batchnorm, gemm). The calls that build and submit them are in
-// gpuq/client.hpp: Client::conv2d() and the others, and the builders conv2d_job() and the
-// others, which return the JobSpec without submitting it. docs/ops.md is the reference of the
-// ops; their parameter keys are the ones docs/ops.md lists.
+// activation, softmax, pool2d, batchnorm, gemm), and the builders conv2d_job() and the others,
+// which return an op's JobSpec without submitting it. The calls that submit them are in
+// gpuq/client.hpp: Client::conv2d() and the others. docs/ops.md is the reference of the ops;
+// their parameter keys are the ones docs/ops.md lists.
 //
 //   auto xb = client->allocate(1 * 3 * 8 * 8 * 4);
 //   auto wb = client->allocate(4 * 3 * 3 * 3 * 4);
@@ -33,6 +33,7 @@
 #include "gpuq/buffer.hpp"
 #include "gpuq/error.hpp"
 #include "gpuq/export.hpp"
+#include "gpuq/job_spec.hpp"
 
 namespace gpuq {
 
@@ -156,5 +157,30 @@ GPUQ_API Result<Shape> pool2d_result_shape(const Shape& x, const Pool2dOptions& 
 GPUQ_API Result<Shape> gemm_result_shape(const Shape& a, const Shape& b,
                                          const GemmOptions& options = {});
 // activation, softmax and batchnorm: y has x's shape.
+
+// ---- Builders (docs/ops.md) --------------------------------------------------------------------
+// Each builder makes the JobSpec of one tensor op without submitting it (set spec.pool,
+// expire_after or retryable, then Client::submit it), so that it can be checked without a
+// daemon. The job's input span is the smallest range of the segment that covers every
+// operand; each operand not where back-to-back packing from the span's start would put it is
+// placed with its "<operand>_at" parameter. The output span is y's bytes. Parameters at their
+// defaults (and dtype f32) are left out, to stay within the 192 parameter bytes.
+// Errors, all before anything is submitted: InvalidArgument, "<op>: <operand or key>: <what is
+// wrong>": an invalid or inconsistent shape, y's shape not the result's, operands of different
+// dtypes, an operand not aligned to its element size, y overlapping an operand, an option out
+// of range, or parameters over 192 bytes. Pure functions; thread-safe.
+
+GPUQ_API Result<JobSpec> conv2d_job(const Tensor& x, const Tensor& w,
+                                    const std::optional<Tensor>& b, const Tensor& y,
+                                    const Conv2dOptions& options = {});
+GPUQ_API Result<JobSpec> activation_job(const Tensor& x, const Tensor& y, ActivationMode mode);
+GPUQ_API Result<JobSpec> softmax_job(const Tensor& x, const Tensor& y,
+                                     const SoftmaxOptions& options = {});
+GPUQ_API Result<JobSpec> pool2d_job(const Tensor& x, const Tensor& y, const Pool2dOptions& options);
+GPUQ_API Result<JobSpec> batchnorm_job(const Tensor& x, const Tensor& scale, const Tensor& bias,
+                                       const Tensor& mean, const Tensor& var, const Tensor& y,
+                                       const BatchNormOptions& options = {});
+GPUQ_API Result<JobSpec> gemm_job(const Tensor& a, const Tensor& b, const std::optional<Tensor>& c,
+                                  const Tensor& y, const GemmOptions& options = {});
 
 }  // namespace gpuq

@@ -8,7 +8,7 @@
 //
 // Client segment (a sealed memfd created by the supervisor for one client and passed with
 // SCM_RIGHTS to that client and to the workers; no other client can map it):
-//   ClientSegmentHeader | JobSlot[slot_count] | payload arena
+//   ClientSegmentHeader | ClientEvents | JobSlot[slot_count] | payload arena
 //
 // docs/design/job_states.md describes the job slot state machine; docs/design/ring.md the rings.
 #pragma once
@@ -30,7 +30,7 @@ namespace gpuq {
 
 inline constexpr uint64_t kQueueMagic = 0x314D485355515047ull;   // "GPQUSHM1"
 inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
-inline constexpr uint32_t kLayoutVersion = 10;                   // 10: batches on the private page
+inline constexpr uint32_t kLayoutVersion = 11;                   // 11: ClientEvents
 
 inline constexpr uint32_t kMaxPools = 8;
 inline constexpr uint32_t kMaxWorkers = 1024;
@@ -178,6 +178,22 @@ struct alignas(64) ClientSegmentHeader {
 };
 static_assert(std::is_trivially_copyable_v<ClientSegmentHeader>);
 
+// Right after the header: what a client waits on when it watches many jobs at once.
+struct alignas(64) ClientEvents {
+  // Notified after any of this client's jobs reaches a terminal state (by whoever ended it: a
+  // worker, the supervisor's recovery, the client's own cancel or expiry), after the job's own
+  // `done`. A thread watching many jobs (Client::wait_any) sleeps here instead of polling them.
+  // Written by the client too: a forged count costs its own jobs a needless FUTEX_WAKE, nothing
+  // more.
+  EventCount ended;
+};
+static_assert(std::is_standard_layout_v<ClientEvents> &&
+              std::is_trivially_destructible_v<ClientEvents>);
+static_assert(sizeof(ClientEvents) == 64);
+// Where the slots may start at the earliest: after the header and the events.
+inline constexpr uint64_t kClientSlotsMinOffset =
+    sizeof(ClientSegmentHeader) + sizeof(ClientEvents);
+
 // Geometry of a client segment for `slot_count` slots and an arena of at least `arena_bytes`.
 struct ClientSegmentGeometry {
   uint64_t slots_offset;
@@ -187,7 +203,7 @@ struct ClientSegmentGeometry {
 
   static ClientSegmentGeometry compute(uint32_t slot_count, uint64_t arena_bytes) noexcept {
     ClientSegmentGeometry g{};
-    g.slots_offset = sizeof(ClientSegmentHeader);
+    g.slots_offset = kClientSlotsMinOffset;
     uint64_t end = g.slots_offset + uint64_t{slot_count} * sizeof(JobSlot);
     g.arena_offset = (end + 4095) & ~uint64_t{4095};
     g.arena_bytes = (arena_bytes + 4095) & ~uint64_t{4095};
@@ -431,6 +447,9 @@ class ClientSegmentView {
 
   JobSlot& slot(uint32_t i) const noexcept {
     return reinterpret_cast<JobSlot*>(base_ + geometry_.slots_offset)[i];
+  }
+  ClientEvents& events() const noexcept {
+    return *reinterpret_cast<ClientEvents*>(base_ + sizeof(ClientSegmentHeader));
   }
   char* arena() const noexcept { return base_ + geometry_.arena_offset; }
   uint64_t arena_bytes() const noexcept { return geometry_.arena_bytes; }
