@@ -483,6 +483,9 @@ const std::vector<Key>& key_table() {
       uint_key("restart_backoff_initial_ms", &Config::restart_backoff_initial_ms, 1, 600000),
       uint_key("restart_backoff_max_ms", &Config::restart_backoff_max_ms, 1, 3600000),
       uint_key("max_start_failures", &Config::max_start_failures, 1, 1000),
+      uint_key("start_backoff_initial_ms", &Config::start_backoff_initial_ms, 1, 3600000),
+      uint_key("start_backoff_max_ms", &Config::start_backoff_max_ms, 1, 86400000),
+      uint_key("pool_down_fail_ms", &Config::pool_down_fail_ms, 0, 86400000),
       {"allowed_users",
        [](Config& c, const json& v, const std::string& p) -> Result<void> {
          if (!v.is_array()) return bad(p, "must be a list of user names or uids");
@@ -655,6 +658,9 @@ Result<Config> parse_config(const std::string& json_text, const std::vector<int>
   }
   if (c.restart_backoff_initial_ms > c.restart_backoff_max_ms) {
     return bad("restart_backoff_initial_ms", "exceeds restart_backoff_max_ms");
+  }
+  if (c.start_backoff_initial_ms > c.start_backoff_max_ms) {
+    return bad("start_backoff_initial_ms", "exceeds start_backoff_max_ms");
   }
   return c;
 }

@@ -89,9 +89,17 @@ struct Config {
   // What job stamps count in (clock.hpp, "Job stamps"): "auto" (unset) picks the TSC where
   // the kernel keeps time with it; "tsc" insists on it (gpuqd refuses to start without it).
   std::optional<StampClock> job_clock;
+  // Worker restarts (start_backoff.hpp): a death after ready waits the restart back-off; a
+  // worker that failed to start max_start_failures times in a row is "failed" and tried again
+  // after the start back-off, for the daemon's life.
   uint32_t restart_backoff_initial_ms = 100;
   uint32_t restart_backoff_max_ms = 10000;
-  uint32_t max_start_failures = 5;  // deaths before ready in a row -> worker "failed"
+  uint32_t max_start_failures = 5;  // failed starts in a row -> worker "failed"
+  uint32_t start_backoff_initial_ms = 1000;
+  uint32_t start_backoff_max_ms = 60000;
+  // A pool with no ready worker for this long fails its queued and new jobs with PoolDown
+  // until a worker is ready again (pool_outage.hpp); 0: never, they wait.
+  uint32_t pool_down_fail_ms = 10000;
   std::vector<uid_t> allowed_uids;  // empty with allowed_gids empty: the daemon's user
   std::vector<gid_t> allowed_gids;
   gid_t group = static_cast<gid_t>(-1);  // group given access to socket and segment

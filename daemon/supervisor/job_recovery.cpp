@@ -29,6 +29,15 @@
 #include "ops.hpp"
 
 namespace gpuq::daemon {
+namespace {
+
+// The `worker_plus_one` of a queued job the supervisor has claimed to fail it (fail_queued):
+// no worker has that id (kMaxWorkers is far below), so nothing that looks for a worker's jobs
+// takes it for one.
+constexpr uint32_t kSupervisorClaim = 0xFFFFFF;
+static_assert(kMaxWorkers < kSupervisorClaim);
+
+}  // namespace
 
 void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string& why,
                               const ForcedEnd* forced) {
@@ -87,6 +96,56 @@ void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string&
   requeue_lost(pool);
 }
 
+uint32_t JobRecovery::fail_queued(uint32_t pool, const std::string& why) {
+  JobRing ring = queue_.ring(pool);
+  uint32_t failed = 0;
+  bool popped = false;
+  uint32_t value = 0;
+  // At most two rings' worth: a client that keeps pushing (against `accepting`) cannot hold
+  // the loop here.
+  for (uint32_t n = 0; n < 2 * ring.capacity() && ring.try_pop(&value); ++n) {
+    popped = true;
+    const JobRef ref = JobRef::unpack(value);
+    const Client* conn = clients_.by_index(ref.client);
+    if (conn == nullptr) continue;  // a departed client's: its jobs were cancelled as it left
+    ClientSegmentView view(conn->segment.address(), conn->geometry, conn->slot_count);
+    if (ref.slot >= conn->slot_count) continue;  // forged
+    JobSlot& slot = view.slot(ref.slot);
+    uint64_t word = slot.state.load(std::memory_order_acquire);
+    const SlotWord sw = SlotWord::unpack(word);
+    if (sw.state != JobState::kSubmitted ||
+        (sw.generation & JobRef::kGenerationMask) != ref.generation || slot.desc.pool_id != pool) {
+      continue;  // cancelled or expired while queued, or a stale entry (as a worker drops it)
+    }
+    // Claimed first, as a worker claims a job (the CAS races the client's cancel and expiry,
+    // which write their own outcome after theirs); then the outcome; then the end.
+    const SlotWord claimed{sw.generation, JobState::kRunning, kSupervisorClaim};
+    if (!slot.state.compare_exchange_strong(word, claimed.pack(), std::memory_order_acq_rel)) {
+      continue;
+    }
+    JobOutcome out{};
+    out.code = static_cast<int32_t>(ErrorCode::kPoolDown);
+    out.finished_stamp = read_stamp(job_clock_);
+    set_slot_message(slot, why.c_str());
+    std::memcpy(&slot.outcome, &out, sizeof out);
+    slot.state.store(SlotWord{sw.generation, JobState::kFailed, kSupervisorClaim}.pack(),
+                     std::memory_order_release);
+    slot.done.notify_all();
+    view.events().ended.notify_all();
+    const uint32_t op = slot.desc.op_id;
+    ++jobs_ended_[{pool, find_op(op) != nullptr ? op : kMetricOtherOp, "pool_down"}];
+    ++failed;
+  }
+  jobs_failed_down_[pool] += failed;
+  // Producers asleep for room in the ring, or for their share of it: they look again and see
+  // the pool down.
+  if (popped) queue_.pool(pool).space.notify_all();
+  if (failed > 0) {
+    GPUQ_LOG_WARN("failed %u queued job%s: %s", failed, failed == 1 ? "" : "s", why.c_str());
+  }
+  return failed;
+}
+
 void JobRecovery::client_left(uint64_t session) {
   std::erase_if(retried_, [&](const auto& key) { return std::get<0>(key) == session; });
 }
@@ -131,12 +190,20 @@ bool JobRecovery::retry(const Client& conn, uint32_t s, JobSlot& slot, uint64_t 
 }
 
 // A worker killed between popping a job's reference and claiming the slot took the reference
-// with it: the job is SUBMITTED but in no ring. Put such references back. A reference that is
-// in fact still in flight (a client between storing SUBMITTED and pushing) gets a duplicate,
-// which is harmless: only one SUBMITTED -> RUNNING CAS can win.
+// with it: the job is SUBMITTED but in no ring. Put such references back. Not while the job's
+// client is inside submit (`submitting`, seq_cst as in the drain's handshake): the job may be
+// the one it is about to push, or to give back when its push fails (Timeout waiting for room,
+// ShuttingDown, PoolDown), and a reference pushed for it then would let a worker, or the
+// PoolDown failure, claim a slot the client is freeing. Such a job is looked at again on the
+// next tick; a duplicate reference of a job the client does push is harmless (only one
+// SUBMITTED -> RUNNING CAS can win).
 void JobRecovery::requeue_lost(uint32_t pool) {
   JobRing ring = queue_.ring(pool);
   for_each_job_in_no_ring(pool, [&](const Client& conn, uint32_t s, uint32_t ref) {
+    if (queue_.client(conn.index).submitting.load(std::memory_order_seq_cst) != 0) {
+      requeue_pending_ |= 1u << pool;
+      return;
+    }
     if (ring.try_push(ref)) {
       GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn.index, s);
       queue_.wake_worker(pool);

@@ -5,7 +5,8 @@
 //     pushed again (now, or on a later tick when the ring is full);
 //   - the audit of what clients can overwrite in the queue segment (every kAuditNs while clients
 //     are connected): ring positions that jumped are moved back, cells no producer or consumer
-//     wrote are retired, and a SUBMITTED job in no ring for kLostAfterNs is pushed again.
+//     wrote are retired, and a SUBMITTED job in no ring for kLostAfterNs is pushed again;
+//   - a pool that is down (PoolOutage): the jobs queued in its ring fail with PoolDown.
 // It reads and writes the clients' segments and the rings; it never talks to a process.
 #pragma once
 
@@ -41,6 +42,13 @@ class JobRecovery {
   // retried.
   void worker_died(uint32_t worker, uint32_t pool, const std::string& why,
                    const ForcedEnd* forced = nullptr);
+  // Pool `pool` is down (no ready worker for pool_down_fail_ms): takes every entry out of its
+  // ring, as a worker would, and ends each job that is still SUBMITTED FAILED with PoolDown
+  // and `why` (which names the pool and its last worker's exit). Emptying the ring also lets
+  // producers blocked for room, and departed clients' indexes, move on. Called on every round
+  // of the loop while the pool is down: a client that read `accepting` just before the pool
+  // went down may still push one job. Returns the number of jobs failed.
+  uint32_t fail_queued(uint32_t pool, const std::string& why);
   // The client with `session` has left: its retry records go.
   void client_left(uint64_t session);
   // On each timer tick: references that found a full ring are pushed again; the audit runs
@@ -53,10 +61,12 @@ class JobRecovery {
   uint64_t cells_retired(uint32_t pool) const { return cells_retired_[pool]; }
   uint64_t positions_restored(uint32_t pool) const { return hints_restored_[pool]; }
   uint64_t jobs_requeued(uint32_t pool) const { return jobs_requeued_[pool]; }
+  // Jobs of `pool` failed with PoolDown (fail_queued).
+  uint64_t jobs_failed_down(uint32_t pool) const { return jobs_failed_down_[pool]; }
 
   // Jobs this side ended, for metrics (docs/metrics.md): by {pool, op id as the descriptor
-  // says, outcome ("worker_died", "timed_out", "cancelled")}; and workers stopped by force for
-  // a job past its time limit, by pool.
+  // says, outcome ("worker_died", "timed_out", "cancelled", "pool_down")}; and workers stopped by
+  // force for a job past its time limit, by pool.
   using EndedKey = std::tuple<uint32_t, uint32_t, std::string>;
   const std::map<EndedKey, uint64_t>& jobs_ended() const { return jobs_ended_; }
   uint64_t time_limit_kills(uint32_t pool) const { return time_limit_kills_[pool]; }
@@ -91,6 +101,7 @@ class JobRecovery {
   uint64_t cells_retired_[kMaxPools] = {};
   uint64_t hints_restored_[kMaxPools] = {};
   uint64_t jobs_requeued_[kMaxPools] = {};
+  uint64_t jobs_failed_down_[kMaxPools] = {};
 };
 
 }  // namespace gpuq::daemon

@@ -16,10 +16,13 @@ namespace gpuq::daemon {
 namespace {
 
 // The outcomes of gpuq_jobs_total: the workers' (MetricOutcome), then the supervisor's own.
-constexpr uint32_t kOutcomes = kMetricOutcomes + 1;
+constexpr uint32_t kOutcomes = kMetricOutcomes + 2;
 constexpr uint32_t kWorkerDied = kMetricOutcomes;
+constexpr uint32_t kPoolDownOutcome = kMetricOutcomes + 1;
 const char* outcome_name(uint32_t i) {
-  return i == kWorkerDied ? "worker_died" : metric_outcome_name(static_cast<MetricOutcome>(i));
+  if (i == kWorkerDied) return "worker_died";
+  if (i == kPoolDownOutcome) return "pool_down";
+  return metric_outcome_name(static_cast<MetricOutcome>(i));
 }
 uint32_t outcome_index(std::string_view name) {
   for (uint32_t i = 0; i < kOutcomes; ++i) {
@@ -374,6 +377,42 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
            "Worker processes that ended before they were ready.");
   for (uint32_t p = 0; p < pools; ++p) {
     e.sample("gpuq_worker_start_failures_total", pool_label(p), start_failures[p]);
+  }
+  e.family("gpuq_pool_down", "gauge",
+           "1 while the pool has had no ready worker for pool_down_fail_ms and its jobs fail "
+           "with PoolDown.");
+  for (uint32_t p = 0; p < pools; ++p) {
+    e.sample("gpuq_pool_down", pool_label(p), uint64_t{src.outage->down(p) ? 1u : 0u});
+  }
+  // Workers whose starts are failing (how many in a row, how the last one ended), and workers
+  // waiting to be started again (when). Only those, not every worker: a healthy daemon has
+  // none of these families.
+  const uint64_t now = monotonic_ns();
+  bool family_named = false;
+  for (const auto& w : src.workers->all()) {
+    if (w->backoff.start_failures() == 0) continue;
+    if (!std::exchange(family_named, true)) {
+      e.family("gpuq_worker_consecutive_start_failures", "gauge",
+               "Failed starts in a row of a worker not ready since; last_exit: how its last "
+               "process ended.");
+    }
+    e.sample("gpuq_worker_consecutive_start_failures",
+             {{"pool", c.pools[w->pool].name},
+              {"worker", std::to_string(w->id)},
+              {"last_exit", w->last_exit}},
+             uint64_t{w->backoff.start_failures()});
+  }
+  family_named = false;
+  for (const auto& w : src.workers->all()) {
+    if (!src.workers->awaits_start(*w)) continue;
+    if (!std::exchange(family_named, true)) {
+      e.family("gpuq_worker_next_start_seconds", "gauge",
+               "Seconds until a worker that died or failed to start is started again.");
+    }
+    const double in =
+        w->respawn_at_ns > now ? static_cast<double>(w->respawn_at_ns - now) / 1e9 : 0.0;
+    e.sample("gpuq_worker_next_start_seconds",
+             {{"pool", c.pools[w->pool].name}, {"worker", std::to_string(w->id)}}, in);
   }
   e.family("gpuq_job_time_limit_kills_total", "counter",
            "Workers stopped by force for a job past its time limit.");

@@ -128,7 +128,8 @@ Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
     ps.ring_offset = ring_offsets[p];
     // An unavailable pool never accepts a job: nothing would ever run it. Clients learn why
     // from Welcome and do not even try (a client that pushes anyway gets ShuttingDown).
-    ps.accepting.store(plan.pools[p].available ? 1 : 0, std::memory_order_relaxed);
+    ps.accepting.store(plan.pools[p].available ? kPoolAccepting : kPoolNotAccepting,
+                       std::memory_order_relaxed);
     JobRing::create(queue_.base() + ring_offsets[p], ps.capacity);
     for (uint32_t i = 0; i < c.pools[p].workers; ++i) {
       WorkerShm& ws = queue_.worker(first + i);

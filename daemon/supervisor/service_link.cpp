@@ -81,13 +81,14 @@ void Supervisor::on_test_hook_signal() {
   GPUQ_LOG_WARN("test hook: the event loop runs again");
 }
 
-// READY=1 once no worker is still starting or restarting: every worker is ready, or its pool
-// has given up on it (`failed`, after max_start_failures deaths before ready). A pool whose
-// workers all failed is up with no capacity: the status says so ("down"), and so does
-// `gpuqctl status`. An unavailable pool (a gpu pool that found no GPU) has no worker to wait
-// for: it is settled from the start, and the service it was asked to give is missing, so the
-// state is "degraded" while the other pools serve (and "down" if none does). After READY=1 the
-// STATUS= line follows every change of capacity.
+// READY=1 once no worker is still starting or restarting: every worker is ready, or its starts
+// keep failing (`failed`, after max_start_failures failed starts in a row; it is tried again
+// after the start back-off, and counts as failed while it tries). A pool whose workers all
+// failed is up with no capacity: the status says so ("down", and "failing jobs" once
+// pool_down_fail_ms has passed), and so does `gpuqctl status`. An unavailable pool (a gpu pool that
+// found no GPU) has no worker to wait for: it is settled from the start, and the service it was
+// asked to give is missing, so the state is "degraded" while the other pools serve (and "down" if
+// none does). After READY=1 the STATUS= line follows every change of capacity.
 void Supervisor::update_service_state() {
   ServiceNotifier* n = options_.notifier.get();
   if (n == nullptr || !n->active() || draining_) return;

@@ -26,7 +26,7 @@ json gpu_json(const GpuInfo& g) {
 
 }  // namespace
 
-// "cpu 2/2 ready, ring 20; gpu0 1/2 ready, 1 failed, ring 20; gpu1 unavailable"
+// "cpu 2/2 ready, ring 20; gpu0 0/2 ready, 2 failed, failing jobs, ring 20; gpu1 unavailable"
 std::string pools_summary(const std::vector<PoolHealth>& pools) {
   std::string s;
   for (const PoolHealth& p : pools) {
@@ -39,6 +39,7 @@ std::string pools_summary(const std::vector<PoolHealth>& pools) {
     if (p.stuck > 0) s += ", " + std::to_string(p.stuck) + " stuck";
     if (p.failed > 0) s += ", " + std::to_string(p.failed) + " failed";
     if (p.settling > 0) s += ", " + std::to_string(p.settling) + " starting";
+    if (p.down) s += ", failing jobs";
     s += ", ring " + std::to_string(p.capacity);
   }
   return s;
@@ -71,6 +72,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
     for (const GpuInfo& g : plan.discovery.gpus) s["gpu_discovery"]["gpus"].push_back(gpu_json(g));
   }
   s["pools"] = json::array();
+  const uint64_t now = monotonic_ns();
   bool all_pools_serving = true;
   uint32_t available_pools = 0;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
@@ -81,7 +83,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
               {"capacity", ps.capacity},
               {"queue_depth", queue.ring(p).size()},
               {"client_share", ps.client_share},
-              {"accepting", ps.accepting.load() != 0},
+              {"accepting", ps.accepting.load() == kPoolAccepting},
               {"jobs_submitted", s_.clients->jobs_submitted(p)},
               {"jobs_completed", jobs_completed(p)},
               {"cells_held", cells_held(p)},
@@ -124,6 +126,11 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
             {"stop_requested",
              job->stop_requested != nullptr ? json(job->stop_requested) : json(nullptr)}};
       }
+      // A worker waiting for its next start: after a death (restarting), or one whose starts
+      // keep failing (failed). Its start failures in a row, and how its last process ended.
+      const bool waiting = s_.workers->awaits_start(*w);
+      const int64_t next_start_ns =
+          waiting ? static_cast<int64_t>(w->respawn_at_ns) - static_cast<int64_t>(now) : 0;
       pool["workers"].push_back(
           {{"id", w->id},
            {"pid", w->pid},
@@ -135,6 +142,11 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
            {"jobs_failed", ws.jobs_failed.load()},
            {"restarts", ws.restarts.load()},
            {"stops_forced", w->stops_forced},
+           {"start_failures", w->backoff.start_failures()},
+           {"next_start_ms",
+            waiting ? json(static_cast<double>(std::max<int64_t>(next_start_ns, 0)) / 1e6)
+                    : json(nullptr)},
+           {"last_exit", w->last_exit.empty() ? json(nullptr) : json(w->last_exit)},
            {"start_ms",
             w->start_ns != 0 ? json(static_cast<double>(w->start_ns) / 1e6) : json(nullptr)}});
       if (at.gpu >= 0) pool["workers"].back()["gpu"] = plan.discovery.gpus[at.gpu].uuid;
@@ -144,6 +156,15 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
       // Why its last start failed (what it printed on stderr: a Python traceback).
       if (!w->start_error.empty()) pool["workers"].back()["start_error"] = w->start_error;
     }
+    // How long it has had no ready worker (counting toward pool_down_fail_ms), and whether its
+    // jobs fail for it (PoolOutage).
+    const PoolOutage& outage = *s_.outage;
+    pool["unserved_ms"] =
+        outage.unserved(p)
+            ? json(static_cast<double>(now - std::min(now, outage.unserved_since(p))) / 1e6)
+            : json(nullptr);
+    pool["failing_jobs"] = outage.down(p);
+    pool["failing_jobs_error"] = outage.down(p) ? json(outage.reason(p)) : json(nullptr);
     pool["workers_ready"] = ready;  // able to take work: ready and not stuck
     pool["workers_stuck"] = stuck_count;
     pool["workers_total"] = total;
@@ -217,6 +238,7 @@ std::vector<PoolHealth> StatusReport::pool_health() const {
     pools[p].name = c.pools[p].name;
     pools[p].capacity = s_.queue->pool(p).capacity;
     pools[p].unavailable = !s_.plan->pools[p].available;
+    pools[p].down = s_.outage->down(p);
   }
   for (const auto& w : s_.workers->all()) {
     PoolHealth& h = pools[w->pool];
@@ -224,15 +246,23 @@ std::vector<PoolHealth> StatusReport::pool_health() const {
     const bool stuck = w->state == WorkerState::kReady && s_.watch->stuck(*w);
     if (w->state == WorkerState::kReady && !stuck) ++h.ready;
     if (stuck) ++h.stuck;
-    if (w->state == WorkerState::kFailed) ++h.failed;
-    if (w->state == WorkerState::kStarting || w->state == WorkerState::kRestarting) ++h.settling;
+    // A failed worker starting again is still failed until it is ready: its starts keep
+    // failing, and it must not hold back READY=1 (service_link.cpp) at each try.
+    const bool failing = w->state != WorkerState::kReady && w->state != WorkerState::kStopped &&
+                         w->backoff.failing();
+    if (failing) {
+      ++h.failed;
+    } else if (w->state == WorkerState::kStarting || w->state == WorkerState::kRestarting) {
+      ++h.settling;
+    }
   }
   return pools;
 }
 
-// Jobs of pool `p` that reached a terminal state in a worker (or failed with its death).
+// Jobs of pool `p` that reached a terminal state in a worker (or failed with its death), or
+// failed while queued because the pool was down.
 uint64_t StatusReport::jobs_completed(uint32_t p) const {
-  uint64_t n = 0;
+  uint64_t n = s_.recovery->jobs_failed_down(p);
   for (const auto& w : s_.workers->all()) {
     if (w->pool != p) continue;
     n += s_.queue->worker(w->id).jobs_done.load() + s_.queue->worker(w->id).jobs_failed.load();

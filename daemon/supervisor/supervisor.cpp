@@ -23,6 +23,10 @@ namespace gpuq::daemon {
 namespace {
 
 constexpr uint64_t kTickNs = 20'000'000;  // timer period: 20 ms
+// The timer's period while nothing but a deadline more than this far away is pending (a
+// failed worker's next start, a pool's pool_down_fail_ms): a daemon waiting a minute to try a
+// worker again wakes once a second, not fifty times.
+constexpr uint64_t kIdleTickNs = 1'000'000'000;
 constexpr uint64_t kWorkerExitGraceNs = 5'000'000'000ull;
 
 // MapClient: what a worker needs to map a client's segment (sent with its memfd).
@@ -37,7 +41,9 @@ Supervisor::Supervisor(SupervisorOptions options)
       files_(options_.config, options_.runtime_dir),
       clients_(options_.config, files_.queue(), loop_),
       recovery_(options_.config, files_.queue(), clients_, job_clock_),
-      watch_(options_.config, clients_, stamps_) {
+      watch_(options_.config, clients_, stamps_),
+      outage_(static_cast<uint32_t>(options_.config.pools.size()),
+              uint64_t{options_.config.pool_down_fail_ms} * 1'000'000) {
   if (!options_.launcher) options_.launcher = std::make_shared<ForkExecLauncher>();
   clients_.set_handlers([this](Client& c, Message& m) { handle_message(c, m); },
                         [this](Client& c) { on_client_leaving(c); });
@@ -129,13 +135,12 @@ Result<void> Supervisor::start() {
   for (uint32_t p = 0; p < cfg.pools.size(); ++p) wo.python_ops.push_back(python_op_list(p));
   workers_ = std::make_unique<WorkerSet>(std::move(wo), files_.queue(), loop_, *options_.launcher);
   workers_->set_on_started([this](Worker& w) { on_worker_started(w); });
-  status_ = std::make_unique<StatusReport>(
-      StatusReport::Sources{&options_.config, &plan_, &files_.queue(), workers_.get(), &clients_,
-                            &recovery_, &watch_, options_.runtime_dir, options_.gpu_worker_path});
+  const StatusReport::Sources sources{
+      &options_.config, &plan_,  &files_.queue(), workers_.get(),       &clients_,
+      &recovery_,       &watch_, &outage_,        options_.runtime_dir, options_.gpu_worker_path};
+  status_ = std::make_unique<StatusReport>(sources);
   metrics_ = std::make_unique<MetricsReport>(MetricsReport::Sources{
-      StatusReport::Sources{&options_.config, &plan_, &files_.queue(), workers_.get(), &clients_,
-                            &recovery_, &watch_, options_.runtime_dir, options_.gpu_worker_path},
-      status_.get(), &stamps_, files_.queue().header().start_unix_ns});
+      sources, status_.get(), &stamps_, files_.queue().header().start_unix_ns});
   if (auto r = workers_->create(); !r) return r;
   // Before any worker starts: a port that cannot be bound stops gpuqd before it has spun up
   // workers (and GPU contexts) for nothing. Discovery and the op listings, which fork without
@@ -201,6 +206,56 @@ void Supervisor::on_child_exit(pid_t pid, int status) {
                             std::to_string(exit->pid) + ") " + exit->how +
                             " while running this job",
                         forced ? &*forced : nullptr);
+}
+
+void Supervisor::update_pools(uint64_t now) {
+  if (!workers_) return;
+  const Config& c = options_.config;
+  QueueView& queue = files_.queue();
+  for (uint32_t p = 0; p < c.pools.size(); ++p) {
+    if (!plan_.pools[p].available) continue;  // no workers: clients are told at Welcome
+    uint32_t ready = 0;
+    bool start_failed = false;
+    for (const auto& w : workers_->all()) {
+      if (w->pool != p) continue;
+      // A busy worker is ready, and so is one stuck on a job that did not end: JobWatch stops
+      // it within cancel_grace_ms, and its replacement's start is the pool's clock.
+      if (w->state == WorkerState::kReady) ++ready;
+      if (w->backoff.start_failures() > 0) start_failed = true;
+    }
+    PoolShm& ps = queue.pool(p);
+    switch (outage_.observe(p, ready, start_failed, now)) {
+      case PoolOutage::Change::kDown:
+        outage_.set_reason(p, down_message(p));
+        set_pool_down_reason(ps, outage_.reason(p));
+        GPUQ_LOG_ERROR("%s: its queued and new jobs fail with PoolDown until a worker is ready",
+                       outage_.reason(p).c_str());
+        if (!draining_) {
+          ps.accepting.store(kPoolDown, std::memory_order_seq_cst);
+          ps.space.notify_all();  // blocked producers look again and see it
+        }
+        break;
+      case PoolOutage::Change::kUp:
+        GPUQ_LOG_INFO("pool %s has a ready worker again: it accepts jobs", c.pools[p].name.c_str());
+        if (!draining_) ps.accepting.store(kPoolAccepting, std::memory_order_seq_cst);
+        break;
+      case PoolOutage::Change::kNone:
+        break;
+    }
+    if (!outage_.down(p)) continue;
+    // The text follows the pool's latest exit (a worker that failed again, otherwise).
+    if (outage_.set_reason(p, down_message(p))) set_pool_down_reason(ps, outage_.reason(p));
+    recovery_.fail_queued(p, outage_.reason(p));
+  }
+}
+
+// "pool 'py' is down (no ready worker for 10000 ms): worker 1 exited with status 1 before it was
+// ready: RuntimeError: cannot load model". Short, the cause last: a job's message holds 159 bytes.
+std::string Supervisor::down_message(uint32_t pool) const {
+  const std::string last = workers_->last_exit_of_pool(pool);
+  return "pool '" + options_.config.pools[pool].name + "' is down (no ready worker for " +
+         std::to_string(options_.config.pool_down_fail_ms) +
+         " ms): " + (last.empty() ? std::string("none of its workers is ready") : last);
 }
 
 void Supervisor::on_client_leaving(Client& client) {
@@ -339,26 +394,34 @@ Result<bool> Supervisor::step(int timeout_ms) {
         break;
     }
   }
+  update_pools(monotonic_ns());
   if (draining_) check_drain();
   update_timer();
   update_service_state();
   return !done_;
 }
 
-// The periodic tick runs only while something is timed: a respawn or kill deadline, a drain,
-// a client index waiting for the rings to pass it, or a reference waiting for room in a ring
-// (every kTickNs); and, slower, the audit while clients are connected (every kAuditNs). A
-// daemon without clients does not wake at all.
+// The periodic tick runs only while something is timed: a drain, a client index waiting for
+// the rings to pass it, a reference waiting for room in a ring, or a deadline (a respawn, a
+// kill, a time limit, the end of a grace, a pool's pool_down_fail_ms) less than one slow period
+// away (every kTickNs); slower, the audit while clients are connected and a deadline less than
+// kIdleTickNs away (every kAuditNs); and a farther deadline (every kIdleTickNs). A daemon
+// without clients and with nothing due does not wake at all.
 void Supervisor::update_timer() {
-  // A time limit or the end of a cancel's grace within one slow period needs the fast tick.
-  const uint64_t due = watch_.next_due();
+  const uint64_t now = monotonic_ns();
+  uint64_t due = 0;
+  for (const uint64_t at : {watch_.next_due(), workers_->next_due(), outage_.next_due()}) {
+    if (at != 0 && (due == 0 || at < due)) due = at;
+  }
   const bool timed = draining_ || clients_.retiring() > 0 || recovery_.pending() ||
-                     workers_->timed() ||
-                     (due != 0 && due < monotonic_ns() + JobRecovery::kAuditNs);
-  // The slow tick runs while clients are connected (the audit, limits of new jobs) and while
-  // a job is followed (a departed client's, whose grace must end with no client left).
-  const bool slow = clients_.registered() > 0 || watch_.wants_tick(monotonic_ns());
-  const uint64_t period = timed ? kTickNs : (slow ? JobRecovery::kAuditNs : 0);
+                     (due != 0 && due < now + JobRecovery::kAuditNs);
+  // The slow tick runs while clients are connected (the audit, limits of new jobs, the jobs of
+  // a pool that is down) and while a job is followed (a departed client's, whose grace must
+  // end with no client left).
+  const bool slow =
+      clients_.registered() > 0 || watch_.wants_tick(now) || (due != 0 && due < now + kIdleTickNs);
+  const uint64_t period =
+      timed ? kTickNs : (slow ? JobRecovery::kAuditNs : (due != 0 ? kIdleTickNs : 0));
   if (period == timer_period_ns_) return;
   const timespec tick{static_cast<time_t>(period / 1'000'000'000),
                       static_cast<long>(period % 1'000'000'000)};
@@ -407,7 +470,7 @@ void Supervisor::begin_drain(const char* reason) {
   queue.header().daemon_state.store(static_cast<uint32_t>(DaemonState::kDraining),
                                     std::memory_order_seq_cst);
   for (uint32_t p = 0; p < options_.config.pools.size(); ++p) {
-    queue.pool(p).accepting.store(0, std::memory_order_seq_cst);
+    queue.pool(p).accepting.store(kPoolNotAccepting, std::memory_order_seq_cst);
     queue.pool(p).space.notify_all();  // blocked producers re-check and see ShuttingDown
   }
   loop_.remove(files_.listen_fd());

@@ -5,7 +5,9 @@
 //   WorkerSet       worker processes: spawn (through a ProcessLauncher), control channel,
 //                   output, exit, back-off, stop
 //   ClientRegistry  connections: accept, authenticate, register, unregister, index reuse
-//   JobRecovery     jobs a dead worker or a scribbling client would lose; the ring audit
+//   JobRecovery     jobs a dead worker or a scribbling client would lose; the ring audit;
+//                   the queued jobs of a pool that is down
+//   PoolOutage      which pools have had no ready worker for pool_down_fail_ms (down)
 //   StatusReport    the status document and pool health
 //   MetricsReport   the metrics text (docs/metrics.md); GpuSampler, NVML in a child
 // One epoll loop handles the listening socket, client connections, signals (signalfd), worker
@@ -33,6 +35,7 @@
 #include "job_watch.hpp"
 #include "metrics_http.hpp"
 #include "metrics_report.hpp"
+#include "pool_outage.hpp"
 #include "pool_plan.hpp"
 #include "process_launcher.hpp"
 #include "runtime_files.hpp"
@@ -94,6 +97,10 @@ class Supervisor {
   void admit_client(Client& client, const std::string& hello_body);
   void on_worker_started(Worker& w);
   void on_client_leaving(Client& client);
+  // Pools that cannot serve: after each round, each pool's ready workers go to outage_, and a
+  // pool that is down stops accepting jobs and has its queued ones failed.
+  void update_pools(uint64_t now);
+  std::string down_message(uint32_t pool) const;
   // Metrics (docs/metrics.md): for a control request, and the HTTP listener's scrapes.
   void send_metrics(Client& client);
   Result<void> start_metrics_listener();
@@ -126,6 +133,7 @@ class Supervisor {
   ClientRegistry clients_;
   JobRecovery recovery_;
   JobWatch watch_;
+  PoolOutage outage_;
   std::unique_ptr<WorkerSet> workers_;  // made in start(), once the segment has a name
   std::unique_ptr<StatusReport> status_;
   std::unique_ptr<MetricsReport> metrics_;

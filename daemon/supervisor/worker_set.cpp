@@ -23,8 +23,7 @@
 namespace gpuq::daemon {
 namespace {
 
-constexpr uint64_t kStableRunNs = 10'000'000'000ull;  // ready this long: back-off resets
-constexpr size_t kErrTailBytes = 8192;                // Worker::err_tail
+constexpr size_t kErrTailBytes = 8192;  // Worker::err_tail
 
 std::string describe_exit(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
@@ -73,7 +72,7 @@ Result<void> WorkerSet::create() {
       auto w = std::make_unique<Worker>();
       w->id = static_cast<uint32_t>(workers_.size());
       w->pool = p;
-      w->backoff_ms = c.restart_backoff_initial_ms;
+      w->backoff = StartBackoff(BackoffSettings::of(c));
       auto page = MemfdSegment::create("gpuq-worker-" + std::to_string(w->id), kWorkerPrivateBytes);
       if (!page) return page.error();
       w->private_page = std::move(*page);
@@ -311,11 +310,11 @@ void WorkerSet::on_ready(Worker& w, const Message& m) {
     launcher_.kill(w.pid);  // reaped as a worker that died before it was ready
     return;
   }
+  const uint64_t now = monotonic_ns();
   w.state = WorkerState::kReady;
-  w.start_failures = 0;
+  w.backoff.ready(now);
   w.start_error.clear();
-  w.ready_since_ns = monotonic_ns();
-  w.start_ns = std::max<uint64_t>(w.ready_since_ns - w.spawned_ns, 1);
+  w.start_ns = std::max<uint64_t>(now - w.spawned_ns, 1);
   w.backend_info = ready->backend;  // empty when the backend had nothing to say
   GPUQ_LOG_INFO("worker %u (pid %d) is ready", w.id, w.pid);
   if (stopping_) send(w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
@@ -388,7 +387,9 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
     GPUQ_LOG_INFO("worker %u %s", w.id, exit.how.c_str());
     return exit;
   }
-  const Config& c = *options_.config;
+  w.last_exit = exit.how;
+  w.last_exit_line.clear();
+  w.last_exit_ns = now;
   if (std::exchange(w.forced, false)) {
     // Stopped for its job, not dead of its own accord: replaced at once, back-off untouched.
     ++w.stops_forced;
@@ -401,39 +402,63 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
                   w.id, pid, exit.how.c_str());
     return exit;
   }
-  if (w.state != WorkerState::kReady) {
-    ++w.start_failures;
+  const bool was_ready = w.state == WorkerState::kReady;
+  if (!was_ready) {
     ++w.start_failures_total;
     w.start_error = w.err_tail.empty() ? "(it printed nothing on stderr) " + exit.how : w.err_tail;
-  } else if (now - w.ready_since_ns > kStableRunNs) {
-    w.backoff_ms = c.restart_backoff_initial_ms;
+    w.last_exit += " before it was ready";
+    // The last line it printed: a Python traceback's exception, a worker's own error line.
+    std::string_view err = w.err_tail;
+    while (!err.empty() && (err.back() == '\n' || err.back() == ' ')) err.remove_suffix(1);
+    const size_t nl = err.rfind('\n');
+    w.last_exit_line = err.substr(nl == std::string_view::npos ? 0 : nl + 1);
   }
-  if (w.start_failures >= c.max_start_failures) {
-    w.state = WorkerState::kFailed;
-    ws.state.store(static_cast<uint32_t>(WorkerState::kFailed), std::memory_order_release);
-    GPUQ_LOG_ERROR(
-        "worker %u %s; it died %u times in a row before becoming ready: marked failed, "
-        "not restarted",
-        w.id, exit.how.c_str(), w.start_failures);
-    return exit;
-  }
-  w.state = WorkerState::kRestarting;
-  ws.state.store(static_cast<uint32_t>(WorkerState::kRestarting), std::memory_order_release);
+  const StartBackoff::Next next = w.backoff.exited(was_ready, now);
+  w.state = next.failed ? WorkerState::kFailed : WorkerState::kRestarting;
+  ws.state.store(static_cast<uint32_t>(w.state), std::memory_order_release);
   ws.restarts.fetch_add(1, std::memory_order_relaxed);
   ++w.restarts;
-  w.respawn_at_ns = now + uint64_t{w.backoff_ms} * 1'000'000;
-  GPUQ_LOG_WARN("worker %u (pid %d) %s; restarting in %u ms", w.id, pid, exit.how.c_str(),
-                w.backoff_ms);
-  w.backoff_ms = std::min(w.backoff_ms * 2, c.restart_backoff_max_ms);
+  w.respawn_at_ns = now + uint64_t{next.delay_ms} * 1'000'000;
+  if (next.failed) {
+    // Never given up on: whatever stops it from starting (a GPU that fell off the bus, a
+    // model file being replaced) may pass, and then the pool is whole again by itself.
+    GPUQ_LOG_ERROR(
+        "worker %u (pid %d) %s; it failed to start %u times in a row: marked failed, trying "
+        "again in %u ms",
+        w.id, pid, exit.how.c_str(), w.backoff.start_failures(), next.delay_ms);
+  } else {
+    GPUQ_LOG_WARN("worker %u (pid %d) %s; restarting in %u ms", w.id, pid, exit.how.c_str(),
+                  next.delay_ms);
+  }
   return exit;
+}
+
+std::string WorkerSet::last_exit_of_pool(uint32_t pool) const {
+  const Worker* last = nullptr;
+  for (const auto& w : workers_) {
+    if (w->pool == pool && !w->last_exit.empty() &&
+        (last == nullptr || w->last_exit_ns > last->last_exit_ns)) {
+      last = w.get();
+    }
+  }
+  if (last == nullptr) return {};
+  std::string text = "worker " + std::to_string(last->id) + " " + last->last_exit;
+  if (!last->last_exit_line.empty()) text += ": " + last->last_exit_line;
+  return text;
 }
 
 void WorkerSet::tick(uint64_t now) {
   for (auto& w : workers_) {
-    if (w->state == WorkerState::kRestarting && !stopping_ && now >= w->respawn_at_ns) {
+    if (awaits_start(*w) && now >= w->respawn_at_ns) {
       if (auto r = spawn(*w); !r) {
-        GPUQ_LOG_ERROR("cannot respawn worker %u: %s", w->id, r.error().to_string().c_str());
-        w->respawn_at_ns = now + uint64_t{w->backoff_ms} * 1'000'000;
+        // Counts as a failed start: the next try comes after the back-off.
+        const StartBackoff::Next next = w->backoff.exited(false, now);
+        GPUQ_LOG_ERROR("cannot respawn worker %u: %s; trying again in %u ms", w->id,
+                       r.error().to_string().c_str(), next.delay_ms);
+        w->state = next.failed ? WorkerState::kFailed : WorkerState::kRestarting;
+        queue_.worker(w->id).state.store(static_cast<uint32_t>(w->state),
+                                         std::memory_order_release);
+        w->respawn_at_ns = now + uint64_t{next.delay_ms} * 1'000'000;
       }
     }
     if (w->pid > 0 && w->kill_at_ns != 0 && now >= w->kill_at_ns) {
@@ -455,7 +480,9 @@ void WorkerSet::stop_all(uint64_t now, uint64_t grace_ns) {
   send_all(WorkerStopMessage::kType, encode(WorkerStopMessage{}));
   for (auto& w : workers_) {
     if (w->pid > 0) w->kill_at_ns = now + grace_ns;
-    if (w->state == WorkerState::kRestarting) w->state = WorkerState::kStopped;
+    if (w->state == WorkerState::kRestarting || w->state == WorkerState::kFailed) {
+      w->state = WorkerState::kStopped;
+    }
   }
 }
 
@@ -477,10 +504,16 @@ bool WorkerSet::any_busy() const {
   });
 }
 
-bool WorkerSet::timed() const {
-  return std::any_of(workers_.begin(), workers_.end(), [](const auto& w) {
-    return w->state == WorkerState::kRestarting || w->kill_at_ns != 0;
-  });
+uint64_t WorkerSet::next_due() const {
+  uint64_t due = 0;
+  auto consider = [&](uint64_t at) {
+    if (at != 0 && (due == 0 || at < due)) due = at;
+  };
+  for (const auto& w : workers_) {
+    if (awaits_start(*w)) consider(std::max<uint64_t>(w->respawn_at_ns, 1));
+    if (w->pid > 0) consider(w->kill_at_ns);
+  }
+  return due;
 }
 
 }  // namespace gpuq::daemon

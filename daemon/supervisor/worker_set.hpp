@@ -1,9 +1,10 @@
 // The supervisor's worker processes: starting each one where the pool plan put it, its control
 // channel (messages queued while its socket is full), its stdout and stderr copied to the log,
-// its exit (state, back-off, start failures), respawns when the back-off has passed, and the
-// stop at the end of a drain. It knows nothing of clients or jobs: the Supervisor is told when
-// a worker started (to hand it the clients' segments) and gets each exit back from reap() (to
-// recover the jobs the worker had).
+// its exit (state, start failures, and its back-off from StartBackoff), respawns when the
+// back-off has passed (for the daemon's life: a worker whose starts keep failing is `failed`
+// and tried again, never given up on), and the stop at the end of a drain. It knows nothing of
+// clients or jobs: the Supervisor is told when a worker started (to hand it the clients' segments)
+// and gets each exit back from reap() (to recover the jobs the worker had).
 #pragma once
 
 #include <sys/types.h>
@@ -25,6 +26,7 @@
 #include "gpuq/common/unique_fd.hpp"
 #include "pool_plan.hpp"
 #include "process_launcher.hpp"
+#include "start_backoff.hpp"
 
 namespace gpuq::daemon {
 
@@ -38,10 +40,14 @@ struct Worker {
   // process that died before it was ready: a Python worker's traceback, for status.
   std::string err_tail;
   std::string start_error;
+  // How its last process ended ("exited with status 3", "was killed by signal 9 (Killed) before
+  // it was ready"), and when; empty while none has ended. With a failed start, the last line
+  // that process printed on stderr (a Python exception, the worker's own error).
+  std::string last_exit;
+  std::string last_exit_line;
+  uint64_t last_exit_ns = 0;
   WorkerState state = WorkerState::kStarting;
-  uint32_t start_failures = 0;  // deaths before ready, in a row
-  uint32_t backoff_ms = 0;
-  uint64_t ready_since_ns = 0;
+  StartBackoff backoff;  // its failed starts in a row, and its next delay
   // What the worker's backend said about itself when it reported ready (a JSON object: a GPU
   // worker's device, compute capability, memory); shown under the worker in status.
   std::string backend_info;
@@ -113,15 +119,23 @@ class WorkerSet {
   // stdout or stderr (`tag`: id << 1 | 1 for stderr) has output.
   void on_control(uint32_t id);
   void on_output(uint32_t tag);
-  // A child exited: lets go of the worker's descriptors and decides its state (stopped,
-  // restarting after its back-off, or failed after max_start_failures). Nothing when `pid` is
-  // none of the workers.
+  // A child exited: lets go of the worker's descriptors and decides its state (stopped, or
+  // restarting or failed, after max_start_failures failed starts in a row, and in either case
+  // started again when its back-off has passed). Nothing when `pid` is none of the workers.
   std::optional<WorkerExit> reap(pid_t pid, int status, uint64_t now);
   // Kills `w` for a job that did not end (JobWatch): its exit is not its fault, so it is
   // replaced at once, with no back-off, and counted in stops_forced as well as restarts.
   void force_stop(Worker& w);
   // Respawns the workers whose back-off has passed; kills those past their exit deadline.
   void tick(uint64_t now);
+  // The earliest respawn or kill deadline tick() has to meet (monotonic ns); 0: none.
+  uint64_t next_due() const;
+  // Whether `w` waits to be started again (after a death, or a failed start: restarting or
+  // failed), at its respawn_at_ns.
+  bool awaits_start(const Worker& w) const {
+    return (w.state == WorkerState::kRestarting || w.state == WorkerState::kFailed) && w.pid == 0 &&
+           !stopping_;
+  }
 
   // The end of a drain: tells every worker to stop, and kills those still running after
   // `grace_ns` (0: at once). From here on no worker is restarted.
@@ -132,9 +146,12 @@ class WorkerSet {
 
   bool any_running() const;
   bool any_busy() const;  // a running worker in the middle of a job (its private job_seq)
-  bool timed() const;     // a respawn or a kill deadline pending (the loop needs its tick)
   const std::vector<std::unique_ptr<Worker>>& all() const { return workers_; }
   Worker& at(uint32_t id) { return *workers_[id]; }
+  // The most recent exit of pool `pool`'s workers, for the error its jobs fail with while it
+  // is down: "worker 1 exited with status 1 before it was ready: RuntimeError: ..." (the last
+  // line it printed on stderr, for a failed start); empty when none of them has exited.
+  std::string last_exit_of_pool(uint32_t pool) const;
 
  private:
   void flush_outbox(Worker& w);

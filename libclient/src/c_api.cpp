@@ -65,8 +65,9 @@ GPUQ_SAME_CODE(GPUQ_NOT_CANCELLABLE, kNotCancellable);
 GPUQ_SAME_CODE(GPUQ_TOO_MANY_CLIENTS, kTooManyClients);
 GPUQ_SAME_CODE(GPUQ_OP_FAILED, kOpFailed);
 GPUQ_SAME_CODE(GPUQ_TIMED_OUT, kTimedOut);
+GPUQ_SAME_CODE(GPUQ_POOL_DOWN, kPoolDown);
 #undef GPUQ_SAME_CODE
-static_assert(gpuq::kMaxErrorCode == GPUQ_TIMED_OUT,
+static_assert(gpuq::kMaxErrorCode == GPUQ_POOL_DOWN,
               "a code was added to gpuq::ErrorCode: add it to gpuq_status_t and above");
 
 #define GPUQ_SAME_JOB_STATUS(c_name, cpp_name)                                           \

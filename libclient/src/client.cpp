@@ -683,14 +683,22 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       if (held(pool.id) <= share) return true;
       return (force || looks++ % 16 == 0) && recount(pool.id) <= share;
     };
-    auto try_once = [&]() -> int {  // 1 pushed, 0 no room, -1 not accepting
-      if (ps.accepting.load(std::memory_order_seq_cst) == 0) return -1;
+    // 1 pushed, 0 no room, -1 not accepting (draining), -2 the pool is down.
+    auto try_once = [&]() -> int {
+      const uint32_t accepting = ps.accepting.load(std::memory_order_seq_cst);
+      if (accepting != kPoolAccepting) return accepting == kPoolDown ? -2 : -1;
       if (!share_has_room(true)) return 0;
       return ring.try_push(ref) ? 1 : 0;
     };
     for (;;) {
       int r = try_once();
       if (r == 1) return {};
+      if (r == -2) {
+        // The supervisor's words: the pool, how long, its last worker's exit.
+        std::string why = pool_down_reason(ps);
+        if (why.empty()) why = "pool '" + pool.info.name + "' has no ready worker";
+        return Error(ErrorCode::kPoolDown, std::move(why));
+      }
       if (r < 0) {
         return Error(
             ErrorCode::kShuttingDown,
@@ -706,7 +714,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                      "pool '" + pool.info.name + "' had no room for the job before the deadline");
       }
       auto has_room = [&](bool force) {
-        return ps.accepting.load(std::memory_order_seq_cst) == 0 ||
+        return ps.accepting.load(std::memory_order_seq_cst) != kPoolAccepting ||
                (ring.size() < ring.capacity() && share_has_room(force));
       };
       // Room comes back as soon as a worker pops: spin first, as wait() does, so that a

@@ -35,6 +35,7 @@ __all__ = [
     "TooManyClients",
     "OpFailed",
     "TimedOut",
+    "PoolDown",
     "ClientClosed",
 ]
 
@@ -190,6 +191,14 @@ class TimedOut(Error, TimeoutError):
     code, code_name = 22, "TimedOut"
 
 
+class PoolDown(Error):
+    """The pool has had no ready worker for the daemon's ``pool_down_fail_ms`` (its workers keep
+    failing to start): its queued jobs fail with this, and new ones at once, until a worker is
+    ready again. The message names the pool and how its last worker ended."""
+
+    code, code_name = 23, "PoolDown"
+
+
 class ClientClosed(Error):
     """The client was closed (``Client.close()`` or the end of its ``with`` block)."""
 
@@ -221,6 +230,7 @@ _BY_CODE: Dict[int, Type[Error]] = {
         TooManyClients,
         OpFailed,
         TimedOut,
+        PoolDown,
     )
 }
 

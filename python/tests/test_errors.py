@@ -23,7 +23,7 @@ CODES = {
     "Cancelled": 6, "Expired": 7, "WorkerDied": 8, "Disconnected": 9, "ProtocolMismatch": 10,
     "PermissionDenied": 11, "OutOfMemory": 12, "NotFound": 13, "ShuttingDown": 14,
     "ForkedClient": 15, "NoDevice": 16, "Internal": 17, "SystemError": 18,
-    "NotCancellable": 19, "TooManyClients": 20, "OpFailed": 21, "TimedOut": 22,
+    "NotCancellable": 19, "TooManyClients": 20, "OpFailed": 21, "TimedOut": 22, "PoolDown": 23,
 }
 
 

@@ -27,6 +27,9 @@ OPS_DIR = str(HERE / "pyops")
 GPU_ONLY = {"gpuq_worker_gpu_memory_used_bytes", "gpuq_worker_gpu_memory_budget_bytes",
             "gpuq_gpu_utilization_ratio", "gpuq_gpu_memory_used_bytes",
             "gpuq_gpu_memory_total_bytes"}
+# Metrics that exist only while a worker's starts fail, or it waits to be started again
+# (test_failing_starts_and_a_pool_down_are_in_the_metrics).
+START_FAILURE_ONLY = {"gpuq_worker_consecutive_start_failures", "gpuq_worker_next_start_seconds"}
 
 CONFIG = {"pools": [{"name": "cpu", "kind": "cpu", "workers": 2},
                     {"name": "py", "kind": "cpu", "workers": 1,
@@ -106,6 +109,8 @@ def test_every_documented_metric_with_its_type_and_labels(mdaemon):
     for name, (kind, labels) in documented_metrics().items():
         if name in GPU_ONLY:
             continue  # no GPU here (the gpu-labelled tests see them)
+        if name in START_FAILURE_ONLY:
+            continue  # every worker starts here (below: a pool whose workers do not)
         fam = families.get(family_name(name, kind))
         assert fam is not None, f"{name} missing"
         assert fam.type == kind, f"{name}: {fam.type}, documented {kind}"
@@ -219,6 +224,44 @@ def test_worker_death_and_time_limit_kill_are_counted(mdaemon):
     assert ready == 1
     # The worker's own counts outlive its process: the page is kept across restarts.
     assert doubled(fams) >= 5
+
+
+def test_failing_starts_and_a_pool_down_are_in_the_metrics():
+    """A Python pool whose on_start raises: its worker's failed starts in a row, with how the
+    last one ended, its next start, and the pool down. (The pool_down outcome of jobs failed
+    while queued: tests/fault/worker_kill_test.cpp.)"""
+    cfg = {"pools": [{"name": "cpu", "kind": "cpu", "workers": 1},
+                     {"name": "bad", "kind": "cpu", "workers": 1,
+                      "python": {"interpreter": sys.executable, "modules": ["pyops_bad_start"],
+                                 "path": [OPS_DIR]}}],
+           "restart_backoff_initial_ms": 10, "max_start_failures": 2,
+           "start_backoff_initial_ms": 60000, "pool_down_fail_ms": 300}
+    documented = documented_metrics()
+    with gpuq.testing.Daemon(cfg, wait_ready=False) as d:
+        deadline = time.monotonic() + 60
+        while True:
+            st = next(p for p in d.status()["pools"] if p["name"] == "bad")
+            if st["failing_jobs"] and st["workers"][0]["state"] == "failed":
+                break
+            assert time.monotonic() < deadline, st
+            time.sleep(0.05)
+        with gpuq.connect(d.runtime_dir) as c:
+            with pytest.raises(gpuq.PoolDown):
+                c.submit_call("bad_start_op", pool="bad").result(30)
+        fams = parse(ctl_metrics(d))
+        for name in START_FAILURE_ONLY | {"gpuq_pool_down"}:
+            kind, labels = documented[name]
+            fam = fams.get(name)
+            assert fam is not None and fam.type == kind, name
+            for sample in fam.samples:
+                assert set(sample.labels) == set(labels), f"{name}: labels {sample.labels}"
+        assert value(fams, "gpuq_worker_consecutive_start_failures", pool="bad", worker="1",
+                     last_exit="exited with status 1 before it was ready") == 2
+        assert 0 < value(fams, "gpuq_worker_next_start_seconds", pool="bad", worker="1") <= 60
+        assert value(fams, "gpuq_pool_down", pool="bad") == 1
+        assert value(fams, "gpuq_pool_down", pool="cpu") == 0
+        assert value(fams, "gpuq_workers", pool="bad", state="failed") == 1
+        assert value(fams, "gpuq_ready") == 0
 
 
 def test_batch_histograms_count_the_rows_of_a_batched_op(mdaemon):

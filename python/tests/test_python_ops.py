@@ -219,24 +219,88 @@ def test_import_error_makes_the_pool_unavailable():
                 c.submit("noop", pool="broken").result()
 
 
-def test_failing_on_start_is_a_start_failure():
+def worker_with_failures(daemon, name, at_least, every=False):
+    """Polls the status until a worker of pool `name` (`every`: each of them) has failed to start
+    `at_least` times in a row; returns the pool's status then."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        st = pool_status(daemon, name)
+        if (all if every else any)(w["start_failures"] >= at_least for w in st["workers"]):
+            return st
+        time.sleep(0.02)
+    raise AssertionError(f"no worker of {name} failed {at_least} times: {pool_status(daemon, name)}")
+
+
+def test_failing_on_start_is_a_start_failure_and_jobs_fail_with_pool_down():
+    down_ms = 1500
     cfg = {"pools": [{"name": "cpu", "workers": 1},
-                     python_pool("badstart", workers=1, modules=["pyops_bad_start"])],
+                     python_pool("badstart", workers=2, modules=["pyops_bad_start"])],
            "restart_backoff_initial_ms": 10, "restart_backoff_max_ms": 20,
-           "max_start_failures": 2}
+           "max_start_failures": 2, "start_backoff_initial_ms": 200, "start_backoff_max_ms": 400,
+           "pool_down_fail_ms": down_ms}
     with gpuq.testing.Daemon(cfg, wait_ready=False) as d:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            st = pool_status(d, "badstart")
-            if st["workers"][0]["state"] == "failed":
-                break
-            time.sleep(0.1)
-        w = st["workers"][0]
-        assert w["state"] == "failed"
-        assert "on_start fails on purpose" in w["start_error"]
-        assert "Traceback" in w["start_error"]
-        assert "on_start fails on purpose" in d.log()
+        # A start has failed: the pool's clock runs; a job sent now gets PoolDown within
+        # pool_down_fail_ms plus a second, not after its caller's own timeout.
+        worker_with_failures(d, "badstart", 1)
+        with gpuq.connect(d.runtime_dir) as c:
+            t0 = time.monotonic()
+            fut = c.submit_call("bad_start_op", pool="badstart")
+            with pytest.raises(gpuq.PoolDown) as e:
+                fut.result(timeout=60)
+            took = time.monotonic() - t0
+            assert took <= down_ms / 1000 + 1.0, took
+            msg = str(e.value)
+            assert msg.startswith(f"pool 'badstart' is down (no ready worker for {down_ms} ms): worker ")
+            assert "before it was ready: RuntimeError: on_start fails on purpose" in msg
+            assert fut.info.status == "failed" and fut.info.code == gpuq.PoolDown.code
+
+            # New jobs fail at once while the pool stays down; the other pool serves.
+            for _ in range(3):
+                t1 = time.monotonic()
+                with pytest.raises(gpuq.PoolDown, match="on_start fails on purpose"):
+                    c.submit_call("bad_start_op", pool="badstart").result(timeout=60)
+                assert time.monotonic() - t1 < 0.5
+            assert c.submit("noop", pool="cpu").result() == 0
+
+        # Failed (2), and tried again: never given up on.
+        st = worker_with_failures(d, "badstart", 3, every=True)
         assert st["status"] == "down" and d.status()["ready"] is False
+        assert st["failing_jobs"] is True and st["accepting"] is False
+        assert "on_start fails on purpose" in st["failing_jobs_error"]
+        assert st["unserved_ms"] >= down_ms
+        for w in st["workers"]:
+            assert w["start_failures"] >= 1
+            assert "before it was ready" in w["last_exit"]
+            assert "Traceback" in w["start_error"]
+            assert "on_start fails on purpose" in w["start_error"]
+        assert "on_start fails on purpose" in d.log()
+        assert "marked failed, trying again in" in d.log()
+
+
+def test_a_pool_whose_on_start_fails_7_times_comes_back_by_itself(tmp_path):
+    counter = tmp_path / "starts"
+    cfg = {"pools": [{"name": "cpu", "workers": 1},
+                     python_pool("flaky", workers=1, modules=["pyops_flaky_start"],
+                                 env={"GPUQ_TEST_START_COUNTER": str(counter),
+                                      "GPUQ_TEST_START_FAILS": "7"})],
+           "restart_backoff_initial_ms": 10, "restart_backoff_max_ms": 20,
+           "max_start_failures": 3, "start_backoff_initial_ms": 100, "start_backoff_max_ms": 200,
+           "pool_down_fail_ms": 0}  # 0: the job below waits for the pool instead of failing
+    with gpuq.testing.Daemon(cfg, wait_ready=False) as d:
+        with gpuq.connect(d.runtime_dir) as c:
+            fut = c.submit_call("flaky_start_op", np.ones(3), pool="flaky")  # waits for it
+            st = worker_with_failures(d, "flaky", 4)  # failed (3), and tried again
+            assert st["workers"][0]["state"] in ("failed", "starting")
+            assert "on_start fails on purpose" in st["workers"][0]["start_error"]
+            np.testing.assert_array_equal(fut.result(timeout=120), np.full(3, 2.0))
+        st = wait_ready(d, "flaky", timeout=60)
+        w = st["workers"][0]
+        assert w["state"] == "ready" and w["start_failures"] == 0
+        assert w["next_start_ms"] is None and "start_error" not in w
+        assert w["restarts"] == 7
+        assert counter.read_text().count("start") == 8  # 7 failures, then the start that held
+        assert d.status()["ready"] is True
+        assert "failed to start 7 times in a row: marked failed" in d.log()
 
 
 def test_bad_python_config_is_refused(tmp_path):

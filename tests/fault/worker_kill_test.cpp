@@ -1,8 +1,9 @@
 // Fault injection: worker processes die with SIGKILL at the worker fault points (a reference
 // popped, the job claimed, the op running, the outcome written but not published, the end
 // published but not counted) and from outside while they run jobs, dozens of times per point,
-// while two bystander clients keep verified jobs flowing; and a worker that keeps dying at
-// start-up is marked failed, which health (status, `gpuqctl ready`) reports.
+// while two bystander clients keep verified jobs flowing; a worker that keeps dying at start-up
+// is marked failed, which health (status, `gpuqctl ready`) reports, is tried again for good and
+// comes back by itself; and a pool whose workers all keep dying fails its jobs with PoolDown.
 //
 // A daemon runs with GPUQ_FAULT_POINT=<point>:<n> and GPUQ_FAULT_ONCE=<marker>: its workers
 // inherit them, and the first worker to reach its n-th hit of the point dies, creating the
@@ -25,8 +26,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <regex>
+#include <set>
 
 #include "fault/fault_support.hpp"
 #include "gpuq/common/job_ring.hpp"
@@ -625,10 +628,15 @@ class StartFailures {
   std::string path_, hidden_;
 };
 
+// The status entry of worker `w` of pool 0 (null when the daemon does not answer).
+json worker_status(const DaemonProcess& daemon, uint32_t w) {
+  const json status = try_status(daemon.runtime_dir());
+  return status.is_null() ? json() : status.at("pools").at(0).at("workers").at(w);
+}
+
 // Kills worker `w` (ready) while its replacements cannot start, and waits until the supervisor
 // marks it failed. Returns its status entry then.
-json kill_until_failed(DaemonProcess& daemon, const QueueMapping& queue, uint32_t w) {
-  StartFailures failing(queue.name);
+json kill_until_failed(DaemonProcess& daemon, uint32_t w) {
   const json pool_before = daemon.status().at("pools").at(0);
   const int ready_before = pool_before.at("workers_ready").get<int>();
   const json before = pool_before.at("workers").at(w);
@@ -647,25 +655,28 @@ json kill_until_failed(DaemonProcess& daemon, const QueueMapping& queue, uint32_
   REQUIRE_MESSAGE(noticed,
                   "the supervisor did not notice worker " << w << " die: " << status.dump());
   CHECK(status.at("pools").at(0).at("workers_ready").get<int>() == ready_before - 1);
-  // Back-off 100, 200, 400, 800, 1600 ms: about 3 s to the fifth failure.
+  // Back-off 100, 200, 400, 800, 1600 ms, then failed: about 3 s to the fifth failure.
+  json worker;
   const bool failed = poll_until(
       [&] {
-        status = try_status(daemon.runtime_dir());
-        return !status.is_null() &&
-               status.at("pools").at(0).at("workers").at(w).at("state") == "failed";
+        worker = worker_status(daemon, w);
+        return !worker.is_null() && worker.at("state") == "failed";
       },
       30s, 5ms);
-  REQUIRE_MESSAGE(failed, "worker " << w << " not marked failed: " << status.dump());
-  return status.at("pools").at(0).at("workers").at(w);
+  REQUIRE_MESSAGE(failed, "worker " << w << " not marked failed: " << worker.dump());
+  return worker;
 }
 
-TEST_CASE("a worker that keeps dying at start-up is marked failed, and health says so") {
-  // Default settings: back-off from 100 ms, doubling; failed after max_start_failures (5)
-  // deaths in a row before ready. No fault point comes before a worker's ready report, and a
-  // worker killed after it is ready does not count as a start failure (by design: its back-off
-  // grows, but it is never marked failed); so the test makes the replacements fail at start by
-  // hiding the queue segment they open.
-  DaemonProcess daemon(one_pool_config(2));
+TEST_CASE(
+    "a worker that keeps dying at start-up is marked failed, tried again for good, and comes "
+    "back by itself; health says so throughout") {
+  // Back-off from 100 ms, doubling; failed after max_start_failures (5) failures in a row,
+  // then tried again every start_backoff_initial_ms (300 ms), doubling to 600. No fault point
+  // comes before a worker's ready report, and a worker killed after it is ready does not count
+  // as a start failure; so the test makes the replacements fail at start by hiding the queue
+  // segment they open.
+  DaemonProcess daemon(
+      one_pool_config(2, {{"start_backoff_initial_ms", 300}, {"start_backoff_max_ms", 600}}));
   QueueMapping queue;
   REQUIRE(map_queue_segment(daemon.runtime_dir(), &queue).empty());
   const std::string ready_command =
@@ -673,44 +684,187 @@ TEST_CASE("a worker that keeps dying at start-up is marked failed, and health sa
   Client client = connect_client(daemon);
   CHECK(run_command(ready_command).exit_code == 0);
 
-  const json first = kill_until_failed(daemon, queue, 0);
-  INFO("worker 0: " << first.dump());
-  CHECK(first.at("pid") == 0);
-  CHECK(first.at("restarts") == 5);  // the kill, then 4 start failures were restarted
-  json status = daemon.status();
-  INFO("status: " << status.dump());
-  CHECK(status.at("pools").at(0).at("workers_ready") == 1);
-  CHECK(status.at("pools").at(0).at("status") == "degraded");
-  CHECK(status.at("ready") == true);  // one live worker still serves the pool
-  CHECK(run_command(ready_command).exit_code == 0);
-  CHECK(daemon.log().find("marked failed") != std::string::npos);
-  // Exponential back-off: restart delays double from restart_backoff_initial_ms (100).
-  std::vector<uint32_t> delays;
   {
-    const std::string log = daemon.log();
-    const std::regex line("worker 0 \\(pid [0-9]+\\) [^\\n]*; restarting in ([0-9]+) ms");
-    for (std::sregex_iterator it(log.begin(), log.end(), line), end; it != end; ++it) {
-      delays.push_back(static_cast<uint32_t>(std::stoul((*it)[1].str())));
+    StartFailures failing(queue.name);
+    const json first = kill_until_failed(daemon, 0);
+    INFO("worker 0: " << first.dump());
+    CHECK(first.at("start_failures") == 5);
+    CHECK(first.at("restarts") == 6);  // the kill, then 5 start failures: each one restarted
+    CHECK(first.at("last_exit").get<std::string>().find("before it was ready") !=
+          std::string::npos);
+    CHECK_FALSE(first.at("start_error").get<std::string>().empty());
+    json status = daemon.status();
+    INFO("status: " << status.dump());
+    CHECK(status.at("pools").at(0).at("workers_ready") == 1);
+    CHECK(status.at("pools").at(0).at("status") == "degraded");
+    CHECK(status.at("ready") == true);  // one live worker still serves the pool
+    CHECK(run_command(ready_command).exit_code == 0);
+    CHECK(daemon.log().find("marked failed, trying again in 300 ms") != std::string::npos);
+    // Exponential back-off: restart delays double from restart_backoff_initial_ms (100).
+    std::vector<uint32_t> delays;
+    {
+      const std::string log = daemon.log();
+      const std::regex line("worker 0 \\(pid [0-9]+\\) [^\\n]*; restarting in ([0-9]+) ms");
+      for (std::sregex_iterator it(log.begin(), log.end(), line), end; it != end; ++it) {
+        delays.push_back(static_cast<uint32_t>(std::stoul((*it)[1].str())));
+      }
     }
-  }
-  CHECK(delays == std::vector<uint32_t>{100, 200, 400, 800, 1600});
-  check_echo_works(client);  // on the worker that is left
-  {
-    Client another = connect_client(daemon);  // the segment is back: new clients connect
-    check_echo_works(another);
-  }
+    CHECK(delays == std::vector<uint32_t>{100, 200, 400, 800, 1600});
+    check_echo_works(client);  // on the worker that is left
 
-  const json second = kill_until_failed(daemon, queue, 1);
-  INFO("worker 1: " << second.dump());
-  status = daemon.status();
-  INFO("status: " << status.dump());
-  CHECK(status.at("pools").at(0).at("workers").at(0).at("state") == "failed");  // stays failed
-  CHECK(status.at("pools").at(0).at("workers_ready") == 0);
-  CHECK(status.at("pools").at(0).at("status") == "down");
-  CHECK(status.at("ready") == false);
-  const CommandResult not_ready = run_command(ready_command);
-  CHECK(not_ready.exit_code == 1);
-  CHECK(not_ready.output.find("not ready") != std::string::npos);
+    // Failed is not the end: it is tried again, and fails again, every start back-off.
+    json worker;
+    CHECK_MESSAGE(poll_until(
+                      [&] {
+                        worker = worker_status(daemon, 0);
+                        return !worker.is_null() && worker.at("start_failures") >= 7;
+                      },
+                      20s, 5ms),
+                  "worker 0 was not tried again: " << worker.dump());
+    CHECK(daemon.log().find("failed to start 7 times in a row: marked failed, trying again in "
+                            "600 ms") != std::string::npos);
+    const std::string text = run_command(std::string("'") + gpuqctl_path() + "' --runtime-dir '" +
+                                         daemon.runtime_dir() + "' status")
+                                 .output;
+    CHECK_MESSAGE(text.find("worker 0: failed to start ") != std::string::npos, text);
+    CHECK_MESSAGE(text.find("before it was ready") != std::string::npos, text);
+  }  // the segment is back: the next start succeeds
+
+  json worker;
+  CHECK_MESSAGE(poll_until(
+                    [&] {
+                      worker = worker_status(daemon, 0);
+                      return !worker.is_null() && worker.at("state") == "ready";
+                    },
+                    20s, 5ms),
+                "worker 0 did not come back: " << worker.dump());
+  CHECK(worker.at("start_failures") == 0);
+  CHECK(worker.at("next_start_ms").is_null());
+  json status = daemon.status();
+  CHECK(status.at("pools").at(0).at("status") == "ready");
+  CHECK(status.at("ready") == true);
+  // It serves: the client's jobs run on both workers again (each one's echo, by its id).
+  std::set<uint32_t> served_by;
+  for (int i = 0; i < 200 && served_by.size() < 2; ++i) {
+    Job job = submit_ok(client, sleep_spec(2000));
+    Job other = submit_ok(client, sleep_spec(2000));
+    served_by.insert(wait_done(job).worker_id);
+    served_by.insert(wait_done(other).worker_id);
+  }
+  CHECK(served_by == std::set<uint32_t>{0, 1});
+  const ChildExit exit = daemon.terminate();
+  CHECK_MESSAGE(exit.ok(), "gpuqd " << exit.describe());
+}
+
+TEST_CASE(
+    "a pool whose workers all keep dying at start-up fails its jobs with PoolDown within "
+    "pool_down_fail_ms, refuses new ones at once, and serves again when a worker starts") {
+  constexpr auto kDownAfter = 2000ms;
+  DaemonProcess daemon(one_pool_config(2, {{"pool_down_fail_ms", kDownAfter.count()},
+                                           {"start_backoff_initial_ms", 200},
+                                           {"start_backoff_max_ms", 400}}));
+  QueueMapping queue;
+  REQUIRE(map_queue_segment(daemon.runtime_dir(), &queue).empty());
+  Client client = connect_client(daemon);
+  check_echo_works(client);
+  const std::string gpuqctl =
+      std::string("'") + gpuqctl_path() + "' --runtime-dir '" + daemon.runtime_dir() + "' ";
+  {
+    StartFailures failing(queue.name);
+    const auto killed_at = std::chrono::steady_clock::now();
+    for (uint32_t w : {0u, 1u}) {
+      REQUIRE(::kill(daemon.status().at("pools").at(0).at("workers").at(w).at("pid").get<pid_t>(),
+                     SIGKILL) == 0);
+    }
+    // Jobs queue while the pool has no ready worker: as many as this client's share holds,
+    // and one more that waits for room in it.
+    const uint32_t share = daemon.status().at("pools").at(0).at("client_share").get<uint32_t>();
+    std::vector<Job> queued;
+    std::vector<std::chrono::steady_clock::time_point> submitted_at;
+    for (uint32_t i = 0; i < share; ++i) {
+      auto job = client.try_submit(noop_spec());
+      REQUIRE_MESSAGE(job.ok(), "submit " << i << ": " << error_text(job));
+      queued.push_back(std::move(*job));
+      submitted_at.push_back(std::chrono::steady_clock::now());
+    }
+    const auto blocked_from = std::chrono::steady_clock::now();
+    auto blocked = client.submit(noop_spec(), 30s);
+    const auto blocked_until = std::chrono::steady_clock::now();
+    REQUIRE_FALSE(blocked.ok());
+    CHECK(blocked.error().code() == ErrorCode::kPoolDown);
+    CHECK(blocked_until - blocked_from <= kDownAfter + 1s);
+    // Not before pool_down_fail_ms: the clock started when the last ready worker died.
+    CHECK(blocked_until - killed_at >= kDownAfter - 100ms);
+    const std::string why = blocked.error().message();
+    INFO("PoolDown: " << why);
+    CHECK(why.find("pool 'cpu' is down (no ready worker for 2000 ms): worker ") == 0);
+    CHECK(why.find("before it was ready") != std::string::npos);
+
+    for (size_t i = 0; i < queued.size(); ++i) {
+      JobResult r = wait_result(queued[i], 10s);
+      CHECK(r.status == JobStatus::kFailed);
+      CHECK(r.code == ErrorCode::kPoolDown);
+      CHECK(r.message.find("pool 'cpu' is down (no ready worker for 2000 ms)") == 0);
+      CHECK(r.run_ns == 0);
+    }
+    // Ended by the time the blocked submit saw the pool down: within the bound of their own
+    // submits as well.
+    CHECK(blocked_until - submitted_at.front() <= kDownAfter + 1s);
+
+    // New jobs fail at once, blocking or not, while the pool stays down.
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto now_refused = client.submit(noop_spec(), 30s);
+      const auto took = std::chrono::steady_clock::now() - t0;
+      REQUIRE_FALSE(now_refused.ok());
+      CHECK(now_refused.error().code() == ErrorCode::kPoolDown);
+      CHECK(took < 500ms);
+      auto try_refused = client.try_submit(noop_spec());
+      REQUIRE_FALSE(try_refused.ok());
+      CHECK(try_refused.error().code() == ErrorCode::kPoolDown);
+    }
+    const json status = daemon.status();
+    INFO("status: " << status.dump());
+    const json& pool = status.at("pools").at(0);
+    CHECK(pool.at("failing_jobs") == true);
+    CHECK(pool.at("accepting") == false);
+    CHECK(pool.at("status") == "down");
+    CHECK(pool.at("queue_depth") == 0);
+    CHECK(pool.at("failing_jobs_error").get<std::string>().find("pool 'cpu'") == 0);
+    CHECK(status.at("ready") == false);
+    const CommandResult text = run_command(gpuqctl + "status");
+    CHECK_MESSAGE(
+        text.output.find("jobs fail with PoolDown: pool 'cpu' is down (no ready worker") !=
+            std::string::npos,
+        text.output);
+    const CommandResult metrics = run_command(gpuqctl + "metrics");
+    CHECK_MESSAGE(metrics.output.find("gpuq_pool_down{pool=\"cpu\"} 1") != std::string::npos,
+                  metrics.output);
+    CHECK_MESSAGE(
+        metrics.output.find("outcome=\"pool_down\"} " + std::to_string(share)) != std::string::npos,
+        metrics.output);
+    CHECK(run_command(gpuqctl + "ready").exit_code == 1);
+  }  // the segment is back: the next start succeeds
+
+  // Back by itself, at the next try: the pool takes jobs again.
+  json status;
+  CHECK_MESSAGE(poll_until(
+                    [&] {
+                      status = try_status(daemon.runtime_dir());
+                      return !status.is_null() &&
+                             status.at("pools").at(0).at("workers_ready").get<int>() > 0;
+                    },
+                    20s, 5ms),
+                "no worker came back: " << status.dump());
+  CHECK_MESSAGE(poll_until(
+                    [&] {
+                      status = try_status(daemon.runtime_dir());
+                      return !status.is_null() && status.at("pools").at(0).at("accepting") == true;
+                    },
+                    5s, 5ms),
+                status.dump());
+  CHECK(status.at("pools").at(0).at("failing_jobs") == false);
+  check_echo_works(client);
   const ChildExit exit = daemon.terminate();
   CHECK_MESSAGE(exit.ok(), "gpuqd " << exit.describe());
 }

@@ -76,6 +76,7 @@ static void test_library_facts(void) {
   CHECK(strcmp(gpuq_status_name(GPUQ_QUEUE_FULL), "QueueFull") == 0);
   CHECK(strcmp(gpuq_status_name(GPUQ_OP_FAILED), "OpFailed") == 0);
   CHECK(strcmp(gpuq_status_name(GPUQ_TIMED_OUT), "TimedOut") == 0);
+  CHECK(strcmp(gpuq_status_name(GPUQ_POOL_DOWN), "PoolDown") == 0);
   CHECK(strcmp(gpuq_status_name(GPUQ_TIMEOUT), "Timeout") == 0);
   CHECK(strcmp(gpuq_status_name((gpuq_status_t)1000), "Unknown") == 0);
   CHECK(strcmp(gpuq_job_status_name(GPUQ_JOB_DONE), "done") == 0);

@@ -226,6 +226,8 @@ TEST_CASE("a worker whose plug-in file changed since gpuqd started is refused, n
   c["restart_backoff_initial_ms"] = 1;
   c["restart_backoff_max_ms"] = 8;
   c["max_start_failures"] = 2;
+  c["start_backoff_initial_ms"] = 50;
+  c["start_backoff_max_ms"] = 100;
   DaemonProcess daemon(c.dump());
   const pid_t first = daemon.status()["pools"][0]["workers"][0].value("pid", 0);
   REQUIRE(first > 0);
@@ -241,6 +243,13 @@ TEST_CASE("a worker whose plug-in file changed since gpuqd started is refused, n
       20s));
   INFO("worker state " << state << "\n" << daemon.log());
   CHECK(daemon.log().find("loaded other plug-in ops") != std::string::npos);
+  // Failed is not given up on: it is tried again after the start back-off, and refused again
+  // for as long as the file differs.
+  CHECK(wait_until(
+      [&] { return daemon.status()["pools"][0]["workers"][0].value("start_failures", 0) >= 4; },
+      20s));
+  const nlohmann::json w = daemon.status()["pools"][0]["workers"][0];
+  CHECK(w.value("state", "") != "ready");
   ::unlink(path.c_str());
   ::rmdir(dir);
 }

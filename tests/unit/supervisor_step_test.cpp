@@ -13,11 +13,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -111,7 +113,8 @@ struct Harness {
   std::shared_ptr<FakeLauncher> launcher = std::make_shared<FakeLauncher>();
   std::unique_ptr<Supervisor> sup;
 
-  explicit Harness(uint32_t workers, uint32_t max_start_failures = 5) {
+  explicit Harness(uint32_t workers, uint32_t max_start_failures = 5,
+                   const std::function<void(Config&)>& tweak = {}) {
     char tmpl[] = "/tmp/gpuq-step-XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
@@ -130,6 +133,7 @@ struct Harness {
     o.config.restart_backoff_max_ms = 1;
     o.config.max_start_failures = max_start_failures;
     o.config.job_clock = StampClock::kMonotonic;
+    if (tweak) tweak(o.config);
     o.launcher = launcher;
     sup = std::make_unique<Supervisor>(std::move(o));
     auto r = sup->start();
@@ -288,18 +292,165 @@ TEST_CASE("supervisor step: a reference a dying worker took is pushed again") {
   CHECK(c.word(3).state == JobState::kSubmitted);
 }
 
-TEST_CASE("supervisor step: a worker that dies before ready max_start_failures times is failed") {
-  Harness h(1, /*max_start_failures=*/3);
+TEST_CASE(
+    "supervisor step: a worker that fails to start max_start_failures times is failed, tried "
+    "again after the start back-off, and comes back") {
+  Harness h(1, /*max_start_failures=*/3, [](Config& c) {
+    c.start_backoff_initial_ms = 300;
+    c.start_backoff_max_ms = 300;
+  });
   for (size_t launch = 1; launch <= 3; ++launch) {
     REQUIRE(h.step_until([&] { return h.launcher->launches_of(0) == launch; }));
     h.launcher->exit(h.launcher->pid_of(0), 0, /*code=*/3);
   }
   REQUIRE(h.step_until([&] { return h.worker_state(0) == "failed"; }));
-  for (int i = 0; i < 20; ++i) REQUIRE(static_cast<bool>(h.sup->step(5)));
-  CHECK(h.launcher->launches_of(0) == 3);  // not restarted
-  const json s = h.status();
+  const auto failed_at = std::chrono::steady_clock::now();
+  json s = h.status();
+  INFO("status: " << s.dump());
+  const json& w = s["pools"][0]["workers"][0];
+  CHECK(w["start_failures"] == 3);
+  CHECK(w["last_exit"] == "exited with status 3 before it was ready");
+  REQUIRE(w["next_start_ms"].is_number());
+  CHECK(w["next_start_ms"].get<double>() > 100);
+  CHECK(w["next_start_ms"].get<double>() <= 300);
   CHECK(s["pools"][0]["status"] == "down");
   CHECK(s["ready"] == false);
+  const std::string metrics = h.sup->metrics_text();
+  CHECK_MESSAGE(
+      metrics.find("gpuq_worker_consecutive_start_failures{pool=\"cpu\",worker=\"0\",last_exit="
+                   "\"exited with status 3 before it was ready\"} 3") != std::string::npos,
+      metrics);
+  CHECK_MESSAGE(metrics.find("gpuq_worker_next_start_seconds{pool=\"cpu\",worker=\"0\"} ") !=
+                    std::string::npos,
+                metrics);
+
+  // Not before its back-off, but then: a fourth start, and a fifth after another failure.
+  REQUIRE(h.step_until([&] { return h.launcher->launches_of(0) == 4; }));
+  CHECK(std::chrono::steady_clock::now() - failed_at >= std::chrono::milliseconds(250));
+  h.launcher->exit(h.launcher->pid_of(0), 0, /*code=*/3);
+  REQUIRE(h.step_until([&] { return h.worker_state(0) == "failed"; }));
+  CHECK(h.status()["pools"][0]["workers"][0]["start_failures"] == 4);
+  REQUIRE(h.step_until([&] { return h.launcher->launches_of(0) == 5; }));
+  h.report_ready(0);
+  s = h.status();
+  CHECK(s["pools"][0]["workers"][0]["start_failures"] == 0);
+  CHECK(s["pools"][0]["workers"][0]["next_start_ms"].is_null());
+  CHECK(s["pools"][0]["status"] == "ready");
+  CHECK(s["ready"] == true);
+  CHECK(h.sup->metrics_text().find("gpuq_worker_consecutive_start_failures{") == std::string::npos);
+}
+
+// A pool's workers fail to start (exit 3 before ready, retried after a long back-off): after
+// pool_down_fail_ms the pool is down.
+Harness failing_pool(uint32_t workers, uint32_t down_ms) {
+  return Harness(workers, /*max_start_failures=*/1, [down_ms](Config& c) {
+    c.start_backoff_initial_ms = 60000;
+    c.start_backoff_max_ms = 60000;
+    c.pool_down_fail_ms = down_ms;
+  });
+}
+
+TEST_CASE(
+    "supervisor step: a pool with no ready worker for pool_down_fail_ms fails its queued jobs "
+    "with PoolDown, refuses new ones, and takes them again once a worker is ready") {
+  Harness h(1, /*max_start_failures=*/1, [](Config& c) {
+    c.start_backoff_initial_ms = 400;
+    c.start_backoff_max_ms = 400;
+    c.pool_down_fail_ms = 150;
+  });
+  TestClient c(h);
+  PoolShm& ps = h.sup->queue().pool(0);
+  c.set_job(0, JobState::kSubmitted, -1, /*retryable=*/true);  // retryable changes nothing
+  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(0)));
+  c.set_job(1, JobState::kSubmitted, -1, false);
+  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(1)));
+  c.set_job(2, JobState::kCancelled, -1, false);  // cancelled while queued: its entry is stale
+  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(2)));
+
+  h.launcher->exit(h.launcher->pid_of(0), 0, /*code=*/3);
+  const auto failed_at = std::chrono::steady_clock::now();
+  REQUIRE(h.step_until([&] { return c.word(0).state != JobState::kSubmitted; }));
+  CHECK(std::chrono::steady_clock::now() - failed_at >= std::chrono::milliseconds(140));
+  for (uint32_t s : {0u, 1u}) {
+    CAPTURE(s);
+    CHECK(c.word(s).state == JobState::kFailed);
+    CHECK(c.view.slot(s).outcome.code == static_cast<int32_t>(ErrorCode::kPoolDown));
+    const std::string message = c.view.slot(s).message;
+    CHECK_MESSAGE(message.find("pool 'cpu' is down (no ready worker for 150 ms): ") == 0, message);
+    CHECK_MESSAGE(
+        message.find("worker 0 exited with status 3 before it was ready") != std::string::npos,
+        message);
+  }
+  CHECK(c.word(2).state == JobState::kCancelled);  // left as it was
+  CHECK(h.sup->queue().ring(0).size() == 0);       // every entry taken out
+  // New jobs: the client sees the pool down, and why.
+  CHECK(ps.accepting.load() == kPoolDown);
+  CHECK(pool_down_reason(ps).find("pool 'cpu' is down (no ready worker for 150 ms): worker 0 "
+                                  "exited with status 3 before it was ready") == 0);
+  json s = h.status();
+  INFO("status: " << s.dump());
+  CHECK(s["pools"][0]["failing_jobs"] == true);
+  CHECK(s["pools"][0]["accepting"] == false);
+  CHECK(s["pools"][0]["failing_jobs_error"].get<std::string>().find("exited with status 3") !=
+        std::string::npos);
+  CHECK(s["pools"][0]["unserved_ms"].get<double>() >= 140);
+  CHECK(h.sup->metrics_text().find("gpuq_pool_down{pool=\"cpu\"} 1") != std::string::npos);
+
+  // A job pushed anyway (by a client that looked just before): failed on a later round.
+  c.set_job(3, JobState::kSubmitted, -1, false);
+  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(3)));
+  REQUIRE(h.step_until([&] { return c.word(3).state == JobState::kFailed; }));
+
+  // The worker is started again after its back-off and is ready: the pool takes jobs again.
+  REQUIRE(h.step_until([&] { return h.launcher->launches_of(0) == 2; }));
+  h.report_ready(0);
+  REQUIRE(h.step_until([&] { return ps.accepting.load() == kPoolAccepting; }));
+  s = h.status();
+  CHECK(s["pools"][0]["failing_jobs"] == false);
+  CHECK(s["pools"][0]["failing_jobs_error"].is_null());
+  CHECK(s["pools"][0]["unserved_ms"].is_null());
+  c.set_job(4, JobState::kSubmitted, -1, false);
+  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(4)));
+  for (int i = 0; i < 10; ++i) REQUIRE(static_cast<bool>(h.sup->step(5)));
+  CHECK(c.word(4).state == JobState::kSubmitted);  // queued for the worker, not failed
+}
+
+TEST_CASE("supervisor step: pool_down_fail_ms 0 lets a pool's jobs wait however long") {
+  Harness h = failing_pool(1, 0);
+  TestClient c(h);
+  c.set_job(0, JobState::kSubmitted, -1, false);
+  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(0)));
+  h.launcher->exit(h.launcher->pid_of(0), 0, /*code=*/3);
+  REQUIRE(h.step_until([&] { return h.worker_state(0) == "failed"; }));
+  for (int i = 0; i < 60; ++i) REQUIRE(static_cast<bool>(h.sup->step(5)));
+  CHECK(c.word(0).state == JobState::kSubmitted);
+  CHECK(h.sup->queue().pool(0).accepting.load() == kPoolAccepting);
+  CHECK(h.status()["pools"][0]["failing_jobs"] == false);
+}
+
+TEST_CASE("supervisor step: a pool in its first start, or whose workers are busy, is not down") {
+  Harness h = failing_pool(2, 50);
+  TestClient c(h);
+  c.set_job(0, JobState::kSubmitted, -1, false);
+  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(0)));
+  // Neither worker has reported ready or failed: a slow first start.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < until) REQUIRE(static_cast<bool>(h.sup->step(5)));
+  CHECK(c.word(0).state == JobState::kSubmitted);
+  CHECK(h.sup->queue().pool(0).accepting.load() == kPoolAccepting);
+  CHECK(h.status()["pools"][0]["unserved_ms"].is_null());
+
+  // Both ready, and both busy for longer than pool_down_fail_ms.
+  h.report_ready(0);
+  h.report_ready(1);
+  c.set_job(1, JobState::kRunning, 0, false);
+  c.set_job(2, JobState::kRunning, 1, false);
+  const auto busy_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < busy_until) {
+    REQUIRE(static_cast<bool>(h.sup->step(5)));
+  }
+  CHECK(c.word(0).state == JobState::kSubmitted);
+  CHECK(h.sup->queue().pool(0).accepting.load() == kPoolAccepting);
 }
 
 TEST_CASE("supervisor step: a worker that loaded other plug-in ops is stopped") {

@@ -119,7 +119,15 @@ void print_status_table(const Json& doc) {
     if (pool.is_object() && pool.contains("accepting") && pool["accepting"] == false) {
       line += ", not accepting jobs";
     }
+    if (auto unserved = number_field(pool, "unserved_ms")) {
+      line += ", no ready worker for " + format_ms(*unserved);
+    }
     std::cout << '\n' << line << '\n';
+    // A pool that is down: what its jobs fail with (the pool, its last worker's exit).
+    if (pool.is_object() && pool.contains("failing_jobs") && pool["failing_jobs"] == true) {
+      std::cout << "  jobs fail with PoolDown: " << text_field(pool, "failing_jobs_error", "")
+                << '\n';
+    }
     // A Python pool: its interpreter and ops, and the traceback of a failed op listing.
     if (auto py = pool.is_object() ? pool.find("python") : pool.end();
         py != pool.end() && py->is_object()) {
@@ -159,6 +167,22 @@ void print_status_table(const Json& doc) {
                         text_field(w, "jobs_done").c_str(), text_field(w, "jobs_failed").c_str(),
                         text_field(w, "restarts").c_str())
                 << format_job(w) << '\n';
+      // A worker whose starts fail, or that waits to be started again: how many in a row, how
+      // its last process ended, when the next try comes.
+      const auto failures = number_field(w, "start_failures");
+      const auto next = number_field(w, "next_start_ms");
+      if ((failures && *failures > 0) || next) {
+        std::string about = "  worker " + text_field(w, "id") + ":";
+        if (failures && *failures > 0) {
+          about += " failed to start " + text_field(w, "start_failures") + " times in a row;";
+        }
+        if (w.is_object() && w.contains("last_exit") && w["last_exit"].is_string()) {
+          about += " last exit: " + text_field(w, "last_exit") + ";";
+        }
+        if (next) about += " next start in " + format_ms(*next) + ";";
+        about.pop_back();
+        std::cout << about << '\n';
+      }
       print_indented("worker " + text_field(w, "id") + " start error",
                      text_field(w, "start_error", ""));
     }

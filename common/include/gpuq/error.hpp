@@ -42,6 +42,10 @@ enum class ErrorCode : int32_t {
   kTooManyClients = 20,    // the daemon serves its configured maximum of clients
   kOpFailed = 21,          // the op itself reported failure; the message says why
   kTimedOut = 22,          // the job ran past its time limit and was stopped
+  // The pool has had no ready worker for pool_down_fail_ms (its workers keep failing to start):
+  // its queued jobs fail, and new ones at once, until a worker is ready again. The message
+  // names the pool and its last worker's exit.
+  kPoolDown = 23,
 };
 
 // Stable name of a code ("QueueFull"), for logs and JSON. Thread-safe, never fails.
@@ -93,12 +97,14 @@ constexpr std::string_view error_code_name(ErrorCode code) noexcept {
       return "OpFailed";
     case ErrorCode::kTimedOut:
       return "TimedOut";
+    case ErrorCode::kPoolDown:
+      return "PoolDown";
   }
   return "Unknown";
 }
 
 // Largest value of ErrorCode; codes read from shared memory above it are themselves invalid.
-inline constexpr int32_t kMaxErrorCode = static_cast<int32_t>(ErrorCode::kTimedOut);
+inline constexpr int32_t kMaxErrorCode = static_cast<int32_t>(ErrorCode::kPoolDown);
 
 // An error value: a code and a human-readable message that says what was wrong.
 class Error {

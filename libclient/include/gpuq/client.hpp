@@ -194,9 +194,11 @@ class GPUQ_API Client {
   // unavailable and has no fallback; the message names the pool and the reason),
   // InvalidArgument (params), Timeout (the ring stayed full for `timeout`, counted from the
   // first look that found no room, or no job slot came free: every one of this client's
-  // `max_jobs_per_client` slots holds an unfinished job), ShuttingDown, Disconnected,
-  // ForkedClient. A finished job gives its slot back when a submit needs it, its result kept
-  // for its Job, so any number of Jobs may be held. Thread-safe; lock-free when there is room.
+  // `max_jobs_per_client` slots holds an unfinished job), ShuttingDown, PoolDown (the pool has
+  // had no ready worker for the daemon's pool_down_fail_ms; the message names the pool and its
+  // last worker's exit), Disconnected, ForkedClient. A finished job gives its slot back when a
+  // submit needs it, its result kept for its Job, so any number of Jobs may be held. Thread-safe;
+  // lock-free when there is room.
   Result<Job> submit(const JobSpec& spec,
                      std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
   // Like submit() but returns QueueFull at once when there is no room (in the ring, or no job

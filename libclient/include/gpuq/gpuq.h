@@ -85,7 +85,9 @@ typedef enum gpuq_status {
   GPUQ_NOT_CANCELLABLE = 19,   /* cancel: the job has already finished */
   GPUQ_TOO_MANY_CLIENTS = 20,  /* the daemon serves its configured maximum of clients */
   GPUQ_OP_FAILED = 21,         /* the op itself reported failure; the message says why */
-  GPUQ_TIMED_OUT = 22          /* the job ran past its time limit and was stopped */
+  GPUQ_TIMED_OUT = 22,         /* the job ran past its time limit and was stopped */
+  GPUQ_POOL_DOWN = 23          /* the pool has had no ready worker for pool_down_fail_ms; the
+                                  message names it and its last worker's exit */
 } gpuq_status_t;
 
 /* The state of a job. */
@@ -252,8 +254,10 @@ GPUQ_API gpuq_status_t gpuq_free(gpuq_client_t* client, const gpuq_buffer_t* buf
  * On success *out is a new job handle, to be released with gpuq_job_release().
  * Errors: GPUQ_INVALID_ARGUMENT (a NULL argument, unknown spec->version, a bad field or
  * parameter: the message names it), GPUQ_UNKNOWN_OP, GPUQ_UNKNOWN_POOL, GPUQ_TIMEOUT (the ring
- * stayed full, or every one of this client's job slots held an unfinished job), GPUQ_SHUTTING_DOWN,
- * GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT, GPUQ_INTERNAL. A finished job gives its slot back when a
+ * stayed full, or every one of this client's job slots held an unfinished job), GPUQ_NO_DEVICE
+ * (the pool is unavailable and has no fallback), GPUQ_SHUTTING_DOWN, GPUQ_POOL_DOWN (the pool
+ * has had no ready worker for pool_down_fail_ms), GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT,
+ * GPUQ_INTERNAL. A finished job gives its slot back when a
  * submit needs it (its result stays with its handle), so any number of handles may be held.
  * Blocking while the ring is full. Thread-safe; lock-free when there is room. */
 GPUQ_API gpuq_status_t gpuq_submit(gpuq_client_t* client, const gpuq_job_spec_t* spec,

@@ -15,10 +15,13 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "gpuq/common/event_count.hpp"
@@ -220,7 +223,7 @@ enum class WorkerState : uint32_t {
   kStarting = 0,    // spawned, not ready yet
   kReady = 1,       // waiting for or running jobs
   kRestarting = 2,  // exited; a replacement is scheduled
-  kFailed = 3,      // kept dying at start-up; no longer restarted
+  kFailed = 3,      // kept dying at start-up; tried again after the start back-off
   kStopped = 4,     // exited during shutdown
 };
 
@@ -242,6 +245,15 @@ struct alignas(64) QueueHeader {
   std::atomic<uint32_t> reserved_atomic;
 };
 
+// PoolShm::accepting: whether a submit may push to the pool. A client reads it (seq_cst) before
+// each push, and the supervisor alone writes it.
+inline constexpr uint32_t kPoolNotAccepting = 0;  // draining, or an unavailable pool: ShuttingDown
+inline constexpr uint32_t kPoolAccepting = 1;
+// No ready worker for pool_down_fail_ms: a submit fails with PoolDown and `down_reason`
+// (docs/design/faults.md, "A pool that cannot serve").
+inline constexpr uint32_t kPoolDown = 2;
+inline constexpr uint32_t kPoolDownReasonBytes = 256;
+
 struct alignas(64) PoolShm {
   char name[kPoolNameBytes];
   uint32_t id;
@@ -251,14 +263,53 @@ struct alignas(64) PoolShm {
   uint32_t first_worker;                        // index into WorkerShm[]
   uint32_t client_share;                        // most ring cells one client may hold
   uint64_t ring_offset;                         // from the start of the queue segment
-  alignas(64) std::atomic<uint32_t> accepting;  // 0 while draining
+  alignas(64) std::atomic<uint32_t> accepting;  // kPoolAccepting, kPoolNotAccepting, kPoolDown
   // Workers of this pool asleep on their own `wake` (a hint for QueueView::wake_worker).
   alignas(64) std::atomic<uint32_t> sleepers;
   // Workers of this pool in the first, pause-only phase of their idle spin (on their core, not
   // yielding it): a push needs no wakeup while one of them is looking at the ring.
   alignas(64) std::atomic<uint32_t> spinning;
   alignas(64) EventCount space;  // producers sleep here when the ring is full
+  // Why the pool is down: the error a submit returns while `accepting` is kPoolDown (it names
+  // the pool and its last worker's exit). A seqlock: the supervisor makes `down_seq` odd, writes
+  // the text, makes it even; read and written a byte at a time as relaxed atomics
+  // (set_pool_down_reason, pool_down_reason). Clients can scribble on it: a reader only ever
+  // copies it into a message.
+  alignas(64) std::atomic<uint32_t> down_seq;
+  char down_reason[kPoolDownReasonBytes];  // NUL-terminated
 };
+
+static_assert(std::atomic_ref<char>::is_always_lock_free);
+
+// The supervisor's side of PoolShm::down_reason (truncated to fit). Not thread-safe: one
+// writer.
+inline void set_pool_down_reason(PoolShm& p, std::string_view text) noexcept {
+  const uint32_t seq = p.down_seq.load(std::memory_order_relaxed);
+  p.down_seq.store(seq | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  const size_t n = std::min<size_t>(text.size(), kPoolDownReasonBytes - 1);
+  for (size_t i = 0; i <= n; ++i) {
+    std::atomic_ref<char>(p.down_reason[i])
+        .store(i < n ? text[i] : '\0', std::memory_order_relaxed);
+  }
+  p.down_seq.store((seq | 1) + 1, std::memory_order_release);
+}
+
+// A client's copy of PoolShm::down_reason: a consistent copy unless the supervisor rewrites it
+// throughout (then the last try's, still NUL-terminated). Lock-free.
+inline std::string pool_down_reason(PoolShm& p) {
+  char text[kPoolDownReasonBytes];
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const uint32_t before = p.down_seq.load(std::memory_order_acquire);
+    for (uint32_t i = 0; i < kPoolDownReasonBytes; ++i) {
+      text[i] = std::atomic_ref<char>(p.down_reason[i]).load(std::memory_order_relaxed);
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if ((before & 1) == 0 && p.down_seq.load(std::memory_order_relaxed) == before) break;
+  }
+  text[kPoolDownReasonBytes - 1] = '\0';
+  return std::string(text);
+}
 
 struct alignas(64) WorkerShm {
   uint32_t id;
