@@ -5,8 +5,9 @@
 #   format  clang-format --dry-run -Werror over every tracked (or new, not ignored) C++/CUDA file
 #   fresh   the README's run command on a clean Debian 12 root (scripts/fresh.sh): mmdebstrap
 #           root (base tarball cached outside the tree), a clean clone of HEAD, then inside it
-#           `bash scripts/setup.sh` and `bash scripts/demo.sh`, whose output must hold no warning;
-#           needs root (skipped otherwise)
+#           `bash scripts/setup.sh` and `bash scripts/demo.sh`, whose output must hold no warning,
+#           and `bash scripts/build_wheel.sh`, whose wheel then runs in a second root that has
+#           only python3 and python3-venv; needs root (skipped otherwise)
 #   build   RelWithDebInfo build with -Werror and oneDNN (GPUQ_WITH_ONEDNN=ON) in build/, ctest
 #           for every label (tests labelled `gpu` report Skipped on a machine without a GPU)
 #   tidy    the clang-tidy ratchet (scripts/tidy.py): clang-tidy with the root .clang-tidy on the

@@ -9,7 +9,9 @@ import numpy as np
 
 import gpuq
 
-with gpuq.connect(name="quickstart") as client:
+# wait=30: a daemon started just before (`gpuqd & python examples/python/quickstart.py`) may not
+# have its socket yet; without it, a missing daemon raises gpuq.Disconnected at once.
+with gpuq.connect(name="quickstart", wait=30) as client:
     print("pools:", [p["name"] for p in client.pools], "ops:", client.ops)
 
     # An array in this client's segment: workers read and write it in place.

@@ -76,12 +76,14 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def connect(runtime_dir: Optional[str] = None, segment_bytes: int = 0,
-            name: Optional[str] = None, keep_running_jobs: bool = False) -> Client:
+            name: Optional[str] = None, keep_running_jobs: bool = False,
+            wait: float = 0.0) -> Client:
     """A new :class:`Client` (a context manager: ``with gpuq.connect() as client:``).
     ``keep_running_jobs``: jobs still running when the connection ends (the process exits) run
-    to their end; by default the daemon cancels them."""
+    to their end; by default the daemon cancels them. ``wait``: seconds to keep trying while no
+    daemon answers (one that is still starting); by default :class:`Disconnected` at once."""
     return Client(runtime_dir=runtime_dir, segment_bytes=segment_bytes, name=name,
-                  keep_running_jobs=keep_running_jobs)
+                  keep_running_jobs=keep_running_jobs, wait=wait)
 
 
 def default_client() -> Client:

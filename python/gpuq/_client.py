@@ -75,8 +75,10 @@ class Client:
     client finds it; ``segment_bytes``: the size of this client's shared-memory segment, 0 for
     the daemon's default; ``name``: shown in ``gpuqctl status``; ``keep_running_jobs``: when
     this process exits (or its connection ends) with jobs still running, let them run to their
-    end instead of having the daemon cancel them). Thread-safe. Use it as a context manager, or
-    call :meth:`close`.
+    end instead of having the daemon cancel them; ``wait``: seconds to keep trying while no
+    daemon answers at the socket, for a daemon that is still starting, as after ``gpuqd &``;
+    0, the default, raises :class:`gpuq.Disconnected` at once). Thread-safe. Use it as a
+    context manager, or call :meth:`close`.
 
     After ``fork()`` the child gets a connection of its own on its first call, by itself; the
     parent's jobs and arrays stay the parent's. A Client pickles as its connect arguments, so
@@ -85,9 +87,11 @@ class Client:
 
     def __init__(self, runtime_dir: Optional[str] = None, segment_bytes: int = 0,
                  name: Optional[str] = None, spin_us: float = 50.0,
-                 keep_running_jobs: bool = False) -> None:
+                 keep_running_jobs: bool = False, wait: float = 0.0) -> None:
         if segment_bytes < 0:
             raise _errors.InvalidArgument(f"segment_bytes: must be >= 0, not {segment_bytes}")
+        if not isinstance(wait, (int, float)) or not wait >= 0:
+            raise _errors.InvalidArgument(f"wait: must be a number of seconds >= 0, not {wait!r}")
         self._runtime_dir = runtime_dir or ""
         self._segment_bytes = int(segment_bytes)
         self._name = name or ""
@@ -97,7 +101,15 @@ class Client:
         self._closed = False
         self._conn: Optional[_Connection] = None
         self._generation = _fork_generation
-        self._conn = self._connect()
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self._conn = self._connect()
+                break
+            except _errors.Disconnected:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
         _clients.add(self)
 
     def _connect(self) -> _Connection:

@@ -1,10 +1,10 @@
 """A private gpuq daemon for tests and benchmarks: ``with gpuq.testing.Daemon() as d:``.
 
-Starts ``gpuqd`` (from ``gpuqd=``, else ``$GPUQ_GPUQD``, else ``gpuqd`` on ``PATH``) in the
-foreground with a temporary runtime directory and, when ``config`` is given, that config (a
-dict, written as JSON), waits until it answers ``status`` with every worker ready (or refuses
-this user: PermissionDenied), and stops it (drain, then SIGKILL
-after ``stop_timeout``) at the end. ``d.runtime_dir`` is what clients connect to:
+Starts ``gpuqd`` (from ``gpuqd=``, else ``$GPUQ_GPUQD``, else the one in this gpuq's wheel,
+``gpuq/bin/gpuqd``, else ``gpuqd`` on ``PATH``) in the foreground with a temporary runtime
+directory and, when ``config`` is given, that config (a dict, written as JSON), waits until it
+answers ``status`` with every worker ready (or refuses this user: PermissionDenied), and stops
+it (drain, then SIGKILL after ``stop_timeout``) at the end. ``d.runtime_dir`` is what clients connect to:
 ``gpuq.connect(d.runtime_dir)``, or ``d.env()`` for child processes (``GPUQ_RUNTIME_DIR``).
 """
 
@@ -19,19 +19,22 @@ import tempfile
 import time
 from typing import Any, Dict, Optional
 
-from . import _errors, _native
+from . import _errors, _native, daemon
 
 __all__ = ["Daemon", "find_gpuqd"]
 
 
 def find_gpuqd(gpuqd: Optional[str] = None) -> str:
-    """The gpuqd binary: ``gpuqd``, else ``$GPUQ_GPUQD``, else ``gpuqd`` on ``PATH``."""
-    path = gpuqd or os.environ.get("GPUQ_GPUQD") or shutil.which("gpuqd")
+    """The gpuqd binary: ``gpuqd``, else ``$GPUQ_GPUQD``, else this install's own
+    (``gpuq/bin/gpuqd``, in the wheel of scripts/build_wheel.sh: the daemon of the same build as
+    this client), else ``gpuqd`` on ``PATH``."""
+    path = gpuqd or os.environ.get("GPUQ_GPUQD") or daemon.find_binary("gpuqd")
     if not path or not os.access(path, os.X_OK):
         raise FileNotFoundError(
             f"gpuqd not found (given {gpuqd!r}, $GPUQ_GPUQD={os.environ.get('GPUQ_GPUQD')!r}, "
-            "and none on PATH); build it (cmake --build build --target gpuqd gpuq-worker) and "
-            "set GPUQ_GPUQD=build/daemon/gpuqd")
+            f"none in {daemon.bin_dir()} (a client-only install) and none on PATH); install "
+            "the wheel of scripts/build_wheel.sh, or build it (cmake --build build --target "
+            "gpuqd gpuq-worker) and set GPUQ_GPUQD=build/daemon/gpuqd")
     return path
 
 
@@ -68,7 +71,10 @@ class Daemon:
                 json.dump(self.config, f)
             args += ["--config", path]
         log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        # As the gpuqd command starts it: this interpreter first on PATH, the default of a
+        # Python pool's "interpreter" (gpuq.daemon).
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                     env=daemon.daemon_environ())
         log.close()
         deadline = time.monotonic() + self.start_timeout
         while True:

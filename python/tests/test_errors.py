@@ -150,3 +150,27 @@ def test_shutting_down_and_disconnected():
             c.submit("noop").result(10)
         with pytest.raises(gpuq.Disconnected):
             gpuq.connect(d.runtime_dir)
+
+
+def test_connect_waits_for_a_starting_daemon():
+    """``gpuq.connect(wait=...)``: `gpuqd & python app.py` finds the daemon once its socket is
+    there; without wait, or past it, no daemon is Disconnected."""
+    import threading
+
+    d = gpuq.testing.Daemon({"pools": [{"name": "cpu", "workers": 1}]})
+    with pytest.raises(gpuq.Disconnected):
+        gpuq.connect(d.runtime_dir)
+    t0 = time.monotonic()
+    with pytest.raises(gpuq.Disconnected):
+        gpuq.connect(d.runtime_dir, wait=0.3)
+    assert time.monotonic() - t0 >= 0.3
+    with pytest.raises(gpuq.InvalidArgument, match="wait"):
+        gpuq.connect(d.runtime_dir, wait=-1)
+    starter = threading.Timer(0.5, d.start)
+    starter.start()
+    try:
+        with gpuq.connect(d.runtime_dir, wait=30) as c:
+            assert c.submit("noop").result(30) == 0
+    finally:
+        starter.join()
+        d.stop()

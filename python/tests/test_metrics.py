@@ -41,8 +41,10 @@ CONFIG = {"pools": [{"name": "cpu", "kind": "cpu", "workers": 2},
 
 
 def gpuqctl_path() -> str:
+    """gpuqctl beside gpuqd (the wheel's gpuq/bin/), else in the build tree's tools/."""
     gpuqd = pathlib.Path(gpuq.testing.find_gpuqd())
-    return str(gpuqd.parent.parent / "tools" / "gpuqctl")
+    beside = gpuqd.parent / "gpuqctl"
+    return str(beside if beside.exists() else gpuqd.parent.parent / "tools" / "gpuqctl")
 
 
 def documented_metrics():
