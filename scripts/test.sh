@@ -24,6 +24,12 @@
 #           scikit-build-core from PyPI), then pytest python/tests against the daemon of build/
 #           (gpuqd and gpuq-worker built here if the build stage did not run); the tests also run
 #           every script of examples/python. docs/python.md
+#   scaleout  gpuq under Ray and Dask, one gpuqd per node (docs/scale-out.md): a venv in
+#           build-scaleout/venv with tests/scaleout/requirements.txt (Ray, Dask, joblib,
+#           kubernetes-validate from PyPI) and ./python[test], then pytest tests/scaleout in
+#           network and PID namespaces of its own (tests/scaleout/netns.sh): two gpuqd of build/
+#           standing in for two nodes, a two-node Ray cluster and a two-worker Dask cluster whose
+#           node N reaches daemon N, one daemon killed mid-run; packaging/kubernetes validated
 #   asan    ASan+UBSan build in build-asan/, ctest labels unit|stress|integration
 #   tsan    TSan build in build-tsan/, ctest labels unit|stress|integration
 #   fuzz    clang libFuzzer build (ASan+UBSan) in build-fuzz/; runs each fuzz target of tests/fuzz
@@ -38,7 +44,7 @@
 #
 # Environment:
 #   GPUQ_TEST_STAGES   stages to run, in this order (default "format fresh build tidy package
-#                      python asan tsan fuzz");
+#                      python scaleout asan tsan fuzz");
 #                      "sanitize" stands for "asan tsan", "all" for the default list
 #   GPUQ_BUILD_JOBS    parallel compile jobs (default: nproc)
 #   GPUQ_CTEST_JOBS    parallel tests (default: nproc)
@@ -63,7 +69,7 @@ readonly BUILD_JOBS="${GPUQ_BUILD_JOBS:-$(nproc)}"
 readonly CTEST_JOBS="${GPUQ_CTEST_JOBS:-$(nproc)}"
 readonly CTEST_TIMEOUT="${GPUQ_CTEST_TIMEOUT:-900}"
 readonly SANITIZER_LABELS='^(unit|stress|integration)$'
-readonly DEFAULT_STAGES=(format fresh build tidy package python asan tsan fuzz)
+readonly DEFAULT_STAGES=(format fresh build tidy package python scaleout asan tsan fuzz)
 
 # ---- stage selection ---------------------------------------------------------------------------
 stages=()
@@ -71,9 +77,11 @@ for s in ${GPUQ_TEST_STAGES:-${DEFAULT_STAGES[*]}}; do
   case "${s}" in
     all) stages+=("${DEFAULT_STAGES[@]}") ;;
     sanitize) stages+=(asan tsan) ;;
-    format | fresh | build | tidy | package | python | asan | tsan | fuzz | tidy-all) stages+=("${s}") ;;
+    format | fresh | build | tidy | package | python | scaleout | asan | tsan | fuzz | tidy-all)
+      stages+=("${s}")
+      ;;
     *)
-      echo "test.sh: unknown stage '${s}' (known: format fresh build tidy package python asan tsan fuzz tidy-all sanitize all)" >&2
+      echo "test.sh: unknown stage '${s}' (known: format fresh build tidy package python scaleout asan tsan fuzz tidy-all sanitize all)" >&2
       exit 2
       ;;
   esac
@@ -332,6 +340,34 @@ stage_python() {
   local rc=0
   GPUQ_GPUQD="${ROOT}/build/daemon/gpuqd" "${venv}/bin/pytest" -ra -p no:cacheprovider \
     --junitxml="${junit}" "${ROOT}/python/tests" "${extra[@]}" || rc=$?
+  count_results "${junit}"
+  return "${rc}"
+}
+
+# Beyond one machine (docs/scale-out.md, "Testing"): Ray and Dask from PyPI, pinned, in a venv
+# of their own with the Python client installed as the python stage installs it; the tests run
+# against the gpuqd of build/, in network and PID namespaces of their own, where Ray and Dask
+# listen on 127.0.0.1 only and every process they start ends with the namespace.
+stage_scaleout() {
+  [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
+  cmake --build build -j "${BUILD_JOBS}" --target gpuqd gpuq-worker
+  local py="${GPUQ_PYTHON:-}"
+  if [[ -z "${py}" ]]; then
+    if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=python3; fi
+  fi
+  local venv="${ROOT}/build-scaleout/venv"
+  rm -rf "${venv}"
+  "${py}" -m venv "${venv}"
+  local -a pip=("${venv}/bin/python" -m pip --disable-pip-version-check)
+  "${pip[@]}" install -q --upgrade pip
+  "${pip[@]}" install -q -r "${ROOT}/tests/scaleout/requirements.txt"
+  CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" "${pip[@]}" install -q "${ROOT}/python[test]"
+  local junit="${ROOT}/build-scaleout/pytest-junit.xml"
+  rm -f "${junit}"
+  local rc=0
+  GPUQ_GPUQD="${ROOT}/build/daemon/gpuqd" bash "${ROOT}/tests/scaleout/netns.sh" \
+    "${venv}/bin/python" "${venv}/bin/pytest" -ra -p no:cacheprovider --junitxml="${junit}" \
+    "${ROOT}/tests/scaleout" || rc=$?
   count_results "${junit}"
   return "${rc}"
 }
