@@ -128,7 +128,8 @@ bool same_geometry(const ClientSegmentGeometry& a, const ClientSegmentGeometry& 
          a.arena_bytes == b.arena_bytes && a.segment_bytes == b.segment_bytes;
 }
 
-// A body that is an object and carries nothing else: StatusRequest, StopRequest, WorkerStop.
+// A body that is an object and carries nothing else: StatusRequest, StopRequest, WorkerStop,
+// WorkerPromote.
 template <typename T>
 Result<T> decode_empty(std::string_view body, const char* message) {
   json j;
@@ -243,6 +244,13 @@ std::string encode(const WorkerStopMessage&) {
 }
 Result<WorkerStopMessage> decode_worker_stop(std::string_view body) {
   return decode_empty<WorkerStopMessage>(body, "WorkerStop");
+}
+
+std::string encode(const WorkerPromoteMessage&) {
+  return "{}";
+}
+Result<WorkerPromoteMessage> decode_worker_promote(std::string_view body) {
+  return decode_empty<WorkerPromoteMessage>(body, "WorkerPromote");
 }
 
 // ---- Welcome ----------------------------------------------------------------------------------

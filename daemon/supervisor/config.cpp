@@ -166,6 +166,8 @@ bool valid_pool_name(const std::string& n) {
 
 // The most workers one GPU may have: each holds a CUDA context (hundreds of MB) on it.
 constexpr uint64_t kMaxWorkersPerGpu = 64;
+// The most spare workers a pool may have.
+constexpr uint64_t kMaxSpareWorkers = 64;
 // GPU indexes are positions in PCI bus order; no machine has more GPUs than this.
 constexpr uint64_t kMaxGpuIndex = 255;
 
@@ -358,6 +360,10 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       if (!w) return w.error();
       p.workers = static_cast<uint32_t>(*w);
       have_workers = true;
+    } else if (key == "spare_workers") {
+      auto w = read_uint(val, kp, 0, kMaxSpareWorkers);
+      if (!w) return w.error();
+      p.spare_workers = static_cast<uint32_t>(*w);
     } else if (key == "cpus" && !gpu) {
       auto c = read_cpus(val, kp, available);
       if (!c) return c.error();
@@ -415,10 +421,11 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       return bad(kp, "is a key of \"kind\": \"gpu\" pools only");
     } else {
       return bad(kp, gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
-                           "workers_per_gpu, fallback, memory_limit, job_time_limit_ms, "
-                           "worker_spin_us, python)"
-                         : "unknown key (known: name, kind, workers, cpus, job_time_limit_ms, "
-                           "worker_spin_us, python; gpus, workers_per_gpu, fallback and "
+                           "workers_per_gpu, spare_workers, fallback, memory_limit, "
+                           "job_time_limit_ms, worker_spin_us, python)"
+                         : "unknown key (known: name, kind, workers, spare_workers, cpus, "
+                           "job_time_limit_ms, worker_spin_us, python; gpus, workers_per_gpu, "
+                           "fallback and "
                            "memory_limit with \"kind\": "
                            "\"gpu\")");
     }
@@ -676,10 +683,13 @@ Result<void> check_pool_sizes(const Config& c) {
       return bad("pools[" + std::to_string(i) + "]",
                  "queue_factor x workers = " + std::to_string(cap) + " exceeds 8192 ring cells");
     }
-    total_workers += p.workers;
+    // Spares are workers too (processes, WorkerShm slots); a pool whose count is not known
+    // yet (a gpu pool with "gpus": "all") is checked again once it is.
+    total_workers += p.workers == 0 ? 0 : p.entries();
   }
   if (total_workers > kMaxWorkers) {
-    return bad("pools", "more than " + std::to_string(kMaxWorkers) + " workers in all");
+    return bad("pools", "more than " + std::to_string(kMaxWorkers) +
+                            " workers in all (spare_workers included)");
   }
   return {};
 }

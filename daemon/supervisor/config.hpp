@@ -49,6 +49,14 @@ struct PoolConfig {
   // config (workers_per_gpu x listed GPUs; 0 with "gpus": "all") until the supervisor has
   // found the GPUs, which sets it (0 for an unavailable pool).
   uint32_t workers = 0;
+  // Spare workers (docs/design/faults.md, "Spare workers"): started and made ready like the
+  // others but kept out of the ring, each to take the place of an active worker that dies or
+  // is stopped. A gpu pool's are spread over its GPUs, round robin.
+  uint32_t spare_workers = 0;
+  // The pool's worker entries (processes, WorkerShm slots, ids): its active workers and its
+  // spares; 0 for a pool without workers (an unavailable gpu pool). `workers` alone counts
+  // the active ones, which size the ring (ring_capacity).
+  uint32_t entries() const { return workers == 0 ? 0 : workers + spare_workers; }
   std::vector<int> cpus;  // cpu pools: CPUs the workers are pinned to, one each, round robin
   // gpu pools only.
   bool all_gpus = true;           // "gpus": "all"
@@ -137,7 +145,8 @@ inline uint32_t ring_capacity(const Config& c, const PoolConfig& p) {
   return p.workers == 0 ? 1 : c.queue_factor * p.workers;
 }
 
-// The checks on sizes across pools (ring cells per pool, workers in all), on the workers each
+// The checks on sizes across pools (ring cells per pool, worker entries in all, spares
+// included), on the workers each
 // pool has now. parse_config runs them on what the file says; the supervisor again once the gpu
 // pools know their GPUs. Errors: InvalidArgument naming the key path.
 Result<void> check_pool_sizes(const Config& c);

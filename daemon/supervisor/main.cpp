@@ -70,6 +70,12 @@ std::string find_worker(const std::string& name) {
 
 // --check-config: the effective pools. A gpu pool's GPUs are looked for as the daemon would
 // (test hooks included), so that the output says whether the pool would be available.
+// " and 1 spare" (nothing without spares), for --check-config.
+std::string spares_text(const gpuq::daemon::PoolConfig& p) {
+  if (p.spare_workers == 0) return {};
+  return " and " + std::to_string(p.spare_workers) + (p.spare_workers == 1 ? " spare" : " spares");
+}
+
 int check_config(const gpuq::daemon::Config& config) {
   using gpuq::daemon::PoolConfig;
   const bool want_gpus =
@@ -91,8 +97,9 @@ int check_config(const gpuq::daemon::Config& config) {
   }
   for (const PoolConfig& p : config.pools) {
     if (p.kind == gpuq::PoolKind::kCpu) {
-      std::printf("pool %s: %u workers on %zu cpus, ring capacity %u\n", p.name.c_str(), p.workers,
-                  p.cpus.size(), gpuq::daemon::ring_capacity(config, p));
+      std::printf("pool %s: %u workers%s on %zu cpus, ring capacity %u\n", p.name.c_str(),
+                  p.workers, spares_text(p).c_str(), p.cpus.size(),
+                  gpuq::daemon::ring_capacity(config, p));
       continue;
     }
     std::string gpus = p.all_gpus ? "all" : "";
@@ -119,7 +126,8 @@ int check_config(const gpuq::daemon::Config& config) {
     if (chosen) {
       PoolConfig sized = p;
       sized.workers = static_cast<uint32_t>(chosen->size()) * p.workers_per_gpu;
-      std::printf("%u workers on %zu GPUs, ring capacity %u\n", sized.workers, chosen->size(),
+      std::printf("%u workers%s on %zu GPUs, ring capacity %u\n", sized.workers,
+                  spares_text(p).c_str(), chosen->size(),
                   gpuq::daemon::ring_capacity(config, sized));
     } else {
       std::printf("unavailable: %s\n", chosen.error().message().c_str());

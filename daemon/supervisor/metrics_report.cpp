@@ -331,8 +331,8 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
   }
 
   // Workers by state, and their counters, by pool.
-  static constexpr const char* kStates[] = {"starting",   "idle",   "busy",   "stuck",
-                                            "restarting", "failed", "stopped"};
+  static constexpr const char* kStates[] = {"starting",   "idle",   "busy",    "stuck",
+                                            "restarting", "failed", "stopped", "spare"};
   std::vector<std::array<uint64_t, std::size(kStates)>> states(pools);
   std::vector<uint64_t> restarts(pools), start_failures(pools);
   for (const auto& w : src.workers->all()) {
@@ -345,7 +345,9 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
         break;
       case WorkerState::kReady:
         if (src.watch->stuck(*w)) {
-          state = 3;
+          state = 3;  // a spare too: one whose place was taken as it was being stopped
+        } else if (w->spare) {
+          state = 7;  // ready, held out of the ring until promoted
         } else {
           state = (w->priv().job_seq.load(std::memory_order_relaxed) & 1) != 0 ? 2 : 1;
         }
@@ -377,6 +379,11 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
            "Worker processes that ended before they were ready.");
   for (uint32_t p = 0; p < pools; ++p) {
     e.sample("gpuq_worker_start_failures_total", pool_label(p), start_failures[p]);
+  }
+  e.family("gpuq_spare_promotions_total", "counter",
+           "Spare workers that took the place of a worker that died or was stopped.");
+  for (uint32_t p = 0; p < pools; ++p) {
+    e.sample("gpuq_spare_promotions_total", pool_label(p), src.spares->promotions(p));
   }
   e.family("gpuq_pool_down", "gauge",
            "1 while the pool has had no ready worker for pool_down_fail_ms and its jobs fail "
@@ -436,7 +443,7 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
         const WorkerMetrics& m = w->metrics();
         const uint64_t budget = m.device_memory_budget.load(std::memory_order_relaxed);
         if (budget == 0) continue;
-        const int g = plan.placements[w->id].gpu;
+        const int g = w->placement.gpu;
         e.sample(name,
                  {{"pool", c.pools[w->pool].name},
                   {"worker", std::to_string(w->id)},

@@ -127,7 +127,7 @@ void learn_python_ops(Config& c, PoolPlan& plan) {
   uint32_t first_worker = 0;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     PoolConfig& pool = c.pools[p];
-    const uint32_t workers = pool.workers;
+    const uint32_t workers = pool.entries();
     if (!pool.python || !plan.pools[p].available) {
       first_worker += workers;
       continue;
@@ -206,7 +206,9 @@ Result<PoolPlan> plan_pools(Config& c, const std::string& gpu_worker_path, bool 
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     PoolConfig& pool = c.pools[p];
     if (pool.kind == PoolKind::kCpu) {
-      for (uint32_t i = 0; i < pool.workers; ++i) {
+      // The spares (after the active workers) go on round robin: each idles on the CPU of an
+      // active worker it may replace, with as many threads as a worker with one CPU starts.
+      for (uint32_t i = 0; i < pool.entries(); ++i) {
         plan.placements.push_back({{pool.cpus[i % pool.cpus.size()]}, "-1", -1});
       }
       continue;
@@ -229,6 +231,7 @@ Result<PoolPlan> plan_pools(Config& c, const std::string& gpu_worker_path, bool 
       continue;
     }
     plan.pools[p].gpus = *chosen;
+    std::vector<WorkerPlacement> on_gpu;  // one per GPU, in the order of `chosen`
     for (uint32_t g : *chosen) {
       const GpuInfo& gpu = plan.discovery.gpus[g];
       // The GPU's local CPUs that this daemon may use; all of its CPUs when the two sets do not
@@ -251,6 +254,12 @@ Result<PoolPlan> plan_pools(Config& c, const std::string& gpu_worker_path, bool 
       for (uint32_t k = 0; k < pool.workers_per_gpu; ++k) {
         plan.placements.push_back({cpus, visible, static_cast<int>(g)});
       }
+      on_gpu.push_back({cpus, visible, static_cast<int>(g)});
+    }
+    // Spares after the active workers, spread over the GPUs: a spare takes the place of a
+    // worker on its own GPU only (SparePool).
+    for (uint32_t k = 0; k < pool.spare_workers; ++k) {
+      plan.placements.push_back(on_gpu[k % on_gpu.size()]);
     }
     pool.workers = static_cast<uint32_t>(chosen->size()) * pool.workers_per_gpu;
   }

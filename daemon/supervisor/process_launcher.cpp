@@ -1,5 +1,6 @@
 #include "process_launcher.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/prctl.h>
@@ -8,7 +9,10 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <set>
+#include <string>
 
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/posix_call.hpp"
@@ -81,6 +85,40 @@ std::optional<ChildExit> ForkExecLauncher::reap() {
   // 0: children, none exited; ECHILD: no children at all.
   if (!pid || *pid == 0) return std::nullopt;
   return ChildExit{static_cast<pid_t>(*pid), status};
+}
+
+Result<void> ForkExecLauncher::set_affinity(pid_t pid, const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+  }
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  std::set<pid_t> pinned;
+  // A thread started during a pass inherits the affinity of the thread that started it, which
+  // may not have been pinned yet: pass again until a pass finds no new thread (a few at most).
+  for (int pass = 0; pass < 8; ++pass) {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return GPUQ_SYSTEM_ERROR(("opendir " + dir).c_str());
+    bool found_new = false;
+    Result<void> result;
+    while (const dirent* e = ::readdir(d)) {
+      char* end = nullptr;
+      const long tid = std::strtol(e->d_name, &end, 10);
+      if (end == e->d_name || *end != '\0' || tid <= 0) continue;  // "." and ".."
+      if (!pinned.insert(static_cast<pid_t>(tid)).second) continue;
+      found_new = true;
+      // ESRCH: the thread has ended since the listing.
+      if (auto r = GPUQ_POSIX_CALL(::sched_setaffinity, static_cast<pid_t>(tid), sizeof set, &set);
+          !r && errno != ESRCH && result) {
+        result = r.error();
+      }
+    }
+    (void)::closedir(d);  // a directory stream: nothing to lose
+    if (!result) return result;
+    if (!found_new) return {};
+  }
+  return {};
 }
 
 }  // namespace gpuq::daemon

@@ -41,6 +41,11 @@ class ProcessLauncher {
   // A child that has exited, or nothing when none has. The supervisor calls it on SIGCHLD until
   // it returns nothing.
   virtual std::optional<ChildExit> reap() = 0;
+  // Pins every thread of running process `pid` to `cpus` (a promoted spare worker takes the
+  // CPUs of the worker it replaces; a Python worker has several threads). Errors: SystemError
+  // when its threads cannot be listed or one cannot be pinned (one that exits meanwhile is no
+  // error).
+  virtual Result<void> set_affinity(pid_t pid, const std::vector<int>& cpus) = 0;
 };
 
 // fork + execve. Everything the child needs is prepared before fork(); after it, the child
@@ -51,6 +56,9 @@ class ForkExecLauncher final : public ProcessLauncher {
   Result<pid_t> launch(const LaunchSpec& spec) override;
   void kill(pid_t pid) override;
   std::optional<ChildExit> reap() override;
+  // sched_setaffinity on each thread of /proc/<pid>/task, again until a pass finds no thread
+  // it had not pinned (one a thread started meanwhile).
+  Result<void> set_affinity(pid_t pid, const std::vector<int>& cpus) override;
 };
 
 }  // namespace gpuq::daemon

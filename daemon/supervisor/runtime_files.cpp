@@ -69,8 +69,8 @@ Result<void> RuntimeFiles::lock_dir() {
 
 Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
   const Config& c = config_;
-  uint32_t worker_count = 0;
-  for (const auto& p : c.pools) worker_count += p.workers;
+  uint32_t worker_count = 0;  // worker entries: active workers and spares
+  for (const auto& p : c.pools) worker_count += p.entries();
   uint64_t off = sizeof(QueueHeader);
   const uint64_t pools_off = off;
   off += c.pools.size() * sizeof(PoolShm);
@@ -121,7 +121,7 @@ Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
     ps.id = p;
     ps.kind = static_cast<uint32_t>(c.pools[p].kind);
     ps.capacity = ring_capacity(c, c.pools[p]);
-    ps.worker_count = c.pools[p].workers;
+    ps.worker_count = c.pools[p].entries();  // its spares too: their WorkerShm follow
     ps.first_worker = first;
     ps.client_share =
         std::max<uint32_t>(1, static_cast<uint32_t>(ps.capacity * c.client_queue_share));
@@ -131,7 +131,7 @@ Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
     ps.accepting.store(plan.pools[p].available ? kPoolAccepting : kPoolNotAccepting,
                        std::memory_order_relaxed);
     JobRing::create(queue_.base() + ring_offsets[p], ps.capacity);
-    for (uint32_t i = 0; i < c.pools[p].workers; ++i) {
+    for (uint32_t i = 0; i < c.pools[p].entries(); ++i) {
       WorkerShm& ws = queue_.worker(first + i);
       ws.id = first + i;
       ws.pool_id = p;
@@ -140,7 +140,7 @@ Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
       const std::vector<int>& cpus = plan.placements[first + i].cpus;
       ws.cpu = cpus.size() == 1 ? cpus.front() : -1;
     }
-    first += c.pools[p].workers;
+    first += c.pools[p].entries();
   }
   // From here on this process indexes the segment with this copy of the layout only; clients
   // can write the segment's own copy (QueueLayout).

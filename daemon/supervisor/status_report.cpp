@@ -36,6 +36,9 @@ std::string pools_summary(const std::vector<PoolHealth>& pools) {
       continue;
     }
     s += p.name + " " + std::to_string(p.ready) + "/" + std::to_string(p.total) + " ready";
+    if (p.spares > 0) {
+      s += ", " + std::to_string(p.spares_ready) + "/" + std::to_string(p.spares) + " spare ready";
+    }
     if (p.stuck > 0) s += ", " + std::to_string(p.stuck) + " stuck";
     if (p.failed > 0) s += ", " + std::to_string(p.failed) + " failed";
     if (p.settling > 0) s += ", " + std::to_string(p.settling) + " starting";
@@ -99,18 +102,25 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
     }
     const uint32_t limit = c.pools[p].job_time_limit_ms;
     pool["job_time_limit_ms"] = limit != 0 ? json(limit) : json(nullptr);
-    uint32_t ready = 0, total = 0, stuck_count = 0;
+    uint32_t ready = 0, total = 0, stuck_count = 0, spares = 0, spares_ready = 0;
     uint64_t stops_forced = 0;
     pool["workers"] = json::array();
     for (const auto& w : s_.workers->all()) {
       if (w->pool != p) continue;
       const WorkerShm& ws = queue.worker(w->id);
-      ++total;
       const bool stuck = w->state == WorkerState::kReady && s_.watch->stuck(*w);
-      if (w->state == WorkerState::kReady && !stuck) ++ready;
-      if (stuck) ++stuck_count;
+      // Spares serve nothing until promoted: counted apart, never in ready and total.
+      if (w->spare) {
+        ++spares;
+        // Not one being stopped: it gave its place to a spare as it was killed.
+        if (w->state == WorkerState::kReady && !w->forced) ++spares_ready;
+      } else {
+        ++total;
+        if (w->state == WorkerState::kReady && !stuck) ++ready;
+        if (stuck) ++stuck_count;
+      }
       stops_forced += w->stops_forced;
-      const WorkerPlacement& at = plan.placements[w->id];
+      const WorkerPlacement& at = w->placement;
       const auto job = w->state == WorkerState::kReady ? s_.watch->running(*w) : std::nullopt;
       json job_json = nullptr;
       if (job) {
@@ -133,6 +143,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
           waiting ? static_cast<int64_t>(w->respawn_at_ns) - static_cast<int64_t>(now) : 0;
       pool["workers"].push_back(
           {{"id", w->id},
+           {"role", w->spare ? "spare" : "active"},
            {"pid", w->pid},
            {"cpus", at.cpus},
            {"state", stuck ? "stuck" : worker_state_name(w->state)},
@@ -165,9 +176,12 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
             : json(nullptr);
     pool["failing_jobs"] = outage.down(p);
     pool["failing_jobs_error"] = outage.down(p) ? json(outage.reason(p)) : json(nullptr);
-    pool["workers_ready"] = ready;  // able to take work: ready and not stuck
+    pool["workers_ready"] = ready;  // able to take work: active, ready and not stuck
     pool["workers_stuck"] = stuck_count;
-    pool["workers_total"] = total;
+    pool["workers_total"] = total;  // active workers (`workers`), spares apart
+    pool["spares_ready"] = spares_ready;
+    pool["spares_total"] = spares;
+    pool["spare_promotions"] = s_.spares->promotions(p);
     pool["stops_forced"] = stops_forced;
     if (const auto& py = c.pools[p].python) {
       json ops = json::array();
@@ -242,6 +256,14 @@ std::vector<PoolHealth> StatusReport::pool_health() const {
   }
   for (const auto& w : s_.workers->all()) {
     PoolHealth& h = pools[w->pool];
+    if (w->spare) {
+      ++h.spares;
+      if (w->state == WorkerState::kReady && !w->forced) ++h.spares_ready;
+      if (w->state == WorkerState::kStarting || w->state == WorkerState::kRestarting) {
+        if (!w->backoff.failing()) ++h.settling;
+      }
+      continue;
+    }
     ++h.total;
     const bool stuck = w->state == WorkerState::kReady && s_.watch->stuck(*w);
     if (w->state == WorkerState::kReady && !stuck) ++h.ready;

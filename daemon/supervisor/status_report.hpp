@@ -13,22 +13,26 @@
 #include "job_watch.hpp"
 #include "pool_outage.hpp"
 #include "pool_plan.hpp"
+#include "spare_pool.hpp"
 #include "worker_set.hpp"
 
 namespace gpuq::daemon {
 
 struct PoolHealth {
   std::string name;
-  // ready: able to take work (ready and not stuck); failed: its starts keep failing
-  // (max_start_failures or more in a row; retried after the start back-off, and counted here
-  // while it tries again too); settling: starting or restarting, the others.
+  // Active workers (spares apart). ready: able to take work (ready and not stuck); failed: its
+  // starts keep failing (max_start_failures or more in a row; retried after the start
+  // back-off, and counted here while it tries again too); settling: starting or restarting,
+  // the others, spares included (READY=1 waits for the spares too).
   uint32_t ready = 0, failed = 0, settling = 0, stuck = 0, total = 0;
+  uint32_t spares = 0, spares_ready = 0;  // spare workers (spare_workers), and those ready
   uint32_t capacity = 0;
   bool unavailable = false;  // a gpu pool without a GPU (PoolState)
   bool down = false;         // no ready worker for pool_down_fail_ms: its jobs fail (PoolOutage)
 };
 
-// "cpu 2/2 ready, ring 20; gpu0 0/2 ready, 2 failed, failing jobs, ring 20; gpu1 unavailable"
+// "cpu 2/2 ready, ring 20; gpu0 0/2 ready, 2 failed, failing jobs, ring 20; gpu1 unavailable";
+// a pool with spares: "py 2/2 ready, 1/1 spare ready, ring 20"
 std::string pools_summary(const std::vector<PoolHealth>& pools);
 
 class StatusReport {
@@ -42,6 +46,7 @@ class StatusReport {
     const JobRecovery* recovery;
     const JobWatch* watch;
     const PoolOutage* outage;
+    const SparePool* spares;
     std::string runtime_dir;
     std::string gpu_worker_path;  // empty in a build without CUDA
   };

@@ -88,7 +88,7 @@ Result<void> Supervisor::start() {
   if (auto r = learn_plugin_ops(cfg, options_.worker_path); !r) return r;
   learn_python_ops(cfg, plan_);
   uint64_t worker_count = 0;
-  for (const auto& p : cfg.pools) worker_count += p.workers;
+  for (const auto& p : cfg.pools) worker_count += p.entries();
   clients_.raise_descriptor_limit(worker_count);
   if (auto r = files_.lock_dir(); !r) return r;
   if (auto r = files_.create_queue(epoch_, plan_); !r) return r;
@@ -135,9 +135,25 @@ Result<void> Supervisor::start() {
   for (uint32_t p = 0; p < cfg.pools.size(); ++p) wo.python_ops.push_back(python_op_list(p));
   workers_ = std::make_unique<WorkerSet>(std::move(wo), files_.queue(), loop_, *options_.launcher);
   workers_->set_on_started([this](Worker& w) { on_worker_started(w); });
-  const StatusReport::Sources sources{
-      &options_.config, &plan_,  &files_.queue(), workers_.get(),       &clients_,
-      &recovery_,       &watch_, &outage_,        options_.runtime_dir, options_.gpu_worker_path};
+  spares_ = std::make_unique<SparePool>(*workers_, files_.queue(), *options_.launcher,
+                                        static_cast<uint32_t>(cfg.pools.size()));
+  // A spare that is ready takes the place of an active worker still waiting to start again;
+  // and that of a worker stopped for a job that did not end as soon as it is killed, not when
+  // its exit comes (the kernel takes tens of milliseconds to tear down a process with a large
+  // address space): its `hold` is up, so it takes no job meanwhile.
+  workers_->set_on_ready([this](Worker& w) { spares_->spare_ready(w); });
+  workers_->set_on_forced([this](Worker& w) { spares_->vacated(w); });
+  const StatusReport::Sources sources{&options_.config,
+                                      &plan_,
+                                      &files_.queue(),
+                                      workers_.get(),
+                                      &clients_,
+                                      &recovery_,
+                                      &watch_,
+                                      &outage_,
+                                      spares_.get(),
+                                      options_.runtime_dir,
+                                      options_.gpu_worker_path};
   status_ = std::make_unique<StatusReport>(sources);
   metrics_ = std::make_unique<MetricsReport>(MetricsReport::Sources{
       sources, status_.get(), &stamps_, files_.queue().header().start_unix_ns});
@@ -171,11 +187,14 @@ Result<void> Supervisor::start() {
   const Config& c = options_.config;
   std::string pools;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
-    pools +=
-        (p ? ", " : "") + c.pools[p].name +
-        (plan_.pools[p].available ? " (" + std::to_string(c.pools[p].workers) + " workers, ring " +
-                                        std::to_string(queue.pool(p).capacity) + ")"
-                                  : std::string(" (unavailable)"));
+    pools += (p ? ", " : "") + c.pools[p].name +
+             (plan_.pools[p].available
+                  ? " (" + std::to_string(c.pools[p].workers) + " workers" +
+                        (c.pools[p].spare_workers > 0
+                             ? " and " + std::to_string(c.pools[p].spare_workers) + " spare"
+                             : std::string()) +
+                        ", ring " + std::to_string(queue.pool(p).capacity) + ")"
+                  : std::string(" (unavailable)"));
   }
   GPUQ_LOG_INFO("gpuqd %s serving %s; pools: %s", GPUQ_VERSION, files_.socket_path().c_str(),
                 pools.c_str());
@@ -200,6 +219,8 @@ void Supervisor::on_child_exit(pid_t pid, int status) {
   if (gpu_sampler_ && gpu_sampler_->on_exit(pid, status)) return;
   auto exit = workers_->reap(pid, status, monotonic_ns());
   if (!exit) return;  // not a worker (a discovery or plug-in listing child is reaped there)
+  // A ready spare takes its place first: a job retried below goes to a worker that is warm.
+  spares_->vacated(workers_->at(exit->worker));
   const std::optional<ForcedEnd> forced = watch_.take_forced(exit->worker);
   recovery_.worker_died(exit->worker, exit->pool,
                         "worker " + std::to_string(exit->worker) + " (pid " +
@@ -219,8 +240,9 @@ void Supervisor::update_pools(uint64_t now) {
     for (const auto& w : workers_->all()) {
       if (w->pool != p) continue;
       // A busy worker is ready, and so is one stuck on a job that did not end: JobWatch stops
-      // it within cancel_grace_ms, and its replacement's start is the pool's clock.
-      if (w->state == WorkerState::kReady) ++ready;
+      // it within cancel_grace_ms, and its replacement's start is the pool's clock. A spare
+      // serves no job until it is promoted (which a vacant place does at once).
+      if (w->state == WorkerState::kReady && !w->spare) ++ready;
       if (w->backoff.start_failures() > 0) start_failed = true;
     }
     PoolShm& ps = queue.pool(p);

@@ -8,6 +8,7 @@
 //   JobRecovery     jobs a dead worker or a scribbling client would lose; the ring audit;
 //                   the queued jobs of a pool that is down
 //   PoolOutage      which pools have had no ready worker for pool_down_fail_ms (down)
+//   SparePool       spare workers: which one takes a dead or stopped worker's place
 //   StatusReport    the status document and pool health
 //   MetricsReport   the metrics text (docs/metrics.md); GpuSampler, NVML in a child
 // One epoll loop handles the listening socket, client connections, signals (signalfd), worker
@@ -40,6 +41,7 @@
 #include "process_launcher.hpp"
 #include "runtime_files.hpp"
 #include "service_notifier.hpp"
+#include "spare_pool.hpp"
 #include "status_report.hpp"
 #include "test_hooks.hpp"
 #include "worker_set.hpp"
@@ -135,6 +137,7 @@ class Supervisor {
   JobWatch watch_;
   PoolOutage outage_;
   std::unique_ptr<WorkerSet> workers_;  // made in start(), once the segment has a name
+  std::unique_ptr<SparePool> spares_;   // with workers_
   std::unique_ptr<StatusReport> status_;
   std::unique_ptr<MetricsReport> metrics_;
   // Scrapes the HTTP listener's thread hands to the loop: it queues a reply and writes the

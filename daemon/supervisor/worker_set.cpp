@@ -68,10 +68,12 @@ WorkerSet::WorkerSet(WorkerSetOptions options, QueueView& queue, EventLoop& loop
 Result<void> WorkerSet::create() {
   const Config& c = *options_.config;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
-    for (uint32_t i = 0; i < c.pools[p].workers; ++i) {
+    for (uint32_t i = 0; i < c.pools[p].entries(); ++i) {
       auto w = std::make_unique<Worker>();
       w->id = static_cast<uint32_t>(workers_.size());
       w->pool = p;
+      w->placement = options_.plan->placements[w->id];
+      w->spare = i >= c.pools[p].workers;  // the pool's spares come after its active workers
       w->backoff = StartBackoff(BackoffSettings::of(c));
       auto page = MemfdSegment::create("gpuq-worker-" + std::to_string(w->id), kWorkerPrivateBytes);
       if (!page) return page.error();
@@ -137,7 +139,7 @@ LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
       pool.python
           ? python_environment(*pool.python)
           : environment_without({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NOTIFY_SOCKET"});
-  const WorkerPlacement& at = options_.plan->placements[w.id];
+  const WorkerPlacement& at = w.placement;
   // A CPU worker must never see a GPU ("-1"); a GPU worker sees its own GPU only, named by
   // UUID, and PCI bus order makes an index (when there is no UUID) mean what discovery meant.
   spec.env.emplace_back("CUDA_VISIBLE_DEVICES=" + at.visible_devices);
@@ -174,12 +176,13 @@ Result<void> WorkerSet::spawn(Worker& w) {
   WorkerShm& ws = queue_.worker(w.id);
   ws.busy.store(0, std::memory_order_relaxed);
   ws.asleep.store(0, std::memory_order_relaxed);
-  // The private page likewise: idle, not held (the previous process may have died mid-job).
+  // The private page likewise: idle, not held (the previous process may have died mid-job);
+  // a spare held out of the ring from its first instruction, so it never takes a job.
   WorkerPrivate& priv = w.priv();
   priv.job_seq.store(0, std::memory_order_relaxed);
   priv.job.store(0, std::memory_order_relaxed);
   priv.job_started.store(0, std::memory_order_relaxed);
-  priv.hold.store(0, std::memory_order_seq_cst);
+  priv.hold.store(w.spare ? kHoldSpare : 0, std::memory_order_seq_cst);
   ws.state.store(static_cast<uint32_t>(WorkerState::kStarting), std::memory_order_release);
   w.spawned_ns = monotonic_ns();
   w.start_ns = 0;
@@ -213,8 +216,9 @@ Result<void> WorkerSet::spawn(Worker& w) {
   }
   // Its own pid, the same value the worker stores (the rest was reset before the launch).
   ws.pid.store(w.pid, std::memory_order_relaxed);
-  const WorkerPlacement& at = options_.plan->placements[w.id];
-  GPUQ_LOG_INFO("worker %u (pool %s, cpus %s%s%s) started as pid %d", w.id,
+  const WorkerPlacement& at = w.placement;
+  GPUQ_LOG_INFO("%s %u (pool %s, cpus %s%s%s) started as pid %d",
+                w.spare ? "spare worker" : "worker", w.id,
                 options_.config->pools[w.pool].name.c_str(), cpu_list_text(at.cpus).c_str(),
                 at.gpu >= 0 ? ", GPU " : "", at.gpu >= 0 ? at.visible_devices.c_str() : "", w.pid);
   if (on_started_) on_started_(w);
@@ -316,8 +320,9 @@ void WorkerSet::on_ready(Worker& w, const Message& m) {
   w.start_error.clear();
   w.start_ns = std::max<uint64_t>(now - w.spawned_ns, 1);
   w.backend_info = ready->backend;  // empty when the backend had nothing to say
-  GPUQ_LOG_INFO("worker %u (pid %d) is ready", w.id, w.pid);
+  GPUQ_LOG_INFO("%s %u (pid %d) is ready", w.spare ? "spare worker" : "worker", w.id, w.pid);
   if (stopping_) send(w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
+  if (on_ready_) on_ready_(w);
 }
 
 void WorkerSet::on_output(uint32_t tag) {
@@ -473,6 +478,7 @@ void WorkerSet::force_stop(Worker& w) {
   if (w.pid <= 0) return;
   w.forced = true;
   launcher_.kill(w.pid);
+  if (on_forced_) on_forced_(w);
 }
 
 void WorkerSet::stop_all(uint64_t now, uint64_t grace_ns) {

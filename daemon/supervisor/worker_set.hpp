@@ -34,6 +34,12 @@ struct Worker {
   uint32_t id = 0;
   uint32_t pool = 0;
   pid_t pid = 0;  // 0: not running
+  // Where it runs: the plan's placement for this id at first; a spare's promotion swaps the
+  // two workers' placements (SparePool).
+  WorkerPlacement placement;
+  // A spare (SparePool): started with WorkerPrivate::hold = kHoldSpare, so it takes no job
+  // until it is promoted. The role belongs to the entry and moves with promotions.
+  bool spare = false;
   UniqueFd control, out, err;
   std::string out_buf, err_buf;
   // The current process's last lines on stderr (at most kErrTailBytes), and those of the last
@@ -108,6 +114,11 @@ class WorkerSet {
   Result<void> create();
   // Called with each worker right after it was started, before it can report ready.
   void set_on_started(std::function<void(Worker&)> fn) { on_started_ = std::move(fn); }
+  // Called with each worker once it has reported ready (and was found to agree on its ops).
+  void set_on_ready(std::function<void(Worker&)> fn) { on_ready_ = std::move(fn); }
+  // Called with a worker force_stop() has just killed (its `hold` is up: it takes no job), before
+  // its exit is reaped: its place may be taken at once.
+  void set_on_forced(std::function<void(Worker&)> fn) { on_forced_ = std::move(fn); }
 
   // Starts worker `w`. Errors: the socketpair, pipe, epoll or fork that failed.
   Result<void> spawn(Worker& w);
@@ -165,6 +176,8 @@ class WorkerSet {
   ProcessLauncher& launcher_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::function<void(Worker&)> on_started_;
+  std::function<void(Worker&)> on_ready_;
+  std::function<void(Worker&)> on_forced_;
   bool stopping_ = false;
 };
 

@@ -140,10 +140,12 @@ class Worker {
         seen_control_ = self_->control_seq.load(std::memory_order_acquire);
         if (!drain_control()) return 1;
       }
-      // The supervisor is about to stop this worker for a job that did not end: take no new
-      // job (docs/design/faults.md, "Jobs that do not end").
+      // The supervisor is about to stop this worker for a job that did not end, or this is a
+      // spare not promoted yet: take no new job (docs/design/faults.md, "Jobs that do not end",
+      // "Spare workers").
       if (priv_->hold.load(std::memory_order_seq_cst) != 0) {
         if (!wait_while_held()) return 1;
+        if (stopping_ && priv_->hold.load(std::memory_order_seq_cst) == kHoldSpare) return 0;
         continue;
       }
       uint32_t value;
@@ -197,19 +199,23 @@ class Worker {
     }
   }
 
-  // `hold` is up: the supervisor saw this worker's job still running when it decided to stop
-  // it, and either kills this process now or, having found the job ended after all, lowers
-  // `hold` again. Waits for either, reading control messages meanwhile. False if the
-  // supervisor is gone.
+  // `hold` is up. kHoldStop: the supervisor saw this worker's job still running when it
+  // decided to stop it, and either kills this process now or, having found the job ended after
+  // all, lowers `hold` again; looked at every 5 ms. kHoldSpare: a spare, which sleeps on its
+  // control socket until the supervisor promotes it (it lowers `hold`, then sends
+  // WorkerPromote) or stops it (WorkerStop: returns with stopping_ set). Reads control
+  // messages meanwhile. False if the supervisor is gone.
   bool wait_while_held() {
     went_on_ = 0;
-    while (priv_->hold.load(std::memory_order_seq_cst) != 0) {
+    for (;;) {
+      const uint32_t hold = priv_->hold.load(std::memory_order_seq_cst);
+      if (hold == 0 || (hold == kHoldSpare && stopping_)) return true;
       pollfd p{options_.control_fd, POLLIN, 0};
-      (void)::poll(&p, 1, 5);  // a pause: the loop looks at `hold` and the socket again
+      // EINTR or a timeout: the loop looks at `hold` and the socket again either way.
+      (void)::poll(&p, 1, hold == kHoldSpare ? -1 : 5);
       seen_control_ = self_->control_seq.load(std::memory_order_acquire);
       if (!drain_control()) return false;
     }
-    return true;
   }
 
   // Processes every control message waiting on the socket. False if the supervisor is gone.

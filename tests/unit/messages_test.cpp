@@ -290,12 +290,15 @@ TEST_CASE("the bodiless requests encode as {} and decode any JSON object") {
   CHECK(encode(StatusRequestMessage{}) == "{}");
   CHECK(encode(StopRequestMessage{}) == "{}");
   CHECK(encode(WorkerStopMessage{}) == "{}");
+  CHECK(encode(WorkerPromoteMessage{}) == "{}");
   CHECK(decode_status_request("{}").ok());
+  CHECK(decode_worker_promote("{}").ok());
   CHECK(decode_stop_request(R"({"future":1})").ok());
   CHECK(decode_worker_stop("{}").ok());
   check_rejected(decode_status_request, "[]", "StatusRequest body");
   check_rejected(decode_stop_request, "", "StopRequest body");
   check_rejected(decode_worker_stop, "1", "WorkerStop body");
+  check_rejected(decode_worker_promote, "[1]", "WorkerPromote body");
 }
 
 TEST_CASE("StopReply: {\"draining\":true} and back") {

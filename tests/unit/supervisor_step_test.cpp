@@ -65,13 +65,20 @@ class FakeLauncher final : public ProcessLauncher {
   }
   void kill(pid_t pid) override {
     killed_.push_back(pid);
-    exit(pid, SIGKILL);
+    if (!hold_kills) exit(pid, SIGKILL);
   }
+  // True: a kill is only recorded; the test ends the process with exit() when it wants (a
+  // process whose teardown takes a while).
+  bool hold_kills = false;
   std::optional<ChildExit> reap() override {
     if (exits_.empty()) return std::nullopt;
     ChildExit e = exits_.front();
     exits_.pop_front();
     return e;
+  }
+  Result<void> set_affinity(pid_t pid, const std::vector<int>& cpus) override {
+    pinned_.emplace_back(pid, cpus);
+    return {};
   }
 
   // The process ends: killed by `signal`, or exits with `code` (signal 0).
@@ -99,12 +106,15 @@ class FakeLauncher final : public ProcessLauncher {
   }
   Proc& proc(pid_t pid) { return procs_.at(pid); }
   const std::vector<pid_t>& killed() const { return killed_; }
+  // set_affinity's calls: {pid, cpus}.
+  const std::vector<std::pair<pid_t, std::vector<int>>>& pinned() const { return pinned_; }
 
  private:
   pid_t next_pid_ = 4'000'000;  // above pid_max: never a real process
   std::map<pid_t, Proc> procs_;
   std::vector<pid_t> launches_;
   std::vector<pid_t> killed_;
+  std::vector<std::pair<pid_t, std::vector<int>>> pinned_;
   std::deque<ChildExit> exits_;
 };
 
@@ -157,12 +167,13 @@ struct Harness {
   }
 
   json status() const { return json::parse(sup->status_json()); }
-  std::string worker_state(uint32_t id) const {
+  std::string worker_state(uint32_t id) const { return worker(id)["state"]; }
+  json worker(uint32_t id) const {
     const json s = status();
     for (const auto& w : s["pools"][0]["workers"]) {
-      if (w["id"] == id) return w["state"];
+      if (w["id"] == id) return w;
     }
-    return "?";
+    return json{{"state", "?"}, {"role", "?"}};
   }
 
   // The worker's side: WorkerReady on its control socket.
@@ -181,6 +192,7 @@ struct TestClient {
   size_t bytes = 0;
   ClientSegmentView view;
   uint32_t index = 0;
+  uint64_t session = 0;
 
   explicit TestClient(Harness& h) {
     fd.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
@@ -202,6 +214,7 @@ struct TestClient {
     g.arena_bytes = w["arena_bytes"];
     g.segment_bytes = w["segment_bytes"];
     index = w["client"];
+    session = w["session"];
     bytes = g.segment_bytes;
     base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0].get(), 0);
     REQUIRE(base != MAP_FAILED);
@@ -656,6 +669,212 @@ TEST_CASE("supervisor step: batched ops' rows and gather histograms from the wor
   }
   CHECK(series == 1);
   for (void* base : pages) CHECK(::munmap(base, kWorkerPrivateBytes) == 0);
+}
+
+// ---- Spare workers (spare_pool.hpp) -----------------------------------------------------------
+
+// The newest process of worker `id`'s private page (WorkerPrivate), mapped for the test.
+struct PrivatePage {
+  void* base = MAP_FAILED;
+  PrivatePage(Harness& h, uint32_t id) {
+    FakeLauncher::Proc& p = h.launcher->proc(h.launcher->pid_of(id));
+    REQUIRE(p.private_page.valid());
+    base = ::mmap(nullptr, kWorkerPrivateBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                  p.private_page.get(), 0);
+    REQUIRE(base != MAP_FAILED);
+  }
+  ~PrivatePage() {
+    if (base != MAP_FAILED) ::munmap(base, kWorkerPrivateBytes);
+  }
+  uint32_t hold() const { return static_cast<WorkerPrivate*>(base)->hold.load(); }
+};
+
+// Reads worker `id`'s control socket (as the worker would) until a message of `type` came.
+bool got_message(Harness& h, uint32_t id, MessageType type) {
+  FakeLauncher::Proc& p = h.launcher->proc(h.launcher->pid_of(id));
+  bool found = false;
+  return h.step_until([&] {
+    for (auto m = receive_message(p.control.get()); m && !found;
+         m = receive_message(p.control.get())) {
+      found = m->type == type;
+    }
+    return found;
+  });
+}
+
+void with_spare(Config& c) {
+  c.pools[0].cpus = {0, 1};
+  c.pools[0].spare_workers = 1;
+}
+
+TEST_CASE(
+    "supervisor step: a spare is held from its start, and takes a dead worker's place with its "
+    "CPUs; the dead entry comes back as the spare") {
+  Harness h(2, 5, with_spare);
+  REQUIRE(h.sup->queue().layout().pools[0].worker_count == 3);
+  CHECK(h.sup->queue().layout().pools[0].capacity == 20);  // queue_factor x 2 active
+  CHECK(PrivatePage(h, 2).hold() == kHoldSpare);           // before it could take a job
+  CHECK(PrivatePage(h, 0).hold() == 0);
+  h.report_ready(0);
+  h.report_ready(1);
+  h.report_ready(2);
+  json pool = h.status()["pools"][0];
+  CHECK(pool["workers_total"] == 2);
+  CHECK(pool["workers_ready"] == 2);
+  CHECK(pool["spares_total"] == 1);
+  CHECK(pool["spares_ready"] == 1);
+  CHECK(pool["status"] == "ready");
+  CHECK(h.worker(2)["role"] == "spare");
+  CHECK(h.worker(2)["cpus"] == json::array({0}));  // round robin after the active workers
+  TestClient c(h);
+
+  // Worker 1 (cpu 1) dies running a retryable job: the spare takes its place at once.
+  c.set_job(0, JobState::kRunning, 1, /*retryable=*/true);
+  const pid_t spare_pid = h.launcher->pid_of(2);
+  h.launcher->exit(h.launcher->pid_of(1), SIGKILL);
+  REQUIRE(h.step_until([&] { return h.worker(2)["role"] == "active"; }));
+  CHECK(PrivatePage(h, 2).hold() == 0);
+  CHECK(got_message(h, 2, MessageType::kWorkerPromote));
+  REQUIRE(h.launcher->pinned().size() == 1);
+  CHECK(h.launcher->pinned()[0].first == spare_pid);
+  CHECK(h.launcher->pinned()[0].second == std::vector<int>{1});
+  CHECK(h.worker(2)["cpus"] == json::array({1}));
+  CHECK(h.sup->queue().worker(2).cpu == 1);  // what wake_worker prefers by
+  CHECK(h.worker(2)["state"] == "ready");
+  CHECK(h.worker(2)["pid"] == spare_pid);  // the same process: no start
+  // The job is retried as before, and the pool serves with both places taken.
+  REQUIRE(h.step_until([&] { return c.word(0).state == JobState::kSubmitted; }));
+  CHECK(ring_holds(h, c.ref(0)));
+  pool = h.status()["pools"][0];
+  CHECK(pool["workers_ready"] == 2);
+  CHECK(pool["spare_promotions"] == 1);
+  CHECK(pool["status"] == "ready");
+  // Worker 1's entry is the spare now, started again on the spare's old CPU, held.
+  REQUIRE(h.step_until([&] { return h.launcher->launches_of(1) == 2; }));
+  CHECK(h.worker(1)["role"] == "spare");
+  CHECK(h.worker(1)["cpus"] == json::array({0}));
+  CHECK(PrivatePage(h, 1).hold() == kHoldSpare);
+  CHECK(h.sup->queue().worker(1).cpu == 0);
+  h.report_ready(1);
+  CHECK(h.status()["pools"][0]["spares_ready"] == 1);
+  CHECK(h.sup->metrics_text().find("gpuq_spare_promotions_total{pool=\"cpu\"} 1") !=
+        std::string::npos);
+  CHECK(h.sup->metrics_text().find("gpuq_workers{pool=\"cpu\",state=\"spare\"} 1") !=
+        std::string::npos);
+
+  // The spare's own death promotes nothing: it comes back as a spare.
+  h.launcher->exit(h.launcher->pid_of(1), SIGKILL);
+  REQUIRE(h.step_until([&] { return h.launcher->launches_of(1) == 3; }));
+  CHECK(h.worker(1)["role"] == "spare");
+  CHECK(h.status()["pools"][0]["spare_promotions"] == 1);
+  CHECK(h.status()["pools"][0]["workers_ready"] == 2);
+}
+
+TEST_CASE(
+    "supervisor step: a spare that becomes ready takes the place of a worker waiting out its "
+    "back-off; only active workers count as ready") {
+  Harness h(2, 5, [](Config& c) {
+    with_spare(c);
+    c.restart_backoff_initial_ms = 60000;  // the dead worker waits: the spare must not
+    c.restart_backoff_max_ms = 60000;
+  });
+  h.report_ready(0);
+  h.report_ready(1);
+  // Worker 0 dies while the spare is still starting: no promotion, it waits its back-off.
+  h.launcher->exit(h.launcher->pid_of(0), SIGKILL);
+  REQUIRE(h.step_until([&] { return h.worker_state(0) == "restarting"; }));
+  CHECK(h.worker(0)["role"] == "active");
+  json pool = h.status()["pools"][0];
+  CHECK(pool["workers_ready"] == 1);
+  CHECK(pool["status"] == "degraded");
+  // The spare is ready: it takes worker 0's place, which waits on as the spare.
+  h.report_ready(2);
+  CHECK(h.worker(2)["role"] == "active");
+  CHECK(h.worker(0)["role"] == "spare");
+  CHECK(h.worker_state(0) == "restarting");
+  CHECK(got_message(h, 2, MessageType::kWorkerPromote));
+  pool = h.status()["pools"][0];
+  CHECK(pool["workers_ready"] == 2);
+  CHECK(pool["spares_ready"] == 0);
+  CHECK(pool["status"] == "ready");
+  CHECK(pool["spare_promotions"] == 1);
+}
+
+TEST_CASE(
+    "supervisor step: a worker stopped for a job that did not end gives its place to the spare "
+    "as it is killed, before its exit") {
+  Harness h(1, 5, [](Config& c) {
+    c.pools[0].cpus = {0, 1};  // worker 0 on cpu 0, the spare on cpu 1
+    c.pools[0].spare_workers = 1;
+    c.pools[0].job_time_limit_ms = 1;
+    c.cancel_grace_ms = 0;
+  });
+  h.report_ready(0);
+  h.report_ready(1);
+  TestClient c(h);
+  // Worker 0 runs job 0 of the client (its slot, and its private page, say so).
+  c.set_job(0, JobState::kRunning, 0, false);
+  const PrivatePage page(h, 0);
+  auto& priv = *static_cast<WorkerPrivate*>(page.base);
+  priv.job.store(c.ref(0));
+  priv.session.store(c.session);
+  priv.job_started.store(read_stamp(StampClock::kMonotonic));
+  priv.job_seq.store(1);
+  h.launcher->hold_kills = true;  // it takes its time to die
+  const pid_t stopped = h.launcher->pid_of(0);
+  REQUIRE(h.step_until([&] { return !h.launcher->killed().empty(); }));
+  CHECK(h.launcher->killed() == std::vector<pid_t>{stopped});
+  CHECK(priv.hold.load() == kHoldStop);
+  // The spare serves already, while the stopped process is not reaped yet; the stopped one
+  // counts as no ready spare.
+  CHECK(h.worker(1)["role"] == "active");
+  CHECK(h.worker(0)["role"] == "spare");
+  CHECK(got_message(h, 1, MessageType::kWorkerPromote));
+  // Until the stopped process is gone, the spare may run on any CPU of the pool: the kernel
+  // tears the stopped one down on cpu 0.
+  const pid_t spare_pid = h.launcher->pid_of(1);
+  REQUIRE(h.launcher->pinned().size() == 1);
+  CHECK(h.launcher->pinned()[0] == std::pair{spare_pid, std::vector<int>{0, 1}});
+  CHECK(h.worker(1)["cpus"] == json::array({0}));
+  json pool = h.status()["pools"][0];
+  CHECK(pool["workers_ready"] == 1);
+  CHECK(pool["spares_ready"] == 0);
+  CHECK(pool["spare_promotions"] == 1);
+  CHECK(c.word(0).state == JobState::kRunning);  // its end is written at the reap
+  // The exit: the job ends TimedOut, and the entry is started again at once, as a spare.
+  h.launcher->exit(stopped, SIGKILL);
+  REQUIRE(h.step_until([&] { return h.launcher->launches_of(0) == 2; }));
+  CHECK(c.word(0).state == JobState::kFailed);
+  CHECK(c.view.slot(0).outcome.code == static_cast<int32_t>(ErrorCode::kTimedOut));
+  REQUIRE(h.launcher->pinned().size() == 2);  // and now on the stopped worker's CPU
+  CHECK(h.launcher->pinned()[1] == std::pair{spare_pid, std::vector<int>{0}});
+  CHECK(PrivatePage(h, 0).hold() == kHoldSpare);
+  h.report_ready(0);
+  pool = h.status()["pools"][0];
+  CHECK(pool["spare_promotions"] == 1);  // the reap promoted nothing more
+  CHECK(pool["spares_ready"] == 1);
+  CHECK(pool["workers_ready"] == 1);
+  CHECK(pool["stops_forced"] == 1);
+}
+
+TEST_CASE("supervisor step: a drain stops the spares too, and promotes nothing") {
+  Harness h(1, 5, [](Config& c) { c.pools[0].spare_workers = 1; });
+  h.report_ready(0);
+  h.report_ready(1);
+  TestClient c(h);
+  REQUIRE(send_message(c.fd.get(), MessageType::kStopRequest, "{}"));
+  CHECK(got_message(h, 1, MessageType::kWorkerStop));
+  h.launcher->exit(h.launcher->pid_of(0), 0, 0);
+  h.launcher->exit(h.launcher->pid_of(1), 0, 0);
+  bool more = true;
+  for (int i = 0; i < 100 && more; ++i) {
+    auto r = h.sup->step(5);
+    REQUIRE(static_cast<bool>(r));
+    more = *r;
+  }
+  CHECK_FALSE(more);
+  CHECK(h.worker(1)["role"] == "spare");
+  CHECK(h.status()["pools"][0]["spare_promotions"] == 0);
 }
 
 }  // namespace

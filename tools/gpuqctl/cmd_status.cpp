@@ -109,6 +109,15 @@ void print_status_table(const Json& doc) {
     if (auto stuck = number_field(pool, "workers_stuck"); stuck && *stuck > 0) {
       line += ", " + text_field(pool, "workers_stuck") + " stuck";
     }
+    // Spare workers (spare_workers): ready ones held out of the ring, and how many took a dead
+    // or stopped worker's place.
+    if (auto spares = number_field(pool, "spares_total"); spares && *spares > 0) {
+      line += ", spares " + text_field(pool, "spares_ready") + "/" +
+              text_field(pool, "spares_total") + " ready";
+      if (auto promoted = number_field(pool, "spare_promotions"); promoted && *promoted > 0) {
+        line += " (" + text_field(pool, "spare_promotions") + " promoted)";
+      }
+    }
     if (auto limit = number_field(pool, "job_time_limit_ms")) {
       line += ", job time limit " + format_ms(*limit);
     }
@@ -160,12 +169,16 @@ void print_status_table(const Json& doc) {
     std::cout << strf("  %6s %8s %-12s %-10s %-4s %10s %8s %8s  %s\n", "WORKER", "PID", "CPUS",
                       "STATE", "BUSY", "DONE", "FAILED", "RESTARTS", "JOB");
     for (const Json& w : *workers) {
+      // A spare: "spare" once ready (held out of the ring), else "spare/<state>".
+      std::string state = text_field(w, "state");
+      if (text_field(w, "role", "active") == "spare") {
+        state = state == "ready" ? "spare" : "spare/" + state;
+      }
       // The job last: its text has no bound on its length that strf's buffer could hold.
       std::cout << strf("  %6s %8s %-12s %-10s %-4s %10s %8s %8s  ", text_field(w, "id").c_str(),
-                        text_field(w, "pid").c_str(), format_cpus(w).c_str(),
-                        text_field(w, "state").c_str(), text_field(w, "busy").c_str(),
-                        text_field(w, "jobs_done").c_str(), text_field(w, "jobs_failed").c_str(),
-                        text_field(w, "restarts").c_str())
+                        text_field(w, "pid").c_str(), format_cpus(w).c_str(), state.c_str(),
+                        text_field(w, "busy").c_str(), text_field(w, "jobs_done").c_str(),
+                        text_field(w, "jobs_failed").c_str(), text_field(w, "restarts").c_str())
                 << format_job(w) << '\n';
       // A worker whose starts fail, or that waits to be started again: how many in a row, how
       // its last process ended, when the next try comes.

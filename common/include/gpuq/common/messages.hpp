@@ -224,4 +224,14 @@ std::string encode(const WorkerStopMessage& m);
 // Errors: InvalidArgument when the body is not a JSON object.
 Result<WorkerStopMessage> decode_worker_stop(std::string_view body);
 
+// WorkerPromote: {}: sent to a spare worker (WorkerPrivate::hold == kHoldSpare) after the
+// supervisor lowered its `hold`, to wake it: from now on it takes jobs from its pool's ring.
+struct WorkerPromoteMessage {
+  static constexpr MessageType kType = MessageType::kWorkerPromote;
+  friend bool operator==(const WorkerPromoteMessage&, const WorkerPromoteMessage&) = default;
+};
+std::string encode(const WorkerPromoteMessage& m);
+// Errors: InvalidArgument when the body is not a JSON object.
+Result<WorkerPromoteMessage> decode_worker_promote(std::string_view body);
+
 }  // namespace gpuq

@@ -33,10 +33,11 @@ enum class MessageType : uint16_t {
   kMetricsRequest = 8,  // client: {}
   kMetricsReply = 9,    // daemon: {"bytes": N}; fd: a sealed memfd holding the metrics text
   // supervisor <-> worker
-  kWorkerReady = 16,  // worker: {"worker": id, "plugin_ops": [...], "backend": {...}}
-  kMapClient = 17,    // supervisor: {"client", "session", geometry}; fd: the client segment
-  kUnmapClient = 18,  // supervisor: {"client", "session"}
-  kWorkerStop = 19,   // supervisor: {} - finish the ring and exit
+  kWorkerReady = 16,    // worker: {"worker": id, "plugin_ops": [...], "backend": {...}}
+  kMapClient = 17,      // supervisor: {"client", "session", geometry}; fd: the client segment
+  kUnmapClient = 18,    // supervisor: {"client", "session"}
+  kWorkerStop = 19,     // supervisor: {} - finish the ring and exit
+  kWorkerPromote = 20,  // supervisor: {} - a spare's `hold` was lowered: take jobs now
 };
 
 struct MessageHeader {

@@ -280,6 +280,7 @@ struct alignas(64) PoolShm {
 };
 
 static_assert(std::atomic_ref<char>::is_always_lock_free);
+static_assert(std::atomic_ref<int32_t>::is_always_lock_free);  // WorkerShm::cpu
 
 // The supervisor's side of PoolShm::down_reason (truncated to fit). Not thread-safe: one
 // writer.
@@ -314,7 +315,9 @@ inline std::string pool_down_reason(PoolShm& p) {
 struct alignas(64) WorkerShm {
   uint32_t id;
   uint32_t pool_id;
-  int32_t cpu;  // the CPU the worker is pinned to
+  // The CPU the worker is pinned to (-1: several). Written by the supervisor (atomic_ref, when
+  // a spare is promoted, the two workers' CPUs are swapped), read by wake_worker.
+  int32_t cpu;
   uint32_t reserved0;
   EventCount wake;  // the worker sleeps here when its ring is empty
   std::atomic<int32_t> pid;
@@ -370,10 +373,16 @@ struct alignas(64) WorkerPrivate {
   // batching"; 1 for any other job), with `job` the batch's job whose time limit comes first.
   // Part of the seqlock's data. A client's cancel does not stop a call that serves others.
   std::atomic<uint32_t> batch_jobs;
-  // Raised by the supervisor before it kills this worker for a job that did not end: the
-  // worker takes no new job while it is up (the Dekker pair with job_seq, faults.md).
+  // Nonzero: the worker takes no job from its ring. kHoldStop: raised by the supervisor before
+  // it kills this worker for a job that did not end (the Dekker pair with job_seq, faults.md);
+  // the worker looks again every few milliseconds. kHoldSpare: a spare worker, ready and kept
+  // out of the ring (set before it is started, so it never takes a job) until the supervisor
+  // promotes it: it lowers `hold` and then sends WorkerPromote, which wakes the worker; a spare
+  // sleeps on its control socket with no timeout meanwhile.
   std::atomic<uint32_t> hold;
 };
+inline constexpr uint32_t kHoldStop = 1;
+inline constexpr uint32_t kHoldSpare = 2;
 static_assert(std::is_standard_layout_v<WorkerPrivate> &&
               std::is_trivially_destructible_v<WorkerPrivate>);
 static_assert(sizeof(WorkerPrivate) <= kWorkerMetricsOffset);
@@ -474,7 +483,9 @@ class QueueView {
     for (int pass = 0; pass < 2; ++pass) {
       for (uint32_t i = 0; i < lp.worker_count; ++i) {
         WorkerShm& w = worker(lp.first_worker + i);
-        if ((pass == 0) != (w.cpu == cpu)) continue;  // pass 0: the caller's CPU; 1: the rest
+        // `cpu` moves when a spare takes a dead worker's place (the supervisor stores it).
+        const int32_t its_cpu = std::atomic_ref<int32_t>(w.cpu).load(std::memory_order_relaxed);
+        if ((pass == 0) != (its_cpu == cpu)) continue;  // pass 0: the caller's CPU; 1: the rest
         if (claim(w)) {
           w.wake.notify_one();
           return;
