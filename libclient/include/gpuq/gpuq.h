@@ -293,8 +293,8 @@ GPUQ_API gpuq_status_t gpuq_job_poll(gpuq_job_t* job, gpuq_job_status_t* out);
  * GPUQ_DISCONNECTED (seen within a second of the daemon's end), GPUQ_FORKED_CLIENT,
  * GPUQ_INTERNAL.
  * Blocking. Thread-safe; no gpuq_job_release of these jobs meanwhile. */
-GPUQ_API gpuq_status_t gpuq_job_wait_any(gpuq_job_t* const* jobs, size_t count,
-                                         int64_t timeout_ns, uint8_t* ended);
+GPUQ_API gpuq_status_t gpuq_job_wait_any(gpuq_job_t* const* jobs, size_t count, int64_t timeout_ns,
+                                         uint8_t* ended);
 
 /* Wakes every thread in gpuq_job_wait_any() on this job's connection, whichever jobs it waits
  * on (for a watcher whose set of jobs changed). NULL is ignored.
