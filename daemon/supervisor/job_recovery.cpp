@@ -81,8 +81,7 @@ void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string&
                                : JobState::kFailed;
       SlotWord failed{sw.generation, end, sw.worker_plus_one};
       if (slot.state.compare_exchange_strong(word, failed.pack(), std::memory_order_acq_rel)) {
-        slot.done.notify_all();
-        view.events().ended.notify_all();
+        view.announce_end(slot, false);
         queue_.worker(worker).jobs_failed.fetch_add(1, std::memory_order_relaxed);
         const char* outcome = !stopped_for_it                         ? "worker_died"
                               : forced->code == ErrorCode::kCancelled ? "cancelled"
@@ -130,8 +129,7 @@ uint32_t JobRecovery::fail_queued(uint32_t pool, const std::string& why) {
     std::memcpy(&slot.outcome, &out, sizeof out);
     slot.state.store(SlotWord{sw.generation, JobState::kFailed, kSupervisorClaim}.pack(),
                      std::memory_order_release);
-    slot.done.notify_all();
-    view.events().ended.notify_all();
+    view.announce_end(slot, false);
     const uint32_t op = slot.desc.op_id;
     ++jobs_ended_[{pool, find_op(op) != nullptr ? op : kMetricOtherOp, "pool_down"}];
     ++failed;

@@ -443,9 +443,7 @@ class Worker {
     GPUQ_FAULT_POINT("worker.completed");
     // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
     // pinned to its own CPU): give it the core now instead of spinning in front of it.
-    const bool woke = slot.done.notify_all_after_rmw();
-    mc.view.events().ended.notify_all_after_rmw();  // a thread watching many of its jobs
-    if (woke) (void)sched_yield();                  // cannot fail on Linux
+    if (mc.view.announce_end(slot, true)) (void)sched_yield();  // cannot fail on Linux
     // Not running a job any more: after the client's wakeup, off its critical path. seq_cst:
     // the Dekker pair with the supervisor's `hold`, which the loop reads (seq_cst) before it
     // takes another job.
@@ -638,9 +636,7 @@ class Worker {
     GPUQ_FAULT_POINT("worker.completed");
     // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
     // pinned to its own CPU): give it the core now instead of spinning in front of it.
-    const bool woke = slot.done.notify_all_after_rmw();
-    c.mc->view.events().ended.notify_all_after_rmw();  // a thread watching many of its jobs
-    if (woke && yield) (void)sched_yield();            // cannot fail on Linux
+    if (c.mc->view.announce_end(slot, true) && yield) (void)sched_yield();  // cannot fail
   }
 
   // Counts an ended job, off its client's critical path.

@@ -964,8 +964,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       out.finished_stamp = read_stamp(stamps_.clock);
       std::memcpy(&js.outcome, &out, sizeof out);
     }
-    js.done.notify_all();               // another thread may be waiting on this job
-    view_.events().ended.notify_all();  // or watching it among others (wait_any)
+    view_.announce_end(js, false);  // another thread may be waiting on or watching this job
     return true;
   }
 

@@ -513,6 +513,16 @@ class ClientSegmentView {
   ClientEvents& events() const noexcept {
     return *reinterpret_cast<ClientEvents*>(base_ + sizeof(ClientSegmentHeader));
   }
+  // After `slot` (one of this segment's) reached a terminal state: wakes the threads waiting on
+  // the job itself (its `done`), then those watching this client's jobs (ClientEvents::ended).
+  // `after_seq_cst_rmw`: the terminal store was a seq_cst read-modify-write, so the first
+  // notify needs no fence (EventCount::notify_all_after_rmw); the second never does, being
+  // after the first's fence or RMW. True if a thread was waiting on the job itself.
+  bool announce_end(JobSlot& slot, bool after_seq_cst_rmw) const noexcept {
+    const bool woke = after_seq_cst_rmw ? slot.done.notify_all_after_rmw() : slot.done.notify_all();
+    events().ended.notify_all_after_rmw();
+    return woke;
+  }
   char* arena() const noexcept { return base_ + geometry_.arena_offset; }
   uint64_t arena_bytes() const noexcept { return geometry_.arena_bytes; }
   uint32_t slot_count() const noexcept { return slot_count_; }
