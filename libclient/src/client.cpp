@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <utility>
 
@@ -1121,7 +1122,7 @@ Result<JobStatus> Job::poll() const {
   return impl_->poll(slot_, generation_);
 }
 
-Result<std::vector<size_t>> Job::wait_any(std::span<const Job* const> jobs,
+Result<std::vector<size_t>> Job::wait_any(const std::vector<const Job*>& jobs,
                                           std::chrono::nanoseconds timeout) {
   ClientImpl* impl = nullptr;
   for (const Job* j : jobs) {

@@ -25,7 +25,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -100,8 +99,9 @@ class GPUQ_API Job {
   // here, as wait() does. All jobs must be of one connection. Errors: InvalidArgument (jobs of
   // two connections), Disconnected (seen within a second of the daemon's end), ForkedClient.
   // Blocking; thread-safe.
+  // (A vector, not std::span: this header is C++17, as the installed package promises.)
   static Result<std::vector<size_t>> wait_any(
-      std::span<const Job* const> jobs,
+      const std::vector<const Job*>& jobs,
       std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
 
   // Wakes every thread in wait_any() on this job's connection, whichever jobs it waits on: for
