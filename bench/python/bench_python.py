@@ -16,6 +16,12 @@ Measured in one run on one machine, with 2 worker processes in every system:
               ``client.submit_call(op, x, pool="py")`` (what ``client.call`` does, then
               ``.result()``), ``x`` made once with ``client.array`` (in the segment: zero copy);
   pyop-copy   the same, ``x`` a plain numpy array, copied into the segment on every call;
+  executor    only when named in --systems: ``gpuq.Executor(client=..., pool="py")`` on the same
+              Python pool (its config has ``allow_callables``), through a client of its own
+              (a connection with a segment of its own): ``ex.submit(f, x).result()`` with
+              the peers' own module-level functions (pickled by cloudpickle, by value, since
+              this script runs as ``__main__``) and the peers' plain numpy array (pickled with
+              protocol 5, its buffer copied into the segment on every call);
   loky        ``loky.get_reusable_executor(max_workers=2)``;
   ppe         ``concurrent.futures.ProcessPoolExecutor(2)``;
   mp          ``multiprocessing.Pool(2)`` (``apply_async``);
@@ -23,8 +29,8 @@ Measured in one run on one machine, with 2 worker processes in every system:
 
 Cases:
 
-  noop   gpuq: the ``noop`` op; pyop: the Python op ``nothing`` (returns None); the peers: a
-         function that returns None.
+  noop   gpuq: the ``noop`` op; pyop: the Python op ``nothing`` (returns None); executor and
+         the peers: a function that returns None.
   1MiB   a 1 MiB float32 array in, the same array back. gpuq: the ``echo`` op copies the input
   64MiB  into an ``out`` array preallocated in the client's segment and the future's result is
          that array; gpuq reads the input in place when it is already in the segment (``gpuq``:
@@ -32,9 +38,12 @@ Cases:
          plain numpy array (``gpuq-copy``). pyop: the Python op ``identity`` returns the
          read-only view of the input it is given, which the worker writes into the job's
          answer (a block the client allocates in its segment per call, with the header and,
-         for pyop-copy, the copy of the input); the future's result is a view of it. The
-         peers: a function returning its argument (the array is pickled to the worker and the
-         result pickled back; Ray passes both through its object store).
+         for pyop-copy, the copy of the input); the future's result is a view of it.
+         executor: the peers' function returning its argument; the worker pickles the result
+         into the job's answer, its array as an out-of-band buffer in the segment, and the
+         future's result is unpickled from there (checked with ``np.array_equal`` against the
+         input). The peers: a function returning its argument (the array is pickled to the
+         worker and the result pickled back; Ray passes both through its object store).
 
 --cases picks some of them (default all).
 
@@ -42,7 +51,8 @@ Figures, for each system and case:
 
   latency     one task in flight, back to back: each round trip is timed with
               ``time.perf_counter_ns`` from before the submit to after the result is in hand
-              (gpuq: ``client.submit(...).result()``; executors: ``ex.submit(f, x).result()``;
+              (gpuq: ``client.submit(...).result()``; executors, gpuq.Executor included:
+              ``ex.submit(f, x).result()``;
               Pool: ``pool.apply_async(f, (x,)).get()``; Ray: ``ray.get(f.remote(x))``).
               p50/p99/p99.9 by nearest rank over the samples of all rounds.
   throughput  K tasks kept in flight (K = 10 x workers = 20; 4 for 64 MiB, see --inflight-large):
@@ -50,12 +60,12 @@ Figures, for each system and case:
               until N have finished; N over the time from the first submit to the last result.
               Task j uses out array j mod K (gpuq), so no two tasks in flight share one. A gpuq
               client may have at most ``client_share`` jobs queued in the pool (10 with this
-              config, the Python pool's too); past that ``submit`` waits for room, which the
-              figure includes.
+              config, the Python pool's too, for pyop and the Executor alike); past that
+              ``submit`` waits for room, which the figure includes.
   breakdown   after the rounds (--breakdown N, default 1000, at most the case's latency count):
-              N more round trips of each gpuq variant (not C++) and case, each split into the
-              submit call, the job's queued and run times (the daemon's stamps,
-              ``Future.info``) and the rest; medians.
+              N more round trips of each gpuq variant (not C++; pyop and the Executor included)
+              and case, each split into the submit call, the job's queued and run times (the
+              daemon's stamps, ``Future.info``) and the rest; medians.
 
 Method: every system is started and warmed up (pools started, a few tasks of each case run and
 their results checked) before the first measurement, and stays up, idle, while the others are
@@ -71,13 +81,17 @@ Targets (printed with PASS/MISS; the run's exit status does not depend on them):
   loky no-op p50 / gpuq no-op p50 >= 50;
   loky 64 MiB p50 / gpuq 64 MiB p50 (array in the segment) >= 10 (copied-in variant: shown);
   gpuq Python-client no-op p50 - C++-client no-op p50 <= 3 us;
-  loky 1 MiB p50 / gpuq Python op 1 MiB p50 (array in the segment) >= 20 (copied-in: shown).
-Only the targets whose systems and case were measured are shown.
+  loky no-op p50 / gpuq Python op no-op p50 >= 25;
+  loky no-op p50 / gpuq.Executor no-op p50 >= 8;
+  gpuq.Executor no-op tasks/s / multiprocessing.Pool no-op tasks/s (20 in flight) >= 3;
+  loky 1 MiB p50 / gpuq Python op 1 MiB p50 (array in the segment) >= 30 (copied-in: shown).
+The last four are issue 28's, point 3. Only the targets whose systems and case were measured
+are shown.
 
 Usage (from the repository root, in a venv with ``pip install ./python loky`` and optionally
-ray): ``GPUQ_GPUQD=build/daemon/gpuqd python bench/python/bench_python.py``; the Python ops
-against the peers: ``... bench_python.py --systems pyop,gpuq,loky,ppe,mp --cases noop,1MiB``
-(its results file: bench/results/python-ops-<UTC date>.json). ``--quick`` is a
+ray): ``GPUQ_GPUQD=build/daemon/gpuqd python bench/python/bench_python.py``; the Python ops and
+gpuq.Executor against the peers: ``... bench_python.py --systems pyop,executor,loky,ppe,mp
+--cases noop,1MiB`` (its results file: bench/results/python-ops-<UTC date>.json). ``--quick`` is a
 smoke run (well under a minute; its figures mean nothing). Exit status: 0 when every
 measurement ran and every result was right (Ray skipped or not), 1 on any failure, 2 on bad
 arguments. See bench/python/README.md and BENCHMARKS.md.
@@ -113,13 +127,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 WORKERS = 2
 DAEMON_CONFIG = {"pools": [{"name": "cpu", "kind": "cpu", "workers": WORKERS}]}
-# The Python pool of --systems pyop: gpuqd's Python workers run this interpreter and import
-# bench_ops.py from this directory (its ops ``nothing`` and ``identity``).
+# The Python pool of --systems pyop and executor: gpuqd's Python workers run this interpreter
+# and import bench_ops.py from this directory (its ops ``nothing`` and ``identity``); the pool
+# also runs callables, for gpuq.Executor.
 PY_POOL = "py"
 OPS_DIR = os.path.dirname(os.path.abspath(__file__))
 PY_POOL_CONFIG = {"name": PY_POOL, "kind": "cpu", "workers": WORKERS,
                   "python": {"interpreter": sys.executable, "modules": ["bench_ops"],
-                             "path": [OPS_DIR]}}
+                             "path": [OPS_DIR], "allow_callables": True}}
 MIB = 1 << 20
 KIB = 1 << 10
 
@@ -135,20 +150,25 @@ SYSTEMS: Dict[str, Tuple[str, str]] = {
     "cpp": ("gpuq, C++ client", "gpuq"),
     "pyop": ("gpuq Python op", "pyop"),
     "pyop-copy": ("gpuq Python op, copied in", "pyop"),
+    "executor": ("gpuq.Executor", "pyop"),
     "loky": ("loky", "peer"),
     "ppe": ("ProcessPoolExecutor", "peer"),
     "mp": ("multiprocessing.Pool", "peer"),
     "ray": ("ray", "ray"),
 }
-# gpuq-copy comes with gpuq, pyop-copy with pyop.
-SELECTABLE = ("gpuq", "cpp", "pyop", "loky", "ppe", "mp", "ray")
+# gpuq-copy comes with gpuq, pyop-copy with pyop. pyop and executor run only when named.
+SELECTABLE = ("gpuq", "cpp", "pyop", "executor", "loky", "ppe", "mp", "ray")
 DEFAULT_SYSTEMS = ("gpuq", "cpp", "loky", "ppe", "mp", "ray")
 PEERS = ("loky", "ppe", "mp", "ray")
 # gpuq's variants compared with the peers: system -> suffix of its keys in "speedups".
-VARIANTS = {"gpuq": "", "gpuq-copy": "_copied", "pyop": "_pyop", "pyop-copy": "_pyop_copied"}
+VARIANTS = {"gpuq": "", "gpuq-copy": "_copied", "pyop": "_pyop", "pyop-copy": "_pyop_copied",
+            "executor": "_executor"}
+# The systems that run on the daemon's Python pool (PY_POOL_CONFIG).
+PY_POOL_SYSTEMS = ("pyop", "executor")
 
 # Total counts over all rounds: (case, measure, tier) -> tasks. "latency": timed round trips;
-# "throughput": tasks finished with K in flight. Ray runs one round with its counts.
+# "throughput": tasks finished with K in flight. Ray runs one round with its counts. The tier
+# "pyop" counts both Python op variants and gpuq.Executor.
 COUNTS: Dict[str, Dict[str, Dict[str, int]]] = {
     "noop": {"latency": {"gpuq": 30000, "pyop": 9000, "peer": 3000, "ray": 1000},
              "throughput": {"gpuq": 60000, "pyop": 18000, "peer": 6000, "ray": 2000}},
@@ -277,11 +297,11 @@ def _array_check(x: np.ndarray) -> Check:
 
 def daemon_config(systems: Sequence[str]) -> Dict[str, Any]:
     """The private gpuqd's config: the ``cpu`` pool for gpuq and cpp (DAEMON_CONFIG), the Python
-    pool for pyop."""
+    pool for pyop and executor."""
     pools = []
     if "gpuq" in systems or "cpp" in systems:
         pools += DAEMON_CONFIG["pools"]
-    if "pyop" in systems:
+    if any(s in systems for s in PY_POOL_SYSTEMS):
         pools.append(PY_POOL_CONFIG)
     return {"pools": pools}
 
@@ -299,9 +319,10 @@ def _segment_bytes(need: float) -> int:
 class Gpuq:
     """The private daemon, its clients, and the arrays every gpuq case uses (made once).
 
-    ``client`` (gpuq, gpuq-copy, cpp: the native ops of the ``cpu`` pool) and ``py`` (pyop,
-    pyop-copy: the Python ops of the ``py`` pool) are two connections, each with a segment of
-    its own, so that a run of both measures each as it would run alone."""
+    ``client`` (gpuq, gpuq-copy, cpp: the native ops of the ``cpu`` pool), ``py`` (pyop,
+    pyop-copy: the Python ops of the ``py`` pool) and ``ex_client`` (executor: the
+    ``gpuq.Executor`` ``ex`` on the ``py`` pool) are separate connections, each with a segment
+    of its own, so that a run of several measures each as it would run alone."""
 
     def __init__(self, gpuqd: str, inputs: Dict[str, np.ndarray], inflight: Dict[str, int],
                  systems: Sequence[str], stack: contextlib.ExitStack) -> None:
@@ -314,6 +335,8 @@ class Gpuq:
         self.inputs = inputs
         self.client: Any = None
         self.py: Any = None
+        self.ex_client: Any = None
+        self.ex: Any = None
         if "gpuq" in systems or "cpp" in systems:
             # Room for every case's arrays at once: the input in the segment, K out arrays, and
             # up to K + 1 copies made by the copied-in variant.
@@ -337,11 +360,24 @@ class Gpuq:
                                    name="bench_python_pyop")
             stack.callback(self.py.close)
             self.py_in_segment = {case: self.py.array(a) for case, a in inputs.items()}
+        if "executor" in systems:
+            # The largest case's blocks at once: a call allocates a block for the header, the
+            # pickle and the copy of the array argument, and one for the answer (the arguments'
+            # bytes + 64 KiB); K in flight, the result just taken and the next call.
+            need = max([(2 * inflight[case] + 2) * (a.nbytes + 64 * KIB + 8 * KIB)
+                        for case, a in inputs.items()] + [0])
+            self.ex_client = gpuq.connect(self.daemon.runtime_dir,
+                                          segment_bytes=_segment_bytes(need),
+                                          name="bench_python_executor")
+            stack.callback(self.ex_client.close)
+            self.ex = gpuq.Executor(client=self.ex_client, pool=PY_POOL)
+            stack.callback(self.ex.shutdown, wait=True)
 
     def client_info(self) -> Dict[str, Any]:
         return {name: {"segment_bytes": c.segment_bytes, "slot_count": c.slot_count,
                        "pools": c.pools}
-                for name, c in (("native", self.client), ("pyop", self.py)) if c is not None}
+                for name, c in (("native", self.client), ("pyop", self.py),
+                                ("executor", self.ex_client)) if c is not None}
 
     def pyop_tasks(self, case: str, k: int, copied: bool) -> Tasks:
         """pyop: ``py.submit_call("identity", x, pool="py")`` (or ``"nothing"``), the result
@@ -358,6 +394,18 @@ class Gpuq:
                      lambda slot, r: isinstance(r, np.ndarray) and r is not x and
                      r.shape == ref.shape and r.dtype == ref.dtype and in_segment(r) and
                      np.array_equal(r, ref))
+
+    def executor_tasks(self, case: str, k: int) -> Tasks:
+        """executor: ``ex.submit(noop)`` / ``ex.submit(identity, x)``, the peers' functions
+        (pickled by cloudpickle), ``x`` the plain numpy array the peers get (copied into the
+        segment on every call, as a drop-in ProcessPoolExecutor's caller would pass it)."""
+        finish = self.gpuq.Future.result
+        if case == "noop":
+            return Tasks([functools.partial(self.ex.submit, noop)] * k, finish,
+                         lambda slot, r: r is None)
+        x = self.inputs[case]
+        return Tasks([functools.partial(self.ex.submit, identity, x)] * k, finish,
+                     _array_check(x))
 
     def tasks(self, case: str, k: int, copied: bool) -> Tasks:
         finish = self.gpuq.Future.result
@@ -514,7 +562,7 @@ def run_rounds(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndar
                     res.fail(name, "-", "start", e)
                     peers.pop(name, None)
         g: Optional[Gpuq] = None
-        if "gpuq" in systems or "cpp" in systems or "pyop" in systems:
+        if any(s in systems for s in ("gpuq", "cpp") + PY_POOL_SYSTEMS):
             g = Gpuq(args.gpuqd, inputs, inflight, systems, stack)
             info["gpuq_daemon"] = g.daemon_status
             clients = g.client_info()
@@ -522,6 +570,8 @@ def run_rounds(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndar
                 info["gpuq_client"] = clients["native"]
             if "pyop" in clients:
                 info["gpuq_pyop_client"] = clients["pyop"]
+            if "executor" in clients:
+                info["gpuq_executor_client"] = clients["executor"]
             if g.client is not None:
                 for case in args.cases:  # run each case once, check, and warm the no-op path
                     for copied in (False, True) if CASES[case] else (False,):
@@ -537,12 +587,20 @@ def run_rounds(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndar
                         run_in_flight(t.starts, t.finish, inflight[case], t.check)
                 t = g.pyop_tasks("noop", inflight["noop"], False)
                 run_in_flight(t.starts, t.finish, 200)
+            if g.ex is not None:
+                for case in args.cases:  # the same for the Executor
+                    t = g.executor_tasks(case, inflight[case])
+                    run_in_flight(t.starts, t.finish, inflight[case], t.check)
+                t = g.executor_tasks("noop", inflight["noop"])
+                run_in_flight(t.starts, t.finish, 200)
         info["peers"] = {n: p.info for n, p in peers.items()}
 
-        order = [s for s in ("gpuq", "gpuq-copy", "cpp", "pyop", "pyop-copy", "loky", "ppe", "mp")
+        order = [s for s in ("gpuq", "gpuq-copy", "cpp", "pyop", "pyop-copy", "executor", "loky",
+                             "ppe", "mp")
                  if (s in systems or (s == "gpuq-copy" and "gpuq" in systems)
                      or (s == "pyop-copy" and "pyop" in systems))
-                 and (s in peers or s.startswith("gpuq") or s.startswith("pyop") or s == "cpp")]
+                 and (s in peers or s.startswith("gpuq") or s.startswith("pyop")
+                      or s in ("cpp", "executor"))]
         for rnd in range(args.rounds):
             rotated = order[rnd % len(order):] + order[:rnd % len(order)]
             print(f"round {rnd + 1}/{args.rounds}", file=sys.stderr, flush=True)
@@ -567,6 +625,9 @@ def run_rounds(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndar
                         elif system.startswith("pyop"):
                             assert g is not None
                             tasks = g.pyop_tasks(case, k, copied=system == "pyop-copy")
+                        elif system == "executor":
+                            assert g is not None
+                            tasks = g.executor_tasks(case, k)
                         else:
                             tasks = peers[system].tasks(case, k, inputs.get(case))
                         measure_block(res, case, system, tasks, n_lat, n_tp)
@@ -585,8 +646,12 @@ def run_rounds(args: argparse.Namespace, res: Results, inputs: Dict[str, np.ndar
                         continue
                     try:
                         copied = system.endswith("-copy")
-                        tasks = g.pyop_tasks(case, 1, copied) if system.startswith("pyop") \
-                            else g.tasks(case, 1, copied)
+                        if system == "executor":
+                            tasks = g.executor_tasks(case, 1)
+                        elif system.startswith("pyop"):
+                            tasks = g.pyop_tasks(case, 1, copied)
+                        else:
+                            tasks = g.tasks(case, 1, copied)
                         # At most the case's latency count (30 trips of 64 MiB, not 1000).
                         n = min(args.breakdown, count(args.counts, case, "latency", system))
                         if n == 0:
@@ -734,11 +799,15 @@ def print_breakdown(bd: Dict[str, Dict[str, Dict[str, Any]]], cases: Sequence[st
 
 
 def targets(res: Results, systems: Sequence[str], cases: Sequence[str]) -> List[Dict[str, Any]]:
-    """The targets whose systems and case this run measures (all of them by default; with
-    --systems pyop, the Python op's)."""
+    """The targets whose systems and case this run measures (by default those of gpuq, cpp
+    and loky; with --systems pyop/executor, the Python op's and the Executor's)."""
     def p50(case: str, system: str) -> Optional[float]:
         st = res.latency(case, system)
         return st["p50_us"] if st else None
+
+    def tput(case: str, system: str) -> Optional[float]:
+        st = res.throughput(case, system)
+        return st["tasks_per_s"] if st else None
 
     def selected(system: str) -> bool:
         return system in systems or (system.endswith("-copy") and system[:-5] in systems)
@@ -768,14 +837,24 @@ def targets(res: Results, systems: Sequence[str], cases: Sequence[str]) -> List[
     add("loky 64 MiB p50 / gpuq 64 MiB p50 (copied in)",
         ratio(p50("64MiB", "loky"), p50("64MiB", "gpuq-copy")), 10, False, False,
         ("64MiB", "loky", "gpuq-copy"))
-    # The Python op's: also the p50 that 20x this run's loky p50 asks of it.
+    # The Python op's and the Executor's (issue 28, point 3).
+    add("loky no-op p50 / gpuq Python op no-op p50",
+        ratio(p50("noop", "loky"), p50("noop", "pyop")), 25, False, True,
+        ("noop", "loky", "pyop"))
+    add("loky no-op p50 / gpuq.Executor no-op p50",
+        ratio(p50("noop", "loky"), p50("noop", "executor")), 8, False, True,
+        ("noop", "loky", "executor"))
+    add("gpuq.Executor no-op tasks/s / multiprocessing.Pool no-op tasks/s",
+        ratio(tput("noop", "executor"), tput("noop", "mp")), 3, False, True,
+        ("noop", "executor", "mp"))
+    # The Python op's 1 MiB: also the p50 that 30x this run's loky p50 asks of it.
     loky1 = p50("1MiB", "loky")
-    need = {"loky_p50_us": loky1, "gpuq_p50_needed_us": None if loky1 is None else loky1 / 20}
+    need = {"loky_p50_us": loky1, "gpuq_p50_needed_us": None if loky1 is None else loky1 / 30}
     add("loky 1 MiB p50 / gpuq Python op 1 MiB p50 (in segment)",
-        ratio(loky1, p50("1MiB", "pyop")), 20, False, True, ("1MiB", "loky", "pyop"),
+        ratio(loky1, p50("1MiB", "pyop")), 30, False, True, ("1MiB", "loky", "pyop"),
         gpuq_p50_us=p50("1MiB", "pyop"), **need)
     add("loky 1 MiB p50 / gpuq Python op 1 MiB p50 (copied in)",
-        ratio(loky1, p50("1MiB", "pyop-copy")), 20, False, False, ("1MiB", "loky", "pyop-copy"),
+        ratio(loky1, p50("1MiB", "pyop-copy")), 30, False, False, ("1MiB", "loky", "pyop-copy"),
         gpuq_p50_us=p50("1MiB", "pyop-copy"), **need)
     return out
 
@@ -783,7 +862,8 @@ def targets(res: Results, systems: Sequence[str], cases: Sequence[str]) -> List[
 def speedups(res: Results, cases: Sequence[str]
              ) -> Dict[str, Dict[str, Dict[str, Optional[float]]]]:
     """peer -> case -> {p50: peer p50 / gpuq p50, throughput: gpuq / peer, and the same for the
-    other variants measured (keys suffixed as in VARIANTS: _copied, _pyop, _pyop_copied)}."""
+    other variants measured (keys suffixed as in VARIANTS: _copied, _pyop, _pyop_copied,
+    _executor)}."""
     out: Dict[str, Dict[str, Dict[str, Optional[float]]]] = {}
     measured = [v for v in VARIANTS
                 if any(res.latency(c, v) or res.throughput(c, v) for c in cases)]
@@ -804,12 +884,14 @@ def speedups(res: Results, cases: Sequence[str]
 
 def print_report(res: Results, tgts: List[Dict[str, Any]], ups: Dict[str, Any],
                  cases: Sequence[str]) -> None:
-    for title, key in (("gpuq", ""), ("gpuq Python op", "_pyop")):
+    for title, key in (("gpuq", ""), ("gpuq Python op", "_pyop"), ("gpuq.Executor", "_executor")):
         if not any(r.get("p50" + key) is not None or r.get("throughput" + key) is not None
                    for by_case in ups.values() for r in by_case.values()):
             continue
+        how = " (array copied in, as the peers' is)" if key == "_executor" else \
+            " (in segment; copied in)"
         print(f"\n{title}'s advantage: peer p50 / {title} p50, and {title} tasks/s / peer "
-              "tasks/s (in segment; copied in)")
+              f"tasks/s{how}")
         print(f"  {'peer':<24} " + " ".join(f"{c + ' ' + m:>19}" for c in cases
                                               for m in ("p50", "tput")))
         for peer, by_case in ups.items():
@@ -822,16 +904,17 @@ def print_report(res: Results, tgts: List[Dict[str, Any]], ups: Dict[str, Any],
                                  ("; " + _fmt(b, 1) if b is not None else ""))
             print(f"  {SYSTEMS[peer][0]:<24} " + " ".join(f"{c:>19}" for c in cells))
     if tgts:
-        print(f"\n  {'target':<62} {'measured':>9} {'goal':>9}  result")
+        print(f"\n  {'target':<66} {'measured':>9} {'goal':>9}  result")
     for t in tgts:
         goal = f"{'<=' if t['upper_bound'] else '>='} {t['bound']:g}{t['unit']}"
         value = "-" if t["value"] is None else f"{t['value']:.2f}{t['unit']}"
         verdict = "n/a" if t["pass"] is None else ("PASS" if t["pass"] else "MISS")
         name = t["name"] if t["headline"] else "(shown) " + t["name"]
-        print(f"  {name:<62} {value:>9} {goal:>9}  {verdict}")
+        print(f"  {name:<66} {value:>9} {goal:>9}  {verdict}")
         if t.get("gpuq_p50_needed_us") is not None and t.get("gpuq_p50_us") is not None:
-            print(f"      gpuq Python op p50 {t['gpuq_p50_us']:.1f} us; 20x this run's loky p50 "
-                  f"({t['loky_p50_us']:,.0f} us) needs <= {t['gpuq_p50_needed_us']:.1f} us")
+            print(f"      gpuq Python op p50 {t['gpuq_p50_us']:.1f} us; {t['bound']:g}x this run's "
+                  f"loky p50 ({t['loky_p50_us']:,.0f} us) needs <= "
+                  f"{t['gpuq_p50_needed_us']:.1f} us")
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -849,7 +932,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "writes no JSON unless --json is given")
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help=f"comma-separated, of {','.join(SELECTABLE)} (default: "
-                        f"{','.join(DEFAULT_SYSTEMS)}; pyop, gpuq's Python ops, only when named)")
+                        f"{','.join(DEFAULT_SYSTEMS)}; pyop, gpuq's Python ops, and executor, "
+                        "gpuq.Executor, only when named)")
     p.add_argument("--cases", default=",".join(CASES),
                    help=f"comma-separated, of {','.join(CASES)} (default: all)")
     p.add_argument("--rounds", type=int, default=None,
@@ -862,15 +946,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--count", action="append", default=[], metavar="CASE.MEASURE.TIER=N",
                    help="override a count, e.g. noop.latency.peer=5000 (CASE: noop, 1MiB, "
                         "64MiB; MEASURE: latency, throughput; TIER: gpuq (gpuq, copied-in and "
-                        "C++), pyop (Python ops, both variants), peer (loky, ppe, mp), ray); "
-                        "repeatable")
+                        "C++), pyop (Python ops, both variants, and gpuq.Executor), peer "
+                        "(loky, ppe, mp), ray); repeatable")
     p.add_argument("--json", metavar="PATH",
                    help="results file (default bench/results/python-<UTC date>.json; "
-                        "python-ops-<UTC date>.json when --systems names pyop)")
+                        "python-ops-<UTC date>.json when --systems names pyop or executor)")
     p.add_argument("--no-json", action="store_true", help="write no results file")
     p.add_argument("--breakdown", type=int, default=None, metavar="N",
-                   help="after the rounds, N more round trips of each gpuq variant (not C++) "
-                        "and case, split into submit call, queued, run and rest by the "
+                   help="after the rounds, N more round trips of each gpuq variant (not C++; "
+                        "the Executor included) and case, split into submit call, queued, run "
+                        "and rest by the "
                         "daemon's job stamps (default 1000; 100 with --quick; at most the "
                         "case's latency count; 0: none)")
     p.add_argument("--samples", action="store_true",
@@ -972,7 +1057,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"FAILURE {f['system']} {f['case']} {f['what']}: {f['error']}")
 
     if not args.no_json and (args.json or not args.quick):
-        stem = "python-ops" if "pyop" in args.systems else "python"
+        stem = "python-ops" if any(s in args.systems for s in PY_POOL_SYSTEMS) else "python"
         path = args.json or os.path.join(REPO, "bench", "results",
                                          f"{stem}-{date.strftime('%Y-%m-%d')}.json")
         doc = {
