@@ -1,17 +1,16 @@
 """Submitting Python-op jobs (Client.call, gpuq.Executor): the caller's side of the wire format
-in _pyops. Arrays already in the client's segment are passed in place; everything else is
-copied, with the job's header, into one block of the segment."""
+(python/src/call_codec.hpp, in gpuq._native). Arrays already in the client's segment are passed
+in place; everything else is copied, with the job's header, into one block of the segment."""
 
 from __future__ import annotations
 
-import json
 import pickle
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _args, _errors, _pyops, _room
+from . import _args, _errors, _native, _pyops, _room
 from ._future import Future, JobInfo
 
 _OUTPUT_SLACK = 64 << 10  # room for the answer's header and small results
@@ -29,147 +28,59 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.tb}"""'
 
 
-def _c_array(a: Any) -> np.ndarray:
-    a = np.asarray(a)
-    if a.dtype.hasobject:
-        raise _errors.InvalidArgument(
-            f"an argument is an array of dtype {a.dtype} (Python objects); Python ops take "
-            "arrays of plain numbers")
-    return a
-
-
-def build_header(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Dict[str, Any], List[np.ndarray]]:
-    """The header (arrays' offsets as their index, resolved later) and the arrays."""
-    arrays: List[np.ndarray] = []
-
-    def enc(v: Any, what: str) -> Dict[str, Any]:
-        if _pyops.is_array(v):
-            arrays.append(_c_array(v))
-            return {"nd": len(arrays) - 1}
-        try:
-            return {"js": _pyops._json_value(v, what)}
-        except TypeError as e:
-            raise _errors.InvalidArgument(str(e)) from None
-
-    header = {"args": [enc(a, f"argument {i}") for i, a in enumerate(args)],
-              "kwargs": {k: enc(v, f"keyword {k}") for k, v in kwargs.items()}}
-    return header, arrays
-
-
-def _header_bytes(header: Dict[str, Any]) -> bytes:
-    hb = json.dumps(header).encode()
-    if len(hb) > _pyops.MAX_HEADER_BYTES:
-        raise _errors.InvalidArgument(
-            f"the call's JSON arguments take {len(hb)} bytes, more than "
-            f"{_pyops.MAX_HEADER_BYTES}: pass large data as numpy arrays")
-    return hb
-
-
-def _place(client: Any, conn: Any, header: Dict[str, Any], arrays: List[np.ndarray],
-           keep: list, copy_all: bool, output_bytes: int,
-           timeout: Optional[float]) -> Tuple[int, int, int, int, np.ndarray, int]:
-    """Lays the header, the arrays and the room for the answer out in the segment, in one
-    block: (span offset, span length, header offset within the span, header length, the
-    answer's room as a uint8 array, its offset). ``copy_all``: copy even arrays already in the
-    segment (a callable's arguments, which its worker may change in place)."""
-    if not arrays:
-        # No arrays: the header is final as it is (a no-op call's whole cost is this path).
-        hb = _header_bytes(header)
-        room = _pyops.align(len(hb))
-        block = _room.allocate(conn, room + output_bytes, timeout)
-        keep.append(block)
-        memoryview(block)[:len(hb)] = hb
-        block_off = block.ctypes.data - conn.base
-        return block_off, room, 0, len(hb), block[room:], block_off + room
-    in_place: Dict[int, int] = {}
-    copies: List[int] = []
-    for i, a in enumerate(arrays):
-        off = client._offset(conn, a) if a.flags.c_contiguous and not copy_all else None
-        if off is None:
-            copies.append(i)
-        else:
-            in_place[i] = off
-            keep.append(a)
-    # The header's size depends on the offsets: leave room for the largest.
-    sized = json.dumps(header).encode()
-    hdr_room = _pyops.align(len(sized) + 64 + sum(_pyops.spec_bound(a) for a in arrays))
-    block_bytes = hdr_room + sum(_pyops.align(arrays[i].nbytes) for i in copies)
-    # The native allocation itself (a uint8 array): client.empty's checks cost more than it.
-    block = _room.allocate(conn, block_bytes + output_bytes, timeout)
-    out = block[block_bytes:]
-    keep.append(block)
-    block_off = block.__array_interface__["data"][0] - conn.base
-    where: Dict[int, int] = dict(in_place)
-    at = hdr_room
-    for i in copies:
-        a = arrays[i]
-        if a.nbytes:
-            np.copyto(block[at:at + a.nbytes].view(a.dtype).reshape(a.shape), a, casting="no")
-        where[i] = block_off + at
-        at += _pyops.align(a.nbytes)
-    ends = [block_off + block_bytes] + [where[i] + arrays[i].nbytes for i in range(len(arrays))]
-    start = min([block_off] + list(where.values()))
-    end = max(ends)
-
-    def resolve(e: Dict[str, Any]) -> Dict[str, Any]:
-        if "nd" not in e:
-            return e
-        a = arrays[e["nd"]]
-        return {"nd": [_pyops.dtype_spec(a.dtype), list(a.shape), where[e["nd"]] - start]}
-
-    if "args" in header:
-        header = {"args": [resolve(e) for e in header["args"]],
-                  "kwargs": {k: resolve(e) for k, e in header["kwargs"].items()}}
-    else:  # a callable's: the pickle and its buffers, by index
-        header = {"pickle": [where[header["pickle"]] - start, arrays[header["pickle"]].nbytes],
-                  "buffers": [[where[i] - start, arrays[i].nbytes] for i in header["buffers"]]}
-    hb = _header_bytes(header)
-    if len(hb) > hdr_room:  # spec_bound is wrong: a bug here, never the caller's
-        raise _errors.Internal(f"a Python op's header ({len(hb)} bytes) outgrew its room "
-                               f"({hdr_room})")
-    block[:len(hb)] = np.frombuffer(hb, dtype=np.uint8)
-    return start, end - start, block_off - start, len(hb), out, block_off + block_bytes
-
-
-def submit_python(client: Any, op: str, header: Dict[str, Any], arrays: List[np.ndarray],
+def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]],
                   pool: Optional[str], output_bytes: Optional[int], timeout: Optional[float],
                   expire_after: Optional[float], retryable: bool, time_limit: Optional[float],
-                  try_only: bool, callable_job: bool) -> Future:
+                  try_only: bool, callable_job: bool, flags: int = 0) -> Future:
+    """Submits a Python op's job: the native codec lays ``args`` and ``kwargs`` out in one block
+    of the segment (call_codec.hpp), with the room for the answer after them. ``callable_job``:
+    gpuq.Executor's (its arrays copied, which the worker may change in place)."""
     limit_ms = _args.time_limit_ms(time_limit)
     if output_bytes is None:
-        output_bytes = sum(a.nbytes for a in arrays) + _OUTPUT_SLACK
-    elif not isinstance(output_bytes, int) or output_bytes < 64:
+        output_bytes = _OUTPUT_SLACK + sum(
+            a.nbytes for a in args if isinstance(a, np.ndarray)) + (sum(
+                a.nbytes for a in kwargs.values() if isinstance(a, np.ndarray)) if kwargs else 0)
+    elif type(output_bytes) is not int or output_bytes < 64:
         raise _errors.InvalidArgument(f"output_bytes: must be an int of at least 64, not "
                                       f"{output_bytes!r}")
     conn = client._c()
-    keep: list = []
-    in_off, in_len, h_off, h_len, out, out_off = _place(client, conn, header, arrays, keep,
-                                                        callable_job, output_bytes, timeout)
     timeout_ns = -1 if timeout is None else _args.seconds_to_ns(timeout, "timeout")
     expire_ns = -1 if expire_after is None else _args.seconds_to_ns(expire_after, "expire_after")
-    params = [("py.h", h_off), ("py.n", h_len)]
-    if not callable_job:
-        # For a batched op's worker, which counts rows while it gathers jobs (it checks the
-        # real shapes): the first axis the arrays share, 0 when they share none.
-        rows = arrays[0].shape[0] if arrays and arrays[0].ndim else 0
-        if any(a.ndim == 0 or a.shape[0] != rows for a in arrays):
-            rows = 0
-        params.append(("py.r", rows))
-    job = conn.native.submit(op, in_off, in_len, out_off, output_bytes, pool or "", params,
-                             expire_ns, bool(retryable), limit_ms, timeout_ns, try_only)
-    convert = (lambda info, out=out: _callable_result(out, info)) if callable_job else \
-        (lambda info, out=out: _pyops.result_value(_pyops.read_answer(out, info.output_size)))
-    f = Future(job, keep, convert, conn.watcher)
-    f._on_error = lambda info, exc, out=out: _remote_error(out, info, exc, callable_job)
+    submit = conn.native.submit_call
+    named = not callable_job
+    try:
+        job, out, kept = submit(op, pool or "", args, kwargs, output_bytes, flags, callable_job,
+                                named, expire_ns, retryable, limit_ms, timeout_ns, try_only, None)
+    except _errors.OutOfMemory:
+        # No room: make some (finished calls give their blocks back, or wait for pending ones),
+        # then lay the call out in the block made.
+        need = conn.native.call_block_bytes(args, kwargs, output_bytes, flags, callable_job)
+        block = _room.allocate(conn, need, timeout)
+        job, out, kept = submit(op, pool or "", args, kwargs, output_bytes, flags, callable_job,
+                                named, expire_ns, retryable, limit_ms, timeout_ns, try_only, block)
+    f = Future(job, kept, _callable_result if callable_job else _named_result, conn.watcher)
+    f._on_error = _callable_error if callable_job else _named_error
     f._out = out
     conn.holders.add(f)
     return f
 
 
-def _callable_result(out: np.ndarray, info: JobInfo) -> Any:
-    h = _pyops.read_answer(out, info.output_size)
+def _named_result(nbytes: int, out: np.ndarray) -> Any:
+    return _native.answer_value(out, nbytes)
+
+
+def _callable_result(nbytes: int, out: np.ndarray) -> Any:
+    h = _pyops.read_answer(out, nbytes)
     arrays = h["arrays"]
     return pickle.loads(arrays[0], buffers=arrays[1:])
+
+
+def _named_error(info: JobInfo, exc: BaseException, out: np.ndarray) -> BaseException:
+    return _remote_error(out, info, exc, False)
+
+
+def _callable_error(info: JobInfo, exc: BaseException, out: np.ndarray) -> BaseException:
+    return _remote_error(out, info, exc, True)
 
 
 def _remote_error(out: np.ndarray, info: JobInfo, exc: BaseException,

@@ -394,8 +394,7 @@ class Client:
                 raise _errors.InvalidArgument(f"keyword {sorted(clash)[0]!r} given in params and "
                                               "as a keyword")
             kwargs = dict(kwargs, **params)
-        header, arrays = _calls.build_header(args, kwargs)
-        return _calls.submit_python(self, op, header, arrays, _calls.pool_for(self, op, pool),
+        return _calls.submit_python(self, op, args, kwargs, _calls.pool_for(self, op, pool),
                                     output_bytes, timeout, expire_after, retryable, time_limit,
                                     False, False)
 

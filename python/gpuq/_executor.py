@@ -6,12 +6,16 @@ from __future__ import annotations
 import concurrent.futures
 import pickle
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
 from . import _calls, _errors
 from ._future import Future
+from ._pickles import FunctionPickles
+
+_PLAIN = (type(None), bool, int, float, str)  # arguments that travel as themselves
+_PICKLED_ARGS = 1  # call_codec.hpp: kFlagPickledArgs
 
 
 class Executor(concurrent.futures.Executor):
@@ -64,7 +68,9 @@ class Executor(concurrent.futures.Executor):
         self._slots = threading.BoundedSemaphore(max_pending) if max_pending else None
         self._lock = threading.Lock()
         self._pending: set = set()
+        self._prune_at = 64
         self._shutdown = False
+        self._pickles = FunctionPickles(cloudpickle.dumps)
 
     @property
     def client(self) -> Any:
@@ -79,31 +85,47 @@ class Executor(concurrent.futures.Executor):
             raise RuntimeError("cannot schedule new futures after shutdown")
         if not callable(fn):
             raise TypeError(f"{type(fn).__name__} object is not callable")
-        buffers: List[pickle.PickleBuffer] = []
-        blob = self._pickle.dumps((fn, args, kwargs), protocol=5, buffer_callback=buffers.append)
-        arrays = [np.frombuffer(blob, dtype=np.uint8)]
-        arrays += [np.frombuffer(b.raw(), dtype=np.uint8) for b in buffers]
-        header: Dict[str, Any] = {"pickle": 0, "buffers": list(range(1, len(arrays)))}
+        # The function's pickle, made once while it stays the same (_pickles); plain arguments
+        # (numbers, strings, None, numpy arrays) travel as themselves, anything else pickled.
+        call: Tuple[Any, ...]
+        if all(type(a) in _PLAIN or (type(a) is np.ndarray and not a.dtype.hasobject)
+               for a in (args + tuple(kwargs.values()) if kwargs else args)):
+            call = (self._pickles.get(fn),) + args
+            flags = 0
+            data = sum(a.nbytes for a in call if type(a) is np.ndarray) + (sum(
+                a.nbytes for a in kwargs.values() if type(a) is np.ndarray) if kwargs else 0)
+        else:
+            buffers: List[pickle.PickleBuffer] = []
+            blob = self._pickle.dumps((args, kwargs), protocol=5, buffer_callback=buffers.append)
+            call = (self._pickles.get(fn), blob, *buffers)
+            kwargs = {}
+            flags = _PICKLED_ARGS
+            data = len(blob) + sum(memoryview(b).nbytes for b in buffers)
+        output_bytes = self._output_bytes or data + _calls._OUTPUT_SLACK
         if self._slots is not None:
             self._slots.acquire()
         try:
-            f = _calls.submit_python(self._client, _calls._pyops.CALL_OP, header, arrays,
-                                     self.pool, self._output_bytes, None, None, False,
-                                     self._time_limit, False, True)
+            f = _calls.submit_python(self._client, _calls._pyops.CALL_OP, call, kwargs or None,
+                                     self.pool, output_bytes, None, None, False,
+                                     self._time_limit, False, True, flags)
         except BaseException:
             if self._slots is not None:
                 self._slots.release()
             raise
         with self._lock:
+            # Held for shutdown(); the finished ones are let go now and then (no callback per
+            # task: it would wake the client's watcher thread for every one).
             self._pending.add(f)
-        f.add_done_callback(self._done)
+            if len(self._pending) >= self._prune_at:
+                self._pending = {p for p in self._pending if p._state == "PENDING"}
+                self._prune_at = max(64, 2 * len(self._pending))
+        if self._slots is not None:
+            f.add_done_callback(self._release)
         return f
 
-    def _done(self, f: Future) -> None:
-        with self._lock:
-            self._pending.discard(f)
-        if self._slots is not None:
-            self._slots.release()
+    def _release(self, f: Future) -> None:
+        assert self._slots is not None
+        self._slots.release()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new tasks from now on. ``cancel_futures``: cancel the unfinished ones (a running
@@ -111,7 +133,8 @@ class Executor(concurrent.futures.Executor):
         has ended, then close the client the executor made."""
         self._shutdown = True
         with self._lock:
-            pending = list(self._pending)
+            pending = [f for f in self._pending if not f.done()]
+            self._pending = set()
         if cancel_futures:
             for f in pending:
                 f.cancel()

@@ -203,7 +203,8 @@ class Future(concurrent.futures.Future):
                 result = t[4]
             else:
                 try:
-                    result = convert(JobInfo(t)) if out is None else convert(JobInfo(t), out=out)
+                    # A Python op's: (the answer's size, its bytes).
+                    result = convert(JobInfo(t)) if out is None else convert(t[3], out)
                 except BaseException as e:  # a conversion bug must still end the future
                     exc = e
         elif status == CANCELLED:

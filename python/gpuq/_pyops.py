@@ -14,16 +14,16 @@ unless the pool allows callables, and a worker's answer to a named op is arrays 
 from __future__ import annotations
 
 import json
-import math
-import struct
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _native
+
 __all__ = ["op", "on_start", "cancelled", "context", "WorkerContext"]
 
 CALL_OP = "python_call"  # the op gpuq.Executor's jobs name (daemon: kPythonCallOp)
-RESULT_MAGIC = b"GQR1"
 ALIGN = 64
 
 # ---- registration (in a worker, or in the daemon's listing child) -----------------------------
@@ -156,7 +156,7 @@ def cancelled() -> bool:
     return bool(_native.job_cancelled())
 
 
-# ---- arrays <-> JSON --------------------------------------------------------------------------
+# ---- dtypes and JSON values (what the native codec asks of Python) ----------------------------
 
 
 def dtype_spec(dt: np.dtype) -> Any:
@@ -179,36 +179,39 @@ def dtype_from(spec: Any) -> np.dtype:
     return np.dtype(fields(spec))
 
 
-def spec_bound(a: np.ndarray) -> int:
-    """At most how long an array's header entry [dtype, shape, offset] is as JSON: its dtype's
-    text, then each number at most 20 digits and a comma."""
-    spec = dtype_spec(a.dtype)
-    text = len(spec) if isinstance(spec, str) else len(json.dumps(spec))
-    return text + 32 + 21 * a.ndim
+def dtype_text(dt: np.dtype) -> str:
+    """An array's dtype as the wire format writes it: numpy's ``dtype.str``, or a structured
+    dtype's descr as JSON. TypeError for dtypes holding Python objects."""
+    spec = dtype_spec(dt)
+    return spec if isinstance(spec, str) else json.dumps(spec)
+
+
+def dtype_of_text(text: str) -> np.dtype:
+    """dtype_text's inverse, for what a peer wrote: ValueError when it is not a dtype, or one
+    holding Python objects (an array of those over shared bytes would be pointers from
+    another process)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a deprecated alias is refused too
+            dt = dtype_from(json.loads(text)) if text.startswith("[") else np.dtype(text)
+    except (TypeError, ValueError, Warning) as e:
+        raise ValueError(f"{text[:80]!r} is not a dtype ({e})") from None
+    if dt.hasobject:
+        raise ValueError(f"dtype {text[:80]!r} holds Python objects, which cannot be shared")
+    return dt
+
+
+def json_text(v: Any, what: str) -> str:
+    """A value that is neither an array nor a plain scalar, as JSON text; TypeError naming
+    ``what`` when it is not JSON-able."""
+    try:
+        return json.dumps(v, allow_nan=True)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what}: {type(v).__name__} is neither an array nor JSON-able "
+                        f"({e}); pass numpy arrays, numbers, strings, lists or dicts") from None
 
 
 MAX_HEADER_BYTES = 4 << 20  # a job's header (its JSON arguments): larger data goes in arrays
-MAX_DIMS = 64
-
-
-def array_entry(e: Any, size: int, what: str) -> Tuple[np.dtype, List[int], int, int]:
-    """(dtype, shape, offset, count) of a header's array entry, checked against a buffer of
-    ``size`` bytes before anything is computed from it."""
-    if not isinstance(e, list) or len(e) != 3:
-        raise ValueError(f"{what}: an array entry must be [dtype, shape, offset]")
-    spec, shape, off = e
-    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
-            type(d) is int and 0 <= d <= size for d in shape):
-        raise ValueError(f"{what}: the shape must be a list of at most {MAX_DIMS} dimensions, "
-                         f"each from 0 to the buffer's {size} bytes")
-    if type(off) is not int or not 0 <= off <= size:
-        raise ValueError(f"{what}: the offset must be an int within the buffer's {size} bytes")
-    dt = dtype_from(spec)
-    count = math.prod(shape)  # each dimension at most `size`, and at most 64 of them
-    if off + count * dt.itemsize > size:
-        raise ValueError(f"{what}: the array [{off}, +{count * dt.itemsize}) lies outside the "
-                         f"{size}-byte buffer")
-    return dt, shape, off, count
 
 
 def align(n: int) -> int:
@@ -216,11 +219,7 @@ def align(n: int) -> int:
 
 
 def _json_value(v: Any, what: str) -> Any:
-    try:
-        json.dumps(v, allow_nan=True)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{what}: {type(v).__name__} is neither an array nor JSON-able "
-                        f"({e}); pass numpy arrays, numbers, strings, lists or dicts") from None
+    json_text(v, what)
     return v
 
 
@@ -232,32 +231,16 @@ def is_array(v: Any) -> bool:
 
 
 def decode_call(buf: memoryview, params: Dict[str, Any]) -> Tuple[list, dict]:
-    """The job's args and kwargs from its input span: arrays as read-only views."""
+    """The job's args and kwargs from its input span (the native codec): arrays as views of
+    ``buf`` (read-only when it is)."""
     try:
         h, n = int(params["py.h"]), int(params["py.n"])
     except (KeyError, TypeError, ValueError):
         raise ValueError("not a Python op job: its params lack py.h and py.n (submit it with "
                          "gpuq.Client.call)") from None
-    if h < 0 or n < 0 or h + n > len(buf):
+    if h < 0 or n < 0:
         raise ValueError(f"the header [{h}, +{n}) lies outside the job's {len(buf)}-byte input")
-    if n > MAX_HEADER_BYTES:
-        raise ValueError(f"the header is {n} bytes, more than {MAX_HEADER_BYTES}: pass large "
-                         "data as numpy arrays")
-    header = json.loads(bytes(buf[h:h + n]))
-    if not isinstance(header, dict) or not isinstance(header.get("args", []), list) or \
-            not isinstance(header.get("kwargs", {}), dict):
-        raise ValueError("the header must be {\"args\": [...], \"kwargs\": {...}}")
-
-    def value(a: Any, what: str) -> Any:
-        if not isinstance(a, dict) or ("nd" not in a and "js" not in a):
-            raise ValueError(f"{what}: must be {{\"nd\": ...}} or {{\"js\": ...}}")
-        if "nd" in a:
-            dt, shape, off, count = array_entry(a["nd"], len(buf), what)
-            return np.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
-        return a["js"]
-
-    args = [value(a, f"argument {i}") for i, a in enumerate(header.get("args", []))]
-    kwargs = {str(k): value(a, f"keyword {k}") for k, a in header.get("kwargs", {}).items()}
+    _, args, kwargs = _native.decode_call(buf, h, n, False)
     return args, kwargs
 
 
@@ -350,44 +333,29 @@ def _to_numpy(x: Any) -> Optional[np.ndarray]:
 
 
 def write_answer(out: memoryview, header: Dict[str, Any], arrays: Sequence[np.ndarray]) -> int:
-    """Writes header and arrays at the start of ``out``; the bytes used. Raises
+    """Writes an answer at the start of ``out``: ``header``'s "kind" (default "error") and its
+    other keys as the answer's extra JSON, and the arrays; the bytes used. Raises
     ResultTooLarge when they do not fit."""
-    specs = []
-    # The header's size depends on the offsets, which depend on its size: the data starts past
-    # a bound of it (an array's entry is at most 40 bytes + 21 per dimension: its dtype text,
-    # then each number at most 20 digits and a comma).
-    simple = len(header) == 1 and "kind" in header
-    bound = 64 + (0 if simple else len(json.dumps(header))) + sum(spec_bound(a) for a in arrays)
-    off = align(8 + bound)
-    for a in arrays:
-        specs.append([dtype_spec(a.dtype), list(a.shape), off])
-        off = align(off + a.nbytes)
-    if simple and all(isinstance(s[0], str) for s in specs):
-        # The common answer, formatted by hand: json.dumps costs more than the rest of a small
-        # job's answer (dtype texts are like "<f4": nothing to escape).
-        hb = ('{"kind":"%s","arrays":[%s]}' % (header["kind"], ",".join(
-            '["%s",[%s],%d]' % (s[0], ",".join(map(str, s[1])), s[2]) for s in specs))).encode()
-    else:
-        hb = json.dumps(dict(header, arrays=specs)).encode()
-    end = specs[-1][2] + arrays[-1].nbytes if arrays else 8 + len(hb)
-    if 8 + len(hb) > (specs[0][2] if specs else len(out) + 1) or end > len(out):
-        raise ResultTooLarge(max(end, 8 + len(hb)), len(out))
-    out[0:4] = RESULT_MAGIC
-    out[4:8] = struct.pack("<I", len(hb))
-    out[8:8 + len(hb)] = hb
-    for a, (_, _, o) in zip(arrays, specs):
-        if a.nbytes:
-            dst = np.frombuffer(out, dtype=np.uint8, count=a.nbytes, offset=o)
-            dst[:] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    return end
+    extra = {k: v for k, v in header.items() if k != "kind"}
+    kind = header.get("kind", "error")
+    n = _native.write_answer(out, kind, [np.asarray(a) for a in arrays],
+                             json.dumps(extra) if extra else "")
+    if n < 0:
+        raise ResultTooLarge(-n, len(out))
+    return n
 
 
 def write_result(out: memoryview, result: Any) -> int:
-    kind, arrays, value = _result_arrays(result)
-    header: Dict[str, Any] = {"kind": kind}
-    if kind == "json":
-        header["value"] = value
-    return write_answer(out, header, arrays)
+    n = _native.write_result(out, result)  # the common results, in C++
+    if n is None:
+        kind, arrays, value = _result_arrays(result)
+        header: Dict[str, Any] = {"kind": kind}
+        if kind == "json":
+            header["value"] = value
+        return write_answer(out, header, arrays)
+    if n < 0:
+        raise ResultTooLarge(-n, len(out))
+    return n
 
 
 def write_error(out: memoryview, kind: str, message: str, tb: str, **extra: Any) -> int:
@@ -414,31 +382,17 @@ class ResultTooLarge(Exception):
 
 
 def read_answer(out: np.ndarray, nbytes: int) -> Dict[str, Any]:
-    """The header the worker wrote at the start of ``out`` (a uint8 array), arrays resolved as
-    views of ``out`` under "arrays"."""
-    if nbytes < 8 or bytes(out[0:4]) != RESULT_MAGIC:
-        raise ValueError("the worker's answer is missing or malformed")
-    (n,) = struct.unpack("<I", bytes(out[4:8]))
-    header = json.loads(bytes(out[8:8 + n]))
-    views = []
-    for i, e in enumerate(header.get("arrays", [])):
-        dt, shape, off, count = array_entry(e, nbytes, f"the answer's array {i}")
-        views.append(out[off:off + count * dt.itemsize].view(dt).reshape(shape))
+    """The answer the worker wrote at the start of ``out`` (a uint8 array): its extra JSON
+    keys, "kind", and "arrays" as views of ``out``."""
+    kind, views, extra = _native.read_answer(out, nbytes)
+    header = json.loads(extra) if extra else {}
+    if not isinstance(header, dict):
+        raise ValueError("the worker's answer is malformed (its extra is not a JSON object)")
+    header["kind"] = kind
     header["arrays"] = views
     return header
 
 
-def result_value(header: Dict[str, Any]) -> Any:
-    kind = header.get("kind")
-    arrays = header["arrays"]
-    if kind == "none":
-        return None
-    if kind == "array":
-        return arrays[0]
-    if kind == "scalar":
-        return arrays[0][()]
-    if kind == "tuple":
-        return tuple(a[()] if a.ndim == 0 else a for a in arrays)
-    if kind == "json":
-        return header.get("value")
-    raise ValueError(f"unknown result kind {kind!r}")
+def result_value(out: np.ndarray, nbytes: int) -> Any:
+    """A named op's result from its answer (native: arrays as views of ``out``)."""
+    return _native.answer_value(out, nbytes)

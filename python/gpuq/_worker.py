@@ -26,8 +26,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _errors, _pyops
+from . import _errors, _native, _pyops
 from ._pyops import CALL_OP, ResultTooLarge
+
+decode_call = _native.decode_call
+write_result = _native.write_result
+_PICKLED_ARGS = 1  # call_codec.hpp: kFlagPickledArgs
+_NOT_A_CALL = ("not a Python op job: its params lack py.h and py.n (submit it with "
+               "gpuq.Client.call)")
 
 _USAGE = ("usage: python -m gpuq._worker [--module M]... [--path DIR]... "
           "(--list-ops --pool-id N | --ops JSON [--allow-callables] [--gpu] WORKER-ARGS...)\n"
@@ -58,6 +64,7 @@ class Runtime:
         self.memory_limit: Tuple[int, float] = (0, 0.0)
         self.configured: set = set()
         self.registered: Dict[int, int] = {}  # client -> base address page-locked
+        self.functions: Dict[bytes, Any] = {}  # a callable's pickle -> the callable
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -151,17 +158,20 @@ class Runtime:
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def run(self, name: str, inp: memoryview, out: memoryview,
-            params: Dict[str, Any]) -> Tuple[int, str, int, int]:
+    def run(self, name: str, inp: memoryview, out: memoryview, h: int,
+            n: int) -> Tuple[int, str, int, int]:
+        """One job: its call header at [h, h + n) of ``inp`` (-1: the job has no py.h/py.n)."""
         if self.gpu and len(self.configured) < 2:
             self._configure_frameworks()  # one the job's code has imported since
         if name == CALL_OP:
-            return self._run_callable(inp, out, params)
+            return self._run_callable(inp, out, h, n)
         entry = self.ops.get(name)
         if entry is None:
             return (_errors.UnknownOp.code, f"{name}: not an op of this Python pool", 0, 0)
         try:
-            args, kwargs = _pyops.decode_call(inp, params)
+            if h < 0 or n < 0:
+                raise ValueError(_NOT_A_CALL)
+            _, args, kwargs = decode_call(inp, h, n, False)
         except Exception as e:  # noqa: BLE001 - the client's mistake, not the op's
             return (_errors.InvalidArgument.code, f"{name}: {e}", 0, 0)
         try:
@@ -173,7 +183,13 @@ class Runtime:
               out: memoryview) -> Tuple[int, str, int, int]:
         """One call of a named op for one job, its answer or failure written into ``out``."""
         try:
-            return (0, "", _pyops.write_result(out, fn(*args, **kwargs)), 0)
+            result = fn(*args, **kwargs)
+            n = write_result(out, result)  # the common results, in C++
+            if n is None:
+                n = _pyops.write_result(out, result)
+            elif n < 0:
+                raise ResultTooLarge(-n, len(out))
+            return (0, "", n, 0)
         except ResultTooLarge as e:
             n = _pyops.write_error(out, "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
             return (_errors.InvalidArgument.code, f"{name}: {e}", n, 0)
@@ -300,18 +316,36 @@ class Runtime:
         except Exception:  # noqa: BLE001 - any error here means the context is gone
             self.poisoned = True
 
-    def _run_callable(self, inp: memoryview, out: memoryview,
-                      params: Dict[str, Any]) -> Tuple[int, str, int, int]:
+    def _function(self, blob: memoryview) -> Any:
+        """The callable a pickle holds, unpickled once per distinct pickle (gpuq.Executor sends
+        the same bytes for the same function: _pickles)."""
+        key = bytes(blob)
+        fn = self.functions.get(key)
+        if fn is None:
+            fn = pickle.loads(key)
+            if len(self.functions) >= 256:
+                self.functions.clear()
+            self.functions[key] = fn
+        return fn
+
+    def _run_callable(self, inp: memoryview, out: memoryview, h: int,
+                      n: int) -> Tuple[int, str, int, int]:
         if not self.allow_callables:
             return (_errors.PermissionDenied.code,
                     "this pool does not run callables: its config has python.allow_callables "
                     "false (docs/python.md, \"gpuq.Executor\")", 0, 0)
         try:
-            h, n = int(params["py.h"]), int(params["py.n"])
-            header = json.loads(bytes(inp[h:h + n]))
-            po, pn = header["pickle"]
-            buffers = [inp[o:o + k] for o, k in header.get("buffers", [])]
-            fn, args, kwargs = pickle.loads(inp[po:po + pn], buffers=buffers)
+            if h < 0 or n < 0:
+                raise ValueError(_NOT_A_CALL)
+            flags, parts, kwargs = decode_call(inp, h, n, True)
+            if not parts:
+                raise ValueError("a callable's job without its callable")
+            fn = self._function(parts[0])
+            if flags & _PICKLED_ARGS:
+                args, kwargs = pickle.loads(parts[1], buffers=parts[2:])
+            else:
+                args = parts[1:]
+            del parts
         except Exception as e:  # noqa: BLE001
             return self._failed(CALL_OP, e, out, pickled=True)
         try:
@@ -319,7 +353,7 @@ class Runtime:
         except BaseException as e:  # noqa: BLE001
             return self._failed(getattr(fn, "__name__", CALL_OP), e, out, pickled=True)
         finally:
-            del args, kwargs, buffers
+            del args, kwargs
         try:
             bufs: List[pickle.PickleBuffer] = []
             blob = pickle.dumps(result, protocol=5, buffer_callback=bufs.append)

@@ -6,6 +6,7 @@
 //   Block       one allocation in the client's payload segment; numpy arrays made by
 //               Connection.allocate() keep it alive (as their base), and it returns the bytes
 //               to the segment when the last of them is gone
+//   Connection.submit_call  a Python op's job: its arguments laid out by call_codec.hpp
 //   Job         one gpuq::Job; wait() releases the GIL (in slices, checking for signals between
 //               them) and may run in several threads at once; poll() is lock-free, as in C++
 // Every gpuq::Error becomes the Python exception the package registered for its code
@@ -29,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "call_codec.hpp"
 #include "gpuq/client.hpp"
 
 namespace nb = nanobind;
@@ -339,6 +341,84 @@ class Connection {
     return run(c, spec, -1, false);
   }
 
+  // A Python op's job (gpuq._calls): `args` (a tuple) and `kwargs` (a dict or None) laid out
+  // by the codec (call_codec.hpp) in one block of the segment, `output_bytes` of room for the
+  // answer after them, and submitted. `block`: a uint8 array from allocate() that the caller
+  // made room for (gpuq._room, after this found none), else None and one is allocated here.
+  // `named`: a named op's job, which also gets py.r (its rows, for batching). Returns (job, the
+  // answer's room as a uint8 array, which owns the block, and the arrays passed in place or
+  // None). Errors: InvalidArgument for an argument that cannot travel, OutOfMemory, and
+  // submit()'s.
+  nb::tuple submit_call(const std::string& op, const std::string& pool, nb::handle args,
+                        nb::handle kwargs, uint64_t output_bytes, uint32_t flags, bool copy_all,
+                        bool named, int64_t expire_ns, bool retryable, int64_t time_limit_ms,
+                        int64_t timeout_ns, bool try_only, nb::handle block) {
+    namespace codec = gpuq::python::codec;
+    const std::shared_ptr<gpuq::Client> held = shared();
+    gpuq::Client& c = *held;
+    std::byte* arena = c.arena();
+    std::optional<codec::CallPlan> plan;
+    try {
+      plan.emplace(args, kwargs, flags, copy_all, arena, c.arena_bytes());
+    } catch (const std::invalid_argument& e) {
+      raise_error(gpuq::Error(gpuq::ErrorCode::kInvalidArgument, e.what()));
+    }
+    const uint64_t need = plan->block_bytes(output_bytes);
+    nb::object owner;
+    uint64_t block_off = 0;
+    if (block.is_none()) {
+      const gpuq::Buffer b = take(c.allocate(need));
+      owner = nb::cast(new Block(held, b), nb::rv_policy::take_ownership);
+      block_off = b.offset;
+    } else {
+      Py_buffer v;
+      if (PyObject_GetBuffer(block.ptr(), &v, PyBUF_SIMPLE) != 0) throw nb::python_error();
+      const auto* p = static_cast<const std::byte*>(v.buf);
+      const auto len = static_cast<uint64_t>(v.len);
+      PyBuffer_Release(&v);
+      if (p < arena || p + len > arena + c.arena_bytes() || len < need) {
+        raise_error(gpuq::Error(gpuq::ErrorCode::kInternal, "submit_call: the block given is not " +
+                                                                std::to_string(need) +
+                                                                " bytes of this client's segment"));
+      }
+      owner = nb::borrow(block);
+      block_off = static_cast<uint64_t>(p - arena);
+    }
+    const codec::CallPlan::Layout at = plan->write(arena, block_off, output_bytes);
+    gpuq::JobSpec spec;
+    spec.op = op;
+    spec.pool = pool;
+    spec.input = gpuq::Buffer{at.span_offset, at.span_length, arena + at.span_offset};
+    spec.output = gpuq::Buffer{at.output_offset, output_bytes, arena + at.output_offset};
+    spec.params.reserve(3);
+    spec.params.push_back(gpuq::JobParam::integer("py.h", static_cast<int64_t>(at.header_offset)));
+    spec.params.push_back(gpuq::JobParam::integer("py.n", static_cast<int64_t>(at.header_length)));
+    if (named)
+      spec.params.push_back(gpuq::JobParam::integer("py.r", static_cast<int64_t>(at.rows)));
+    spec.expire_after = ns(expire_ns);
+    spec.retryable = retryable;
+    spec.time_limit = std::chrono::milliseconds(time_limit_ms);
+    nb::object job = nb::cast(run(c, spec, timeout_ns, try_only), nb::rv_policy::take_ownership);
+    const size_t shape[1] = {static_cast<size_t>(output_bytes)};
+    nb::object out = nb::cast(
+        nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(arena + at.output_offset, 1, shape, owner));
+    nb::list kept = plan->in_place();
+    return nb::make_tuple(job, out, kept.size() != 0 ? nb::object(kept) : nb::none());
+  }
+
+  // The block submit_call needs for this call (gpuq._room makes room for it).
+  uint64_t call_block_bytes(nb::handle args, nb::handle kwargs, uint64_t output_bytes,
+                            uint32_t flags, bool copy_all) const {
+    gpuq::Client& c = client();
+    try {
+      return gpuq::python::codec::CallPlan(args, kwargs, flags, copy_all, c.arena(),
+                                           c.arena_bytes())
+          .block_bytes(output_bytes);
+    } catch (const std::invalid_argument& e) {
+      raise_error(gpuq::Error(gpuq::ErrorCode::kInvalidArgument, e.what()));
+    }
+  }
+
   Job* tensor(const std::string& op, const std::vector<Operand>& operands,
               const std::tuple<uint64_t, gpuq::Shape>& y, const std::string& dtype_name,
               const nb::dict& opts, const std::string& pool, int64_t expire_ns, bool retryable,
@@ -437,13 +517,15 @@ std::vector<int64_t> shape_or_raise(gpuq::Result<gpuq::Shape>&& s) {
 
 namespace gpuq::python {
 void bind_worker(nb::module_& m);  // worker.cpp
-}
+void bind_codec(nb::module_& m);   // call_codec_binding.cpp
+}  // namespace gpuq::python
 
 NB_MODULE(_native, m) {
   // Objects alive when the interpreter exits (a module-level client, its arrays) are normal.
   nb::set_leak_warnings(false);
   m.doc() = "gpuq's native binding of libgpuq; use the gpuq package, not this module.";
   gpuq::python::bind_worker(m);
+  gpuq::python::bind_codec(m);
 
   m.def(
       "set_error_factory",
@@ -476,6 +558,13 @@ NB_MODULE(_native, m) {
            "Submits a job (the GIL is released while it waits for room).")
       .def("submit_plain", &Connection::submit_plain, "op"_a, "pool"_a, "retryable"_a,
            nb::rv_policy::take_ownership, "submit() without buffers or params.")
+      .def("submit_call", &Connection::submit_call, "op"_a, "pool"_a, "args"_a, "kwargs"_a.none(),
+           "output_bytes"_a, "flags"_a, "copy_all"_a, "named"_a, "expire_ns"_a, "retryable"_a,
+           "time_limit_ms"_a, "timeout_ns"_a, "try_only"_a, "block"_a.none(),
+           "Submits a Python op's job, its arguments laid out by the codec: (job, answer room, "
+           "arrays passed in place or None).")
+      .def("call_block_bytes", &Connection::call_block_bytes, "args"_a, "kwargs"_a.none(),
+           "output_bytes"_a, "flags"_a, "copy_all"_a, "The block submit_call needs.")
       .def("tensor", &Connection::tensor, "op"_a, "operands"_a, "y"_a, "dtype"_a, "opts"_a,
            "pool"_a, "expire_ns"_a, "retryable"_a, "time_limit_ms"_a, "timeout_ns"_a, "try_only"_a,
            nb::rv_policy::take_ownership,

@@ -140,9 +140,16 @@ class PythonBackend final : public OpBackend {
     struct Clear {
       ~Clear() { g_cancel_flag.store(nullptr, std::memory_order_relaxed); }
     } clear;
+    // Where the call's header is (py.h, py.n); -1 when a param is missing or not an int, which
+    // Runtime.run reports.
+    auto param = [&](std::string_view key) -> int64_t {
+      auto v = ctx.params.get_int(key, -1, 0, INT64_MAX);
+      return v ? *v : -1;
+    };
+    const int64_t h = param("py.h");
+    const int64_t n = param("py.n");
     nb::gil_scoped_acquire gil;
     try {
-      nb::dict params = params_of(ctx);
       // Views of the client's segment, zero copy: the input read-only, except for a callable's
       // (gpuq.Executor copies its arguments into the job's own block, and a function may
       // change its arguments in place, as in a ProcessPoolExecutor).
@@ -152,7 +159,7 @@ class PythonBackend final : public OpBackend {
       if (!in.is_valid() || !out.is_valid()) throw nb::python_error();
       auto [code, message, bytes, value] =
           nb::cast<std::tuple<int, std::string, uint64_t, uint64_t>>(
-              handler_.attr("run")(op.name, in, out, params));
+              handler_.attr("run")(op.name, in, out, h, n));
       release_view(in);
       release_view(out);
       // Read now, with the GIL held: the loop asks must_exit() after every job.
