@@ -58,7 +58,10 @@ def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[
         block = _room.allocate(conn, need, timeout)
         job, out, kept = submit(op, pool or "", args, kwargs, output_bytes, flags, callable_job,
                                 named, expire_ns, retryable, limit_ms, timeout_ns, try_only, block)
-    f = Future(job, kept, _callable_result if callable_job else _named_result, conn.watcher)
+    # The future keeps the block (its header, copies and answer room: `out` owns it) and the
+    # arrays passed in place until the job has ended, also when it is dropped before.
+    f = Future(job, out if kept is None else (out, kept),
+               _callable_result if callable_job else _named_result, conn.watcher)
     f._on_error = _callable_error if callable_job else _named_error
     f._out = out
     conn.holders.add(f)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import concurrent.futures
 import pickle
 import threading
+import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
 from . import _calls, _errors
+from ._future import DONE as _DONE
 from ._future import Future
 from ._pickles import FunctionPickles
 
@@ -67,7 +69,7 @@ class Executor(concurrent.futures.Executor):
         self._time_limit = time_limit
         self._slots = threading.BoundedSemaphore(max_pending) if max_pending else None
         self._lock = threading.Lock()
-        self._pending: set = set()
+        self._pending: List[Tuple[Any, "weakref.ref[Future]"]] = []
         self._prune_at = 64
         self._shutdown = False
         self._pickles = FunctionPickles(cloudpickle.dumps)
@@ -113,11 +115,12 @@ class Executor(concurrent.futures.Executor):
                 self._slots.release()
             raise
         with self._lock:
-            # Held for shutdown(); the finished ones are let go now and then (no callback per
-            # task: it would wake the client's watcher thread for every one).
-            self._pending.add(f)
+            # For shutdown(): the job (a small handle) and the future, weakly (a future holds
+            # its result, and that its block of the segment). Ended jobs are let go now and
+            # then, not by a callback per task, which would wake the watcher thread for each.
+            self._pending.append((f._job, weakref.ref(f)))
             if len(self._pending) >= self._prune_at:
-                self._pending = {p for p in self._pending if p._state == "PENDING"}
+                self._pending = [e for e in self._pending if e[0].poll() < _DONE]
                 self._prune_at = max(64, 2 * len(self._pending))
         if self._slots is not None:
             f.add_done_callback(self._release)
@@ -133,13 +136,28 @@ class Executor(concurrent.futures.Executor):
         has ended, then close the client the executor made."""
         self._shutdown = True
         with self._lock:
-            pending = [f for f in self._pending if not f.done()]
-            self._pending = set()
+            pending = self._pending
+            self._pending = []
         if cancel_futures:
-            for f in pending:
-                f.cancel()
+            for job, ref in pending:
+                f = ref()
+                if f is not None:
+                    f.cancel()
+                else:  # dropped by its caller: the job alone
+                    try:
+                        job.cancel()
+                    except _errors.Error:
+                        pass
         if wait:
-            concurrent.futures.wait(pending)
+            for job, ref in pending:
+                f = ref()
+                if f is not None:
+                    concurrent.futures.wait([f])
+                else:
+                    try:
+                        job.wait(-1)
+                    except _errors.Error:
+                        pass
             if self._own_client:
                 self._client.close()
 

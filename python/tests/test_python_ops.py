@@ -446,6 +446,27 @@ def test_executor_max_pending_and_shutdown(pc):
         ex.submit(abs, 1)
 
 
+def test_executor_lets_go_of_what_its_tasks_returned(pydaemon):
+    # A large result is a view of its task's block: once the caller drops it the block goes
+    # back, however many tasks the executor has run (it keeps no finished future).
+    with gpuq.connect(pydaemon.runtime_dir, segment_bytes=16 << 20) as c, \
+            gpuq.Executor(client=c) as ex:
+        x = np.ones(1 << 17)  # 1 MiB: its copy and the answer's room take 2 MiB a task
+        for i in range(60):
+            r = ex.submit(pyops_helpers.scale, x, i).result(timeout=60)
+            assert r[0] == i and c.in_segment(r)
+            del r
+
+
+def test_executor_shutdown_waits_for_tasks_whose_futures_were_dropped(pc, tmp_path):
+    ex = gpuq.Executor(client=pc)
+    paths = [tmp_path / f"done-{i}" for i in range(3)]
+    for p in paths:
+        ex.submit(lambda p: (time.sleep(0.2), open(p, "w").close()) and None, str(p))
+    ex.shutdown(wait=True)
+    assert all(p.exists() for p in paths)
+
+
 def test_joblib_backend(pc, pydaemon, monkeypatch):
     joblib = pytest.importorskip("joblib")
     monkeypatch.setenv("GPUQ_RUNTIME_DIR", pydaemon.runtime_dir)
