@@ -1,15 +1,15 @@
-"""Python ops: the decorators a Python pool's modules use, and the wire format of a Python op's
-job, shared by the client (gpuq.Client.call, gpuq.Executor) and the worker (gpuq._worker).
+"""Python ops: the decorators a Python pool's modules use, and the Python side of a Python op's
+wire format, shared by the client (gpuq.Client.call, gpuq.Executor) and the worker
+(gpuq._worker).
 
-A job's input span holds a JSON header (its place given by the params ``py.h`` and ``py.n``,
-byte offset and length within the span) and the argument arrays, each at an offset within the
-span. The worker writes its answer at the start of the output buffer::
-
-    b"GQR1" | u32 header length | JSON header | ... array data at 64-byte aligned offsets
+The format itself (a binary call header in the job's input span, at the params ``py.h`` and
+``py.n``; a binary answer at the start of its output buffer) is encoded and decoded by one C++
+codec, python/src/call_codec.hpp, in gpuq._native; what lives here is what it asks of Python
+(dtypes and JSON values as text, and back) and the conversion of results it leaves to Python
+(framework tensors, str and dict).
 
 Named ops never exchange pickles: a client may not make a worker unpickle (run) its bytes
-unless the pool allows callables, and a worker's answer to a named op is arrays and JSON only.
-"""
+unless the pool allows callables, and a worker's answer to a named op is arrays and JSON only."""
 
 from __future__ import annotations
 
