@@ -135,8 +135,9 @@ class FunctionPickles:
 
     def get(self, fn: Any) -> bytes:
         entry = self._cache.get(id(fn))
-        if entry is not None and entry[0] is fn and (entry[2] is None or entry[2].same()):
-            return entry[1]
+        if entry is not None and entry[0] is fn and (
+                entry[2].same() if entry[2] is not None else _by_reference(fn)):
+            return entry[1]  # (by reference: still the object its module names)
         snap: Optional[_Snapshot] = None
         if _by_reference(fn) and isinstance(fn, (types.FunctionType, type,
                                                  types.BuiltinFunctionType)):

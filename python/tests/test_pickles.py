@@ -44,6 +44,18 @@ def test_by_reference_functions_are_pickled_once():
     assert made(p, np.add.reduce)[0] == 3  # a bound method of a ufunc: pickled each time
 
 
+def test_a_function_its_module_no_longer_names_is_pickled_by_value():
+    p = FunctionPickles(cloudpickle.dumps)
+    original = by_scale
+    assert made(p, original)[0] == 1
+    globals()["by_scale"] = lambda x: x  # monkeypatched: the old object is pickled by value now
+    try:
+        n, blobs = made(p, original)
+        assert n >= 1 and cloudpickle.loads(blobs.pop())(3) == 6
+    finally:
+        globals()["by_scale"] = original
+
+
 def test_a_rebound_global_makes_a_new_pickle():
     global SCALE
     p = FunctionPickles(cloudpickle.dumps)
