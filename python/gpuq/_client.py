@@ -133,6 +133,35 @@ class Client:
             assert conn is not None
         return conn
 
+    def reconnect(self, wait: float = 0.0) -> None:
+        """Connects anew, with this client's arguments: after :class:`gpuq.Disconnected`, when
+        the daemon was restarted (by systemd, a DaemonSet) or another took its socket.
+        ``wait``: seconds to keep trying while no daemon answers (0: once). On failure the
+        client is as it was (and raises what connecting raised). The old connection lives on
+        while its futures and arrays are held: a daemon that is gone has failed those futures
+        (``Disconnected``), and arrays made before are no longer in this client's segment, so
+        calls copy them. :class:`gpuq.ClientClosed` after :meth:`close`."""
+        if not isinstance(wait, (int, float)) or not wait >= 0:
+            raise _errors.InvalidArgument(f"wait: must be a number of seconds >= 0, not {wait!r}")
+        deadline = time.monotonic() + wait
+        while True:
+            if self._closed:
+                raise _errors.ClientClosed("this gpuq client is closed")
+            try:
+                conn = self._connect()
+                break
+            except _errors.Disconnected:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
+        with self._lock:
+            old, self._conn = self._conn, conn
+            same_process = self._generation == _fork_generation
+            self._generation = _fork_generation
+            self._py_pools = None  # the new daemon's Python pools may differ
+        if old is not None and same_process:
+            old.native.close()
+
     def __reduce__(self) -> Any:
         return (Client, (self._runtime_dir or None, self._segment_bytes, self._name or None,
                          self._spin_ns / 1000, self._keep_running_jobs))

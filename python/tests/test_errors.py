@@ -174,3 +174,30 @@ def test_connect_waits_for_a_starting_daemon():
     finally:
         starter.join()
         d.stop()
+
+
+def test_reconnect_after_the_daemon_restarts():
+    d = gpuq.testing.Daemon({"pools": [{"name": "cpu", "workers": 1}]})
+    with d:
+        c = gpuq.connect(d.runtime_dir)
+        x = c.array(np.arange(4.0))
+        assert c.submit("noop").result(30) == 0
+        epoch = c._c().native.epoch
+        d.stop()
+        with pytest.raises(gpuq.Disconnected):
+            c.submit("noop").result(10)
+        with pytest.raises(gpuq.Disconnected):  # no daemon: the client stays as it was
+            c.reconnect()
+        d.start()  # a new daemon on the same runtime directory, as systemd restarts one
+        c.reconnect(wait=30)
+        assert c._c().native.epoch != epoch
+        assert c.submit("noop").result(30) == 0
+        # An array of the old segment is still readable, and a call copies it in.
+        assert not c.in_segment(x)
+        np.testing.assert_array_equal(c.submit("echo", x, out=c.empty(4, np.float64)).result(30),
+                                      np.arange(4.0))
+        with pytest.raises(gpuq.InvalidArgument, match="wait"):
+            c.reconnect(wait=-1)
+        c.close()
+        with pytest.raises(gpuq.ClientClosed):
+            c.reconnect()
