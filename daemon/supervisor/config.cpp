@@ -492,6 +492,7 @@ const std::vector<Key>& key_table() {
       uint_key("max_start_failures", &Config::max_start_failures, 1, 1000),
       uint_key("start_backoff_initial_ms", &Config::start_backoff_initial_ms, 1, 3600000),
       uint_key("start_backoff_max_ms", &Config::start_backoff_max_ms, 1, 86400000),
+      uint_key("start_timeout_ms", &Config::start_timeout_ms, 0, 86400000),
       uint_key("pool_down_fail_ms", &Config::pool_down_fail_ms, 0, 86400000),
       {"allowed_users",
        [](Config& c, const json& v, const std::string& p) -> Result<void> {

@@ -105,6 +105,9 @@ struct Config {
   uint32_t max_start_failures = 5;  // failed starts in a row -> worker "failed"
   uint32_t start_backoff_initial_ms = 1000;
   uint32_t start_backoff_max_ms = 60000;
+  // A worker that has not reported ready this long after it was started is killed, and that
+  // counts as a failed start (a hung import, a model load stuck on a network file); 0: no limit.
+  uint32_t start_timeout_ms = 600000;
   // A pool with no ready worker for this long fails its queued and new jobs with PoolDown
   // until a worker is ready again (pool_outage.hpp); 0: never, they wait.
   uint32_t pool_down_fail_ms = 10000;

@@ -187,6 +187,7 @@ Result<void> WorkerSet::spawn(Worker& w) {
   w.spawned_ns = monotonic_ns();
   w.start_ns = 0;
   w.forced = false;
+  w.start_timed_out = false;
   auto pid = launcher_.launch(spec);
   if (!pid) return pid.error();
   // The child's ends close here (they live on in the child).
@@ -408,6 +409,11 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
     return exit;
   }
   const bool was_ready = w.state == WorkerState::kReady;
+  if (std::exchange(w.start_timed_out, false)) {
+    exit.how += " after it did not report ready within " +
+                std::to_string(options_.config->start_timeout_ms) + " ms (start_timeout_ms)";
+    w.last_exit = exit.how;
+  }
   if (!was_ready) {
     ++w.start_failures_total;
     w.start_error = w.err_tail.empty() ? "(it printed nothing on stderr) " + exit.how : w.err_tail;
@@ -466,6 +472,14 @@ void WorkerSet::tick(uint64_t now) {
         w->respawn_at_ns = now + uint64_t{next.delay_ms} * 1'000'000;
       }
     }
+    if (const uint64_t due = start_deadline(*w); due != 0 && now >= due) {
+      GPUQ_LOG_WARN(
+          "worker %u (pid %d) has not reported ready %u ms after it was started "
+          "(start_timeout_ms); killing it (a failed start)",
+          w->id, w->pid, options_.config->start_timeout_ms);
+      w->start_timed_out = true;
+      launcher_.kill(w->pid);
+    }
     if (w->pid > 0 && w->kill_at_ns != 0 && now >= w->kill_at_ns) {
       GPUQ_LOG_WARN("worker %u (pid %d) did not exit in time; killing it", w->id, w->pid);
       launcher_.kill(w->pid);
@@ -518,8 +532,18 @@ uint64_t WorkerSet::next_due() const {
   for (const auto& w : workers_) {
     if (awaits_start(*w)) consider(std::max<uint64_t>(w->respawn_at_ns, 1));
     if (w->pid > 0) consider(w->kill_at_ns);
+    consider(start_deadline(*w));
   }
   return due;
+}
+
+uint64_t WorkerSet::start_deadline(const Worker& w) const {
+  const uint32_t timeout_ms = options_.config->start_timeout_ms;
+  if (timeout_ms == 0 || w.pid <= 0 || w.state != WorkerState::kStarting || w.start_timed_out ||
+      stopping_) {
+    return 0;
+  }
+  return w.spawned_ns + uint64_t{timeout_ms} * 1'000'000;
 }
 
 }  // namespace gpuq::daemon

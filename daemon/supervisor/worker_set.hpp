@@ -59,10 +59,11 @@ struct Worker {
   std::string backend_info;
   uint64_t respawn_at_ns = 0;
   uint64_t kill_at_ns = 0;
-  uint64_t spawned_ns = 0;    // when the current process was started
-  uint64_t start_ns = 0;      // how long it took from then to ready; 0: not ready yet
-  bool forced = false;        // being stopped for a job that did not end (force_stop)
-  uint64_t stops_forced = 0;  // times this worker was stopped so
+  uint64_t spawned_ns = 0;       // when the current process was started
+  uint64_t start_ns = 0;         // how long it took from then to ready; 0: not ready yet
+  bool forced = false;           // being stopped for a job that did not end (force_stop)
+  bool start_timed_out = false;  // killed for not reporting ready within start_timeout_ms
+  uint64_t stops_forced = 0;     // times this worker was stopped so
   // Counted here for metrics (the copy in WorkerShm is in memory clients can write).
   uint64_t restarts = 0;              // processes started again after one ended
   uint64_t start_failures_total = 0;  // processes that ended before they were ready
@@ -137,9 +138,10 @@ class WorkerSet {
   // Kills `w` for a job that did not end (JobWatch): its exit is not its fault, so it is
   // replaced at once, with no back-off, and counted in stops_forced as well as restarts.
   void force_stop(Worker& w);
-  // Respawns the workers whose back-off has passed; kills those past their exit deadline.
+  // Respawns the workers whose back-off has passed; kills those past their exit deadline, and
+  // those not ready start_timeout_ms after they were started (a failed start).
   void tick(uint64_t now);
-  // The earliest respawn or kill deadline tick() has to meet (monotonic ns); 0: none.
+  // The earliest respawn, kill or start deadline tick() has to meet (monotonic ns); 0: none.
   uint64_t next_due() const;
   // Whether `w` waits to be started again (after a death, or a failed start: restarting or
   // failed), at its respawn_at_ns.
@@ -169,6 +171,8 @@ class WorkerSet {
   void on_ready(Worker& w, const Message& m);
   void close_channels(Worker& w);
   LaunchSpec launch_spec(const Worker& w) const;
+  // When `w`, started and not ready, is past its start timeout (monotonic ns); 0: never.
+  uint64_t start_deadline(const Worker& w) const;
 
   WorkerSetOptions options_;
   QueueView& queue_;

@@ -277,6 +277,24 @@ def test_failing_on_start_is_a_start_failure_and_jobs_fail_with_pool_down():
         assert "marked failed, trying again in" in d.log()
 
 
+def test_a_worker_whose_on_start_hangs_is_killed_at_its_start_timeout():
+    cfg = {"pools": [{"name": "cpu", "workers": 1},
+                     python_pool("hang", workers=1, modules=["pyops_hang_start"])],
+           "start_timeout_ms": 1000, "pool_down_fail_ms": 500,
+           "restart_backoff_initial_ms": 10, "restart_backoff_max_ms": 20}
+    with gpuq.testing.Daemon(cfg, wait_ready=False) as d:
+        st = worker_with_failures(d, "hang", 1)
+        w = st["workers"][0]
+        assert "after it did not report ready within 1000 ms (start_timeout_ms)" in \
+            w["last_exit"]
+        assert "on_start hangs on purpose" in w["start_error"]
+        with gpuq.connect(d.runtime_dir) as c:
+            with pytest.raises(gpuq.PoolDown, match="start_timeout_ms"):
+                c.submit_call("hang_start_op", pool="hang").result(timeout=60)
+            assert c.submit("noop", pool="cpu").result() == 0
+        assert "has not reported ready 1000 ms after it was started" in d.log()
+
+
 def test_a_pool_whose_on_start_fails_7_times_comes_back_by_itself(tmp_path):
     counter = tmp_path / "starts"
     cfg = {"pools": [{"name": "cpu", "workers": 1},

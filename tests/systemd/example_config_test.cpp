@@ -112,6 +112,7 @@ TEST_CASE("example config: every documented key, with its built-in default") {
   CHECK(c.max_start_failures == d.max_start_failures);
   CHECK(c.start_backoff_initial_ms == d.start_backoff_initial_ms);
   CHECK(c.start_backoff_max_ms == d.start_backoff_max_ms);
+  CHECK(c.start_timeout_ms == d.start_timeout_ms);
   CHECK(c.pool_down_fail_ms == d.pool_down_fail_ms);
   CHECK(c.log_level == d.log_level);
   REQUIRE(c.pools.size() == d.pools.size());

@@ -108,21 +108,27 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-TEST_CASE("config: start_backoff_initial_ms, start_backoff_max_ms and pool_down_fail_ms") {
+TEST_CASE(
+    "config: start_backoff_initial_ms, start_backoff_max_ms, start_timeout_ms and "
+    "pool_down_fail_ms") {
   const std::vector<int> cpus = {0};
   auto defaulted = parse_config("{}", cpus);
   REQUIRE(defaulted.ok());
+  CHECK(defaulted->start_timeout_ms == 600000);
   CHECK(defaulted->start_backoff_initial_ms == 1000);
   CHECK(defaulted->start_backoff_max_ms == 60000);
   CHECK(defaulted->pool_down_fail_ms == 10000);
   CHECK(defaulted->max_start_failures == 5);
 
   auto set = parse_config(
-      R"({"start_backoff_initial_ms":50,"start_backoff_max_ms":50,"pool_down_fail_ms":0})", cpus);
+      R"({"start_backoff_initial_ms":50,"start_backoff_max_ms":50,"pool_down_fail_ms":0,)"
+      R"("start_timeout_ms":0})",
+      cpus);
   REQUIRE_MESSAGE(set.ok(), (set.ok() ? "" : set.error().message()));
   CHECK(set->start_backoff_initial_ms == 50);
   CHECK(set->start_backoff_max_ms == 50);
   CHECK(set->pool_down_fail_ms == 0);  // 0: jobs wait, the pool is never down
+  CHECK(set->start_timeout_ms == 0);   // 0: a start may take as long as it takes
 
   struct Bad {
     const char* config;
@@ -137,6 +143,8 @@ TEST_CASE("config: start_backoff_initial_ms, start_backoff_max_ms and pool_down_
            Bad{R"({"pool_down_fail_ms":-1})", "pool_down_fail_ms"},
            Bad{R"({"pool_down_fail_ms":1.5})", "pool_down_fail_ms"},
            Bad{R"({"pool_down_fail_ms":86400001})", "pool_down_fail_ms"},
+           Bad{R"({"start_timeout_ms":-5})", "start_timeout_ms"},
+           Bad{R"({"start_timeout_ms":"10m"})", "start_timeout_ms"},
        }) {
     CAPTURE(bad.config);
     auto r = parse_config(bad.config, cpus);
