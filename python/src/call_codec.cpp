@@ -472,8 +472,7 @@ uint64_t CallPlan::block_bytes(uint64_t output_bytes) const {
   return align(header_bytes_) + copy_bytes_ + output_bytes;
 }
 
-CallPlan::Layout CallPlan::write(std::byte* arena, uint64_t block_offset, uint64_t output_bytes) {
-  (void)output_bytes;
+CallPlan::Layout CallPlan::write(std::byte* arena, uint64_t block_offset) {
   uint64_t at = block_offset + align(header_bytes_);
   uint64_t start = block_offset;
   uint64_t end = at + copy_bytes_;

@@ -92,7 +92,7 @@ class CallPlan {
   };
   // Writes the header and the copies into the block at `block_offset` of `arena` (at least
   // block_bytes() long). Copies of more than a few MiB run with the GIL released.
-  Layout write(std::byte* arena, uint64_t block_offset, uint64_t output_bytes);
+  Layout write(std::byte* arena, uint64_t block_offset);
 
   // The arrays passed in place: the job reads them, so its future keeps them alive.
   nb::list in_place() const;

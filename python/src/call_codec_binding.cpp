@@ -47,7 +47,7 @@ void bind_codec(nb::module_& m) {
         if (!block.is_valid()) throw nb::python_error();
         auto* base = reinterpret_cast<std::byte*>(PyByteArray_AS_STRING(block.ptr()));
         std::memset(base, 0, need);
-        const codec::CallPlan::Layout at = plan.write(base, 0, output_bytes);
+        const codec::CallPlan::Layout at = plan.write(base, 0);
         return nb::make_tuple(block, at.span_offset, at.span_length, at.header_offset,
                               at.header_length, at.output_offset, at.rows);
       },

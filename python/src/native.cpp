@@ -384,7 +384,7 @@ class Connection {
       owner = nb::borrow(block);
       block_off = static_cast<uint64_t>(p - arena);
     }
-    const codec::CallPlan::Layout at = plan->write(arena, block_off, output_bytes);
+    const codec::CallPlan::Layout at = plan->write(arena, block_off);
     gpuq::JobSpec spec;
     spec.op = op;
     spec.pool = pool;
