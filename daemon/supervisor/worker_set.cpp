@@ -409,15 +409,16 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
     return exit;
   }
   const bool was_ready = w.state == WorkerState::kReady;
-  if (std::exchange(w.start_timed_out, false)) {
-    exit.how += " after it did not report ready within " +
-                std::to_string(options_.config->start_timeout_ms) + " ms (start_timeout_ms)";
+  const bool timed_out = std::exchange(w.start_timed_out, false);
+  if (timed_out) {
+    exit.how = "did not report ready within " + std::to_string(options_.config->start_timeout_ms) +
+               " ms (start_timeout_ms) and was killed";
     w.last_exit = exit.how;
   }
   if (!was_ready) {
     ++w.start_failures_total;
     w.start_error = w.err_tail.empty() ? "(it printed nothing on stderr) " + exit.how : w.err_tail;
-    w.last_exit += " before it was ready";
+    if (!timed_out) w.last_exit += " before it was ready";
     // The last line it printed: a Python traceback's exception, a worker's own error line.
     std::string_view err = w.err_tail;
     while (!err.empty() && (err.back() == '\n' || err.back() == ' ')) err.remove_suffix(1);
