@@ -4,8 +4,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +18,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "control_channel.hpp"
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/event_count.hpp"
 #include "gpuq/common/fault_point.hpp"
@@ -31,6 +30,7 @@
 #include "gpuq/common/runtime_dir.hpp"
 #include "gpuq/common/shm.hpp"
 #include "gpuq/common/shm_layout.hpp"
+#include "op_table.hpp"
 #include "payload_arena.hpp"
 
 namespace gpuq {
@@ -56,121 +56,7 @@ Error forked_error() {
                "Client in the child");
 }
 
-Result<UniqueFd> connect_socket(const std::string& runtime_dir) {
-  const std::string path = resolve_client_runtime_dir(runtime_dir) + "/" + kSocketName;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr.sun_path) {
-    return Error(ErrorCode::kInvalidArgument, "socket path '" + path + "' is too long");
-  }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  auto sock = GPUQ_POSIX_CALL(::socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (!sock) return sock.error();
-  UniqueFd fd(static_cast<int>(*sock));
-  // Failures get their own messages (no daemon, no permission); errno is the call's own.
-  if (!GPUQ_POSIX_CALL(::connect, fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr)) {
-    if (errno == EACCES || errno == EPERM) {
-      return Error(ErrorCode::kPermissionDenied, "no permission to connect to " + path +
-                                                     " (is your user in the daemon's group?)");
-    }
-    return Error(ErrorCode::kDisconnected, "no gpuqd is listening at " + path + " (" +
-                                               strerror(errno) +
-                                               "); start gpuqd or set GPUQ_RUNTIME_DIR");
-  }
-  // Replies come within milliseconds; a daemon that says nothing for 10 s is wedged.
-  timeval tv{10, 0};
-  if (auto r = GPUQ_POSIX_CALL(::setsockopt, fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      !r) {
-    return r.error();
-  }
-  return fd;
-}
-
-// Receives the daemon's reply to the first request on a fresh connection. A daemon that refuses
-// the peer (PermissionDenied at accept) sends its Error and closes at once; if the request was
-// still unread then, the kernel reports the close as ECONNRESET on the first read (Disconnected)
-// although the Error is still queued behind it: read once more.
-Result<Message> receive_reply(int fd) {
-  auto m = receive_message(fd);
-  if (m || m.error().code() != ErrorCode::kDisconnected) return m;
-  auto again = receive_message(fd);
-  if (again && again->type == MessageType::kError) return again;
-  return m;
-}
-
-// Sends the first request on a fresh connection. If the daemon closed the connection before the
-// request went out (EPIPE: Disconnected), it may have said why first: return that error instead.
-Result<void> send_request(int fd, MessageType type, const std::string& body) {
-  auto sent = send_message(fd, type, body);
-  if (sent || sent.error().code() != ErrorCode::kDisconnected) return sent;
-  auto m = receive_reply(fd);
-  if (m && m->type == MessageType::kError) return error_from_body(m->body);
-  return sent;
-}
-
-// One request, one reply, on a fresh connection that registers no client.
-Result<Message> control_request(const std::string& runtime_dir, MessageType type,
-                                const std::string& body, MessageType reply_type) {
-  auto fd = connect_socket(runtime_dir);
-  if (!fd) return fd.error();
-  if (auto r = send_request(fd->get(), type, body); !r) return r.error();
-  auto m = receive_reply(fd->get());
-  if (!m) {
-    if (m.error().code() == ErrorCode::kTimeout) {
-      return Error(ErrorCode::kTimeout, "the daemon did not answer within 10 s");
-    }
-    return m.error();
-  }
-  if (m->type == MessageType::kError) return error_from_body(m->body);
-  if (m->type != reply_type) {
-    return Error(ErrorCode::kProtocolMismatch,
-                 "unexpected reply type " + std::to_string(static_cast<int>(m->type)));
-  }
-  return m;
-}
-
 }  // namespace
-
-// The daemon's ops, name -> id, looked up on every submit: open addressing in a power-of-two
-// table, so a lookup is a short hash (FNV-1a), a mask and one comparison. (std::unordered_map
-// took a division per lookup, or, in libstdc++ for a table this small, a comparison with
-// every entry.) Filled once, at connect.
-class OpTable {
- public:
-  OpTable() = default;
-  explicit OpTable(std::vector<std::pair<std::string, uint32_t>> entries)
-      : entries_(std::move(entries)) {
-    size_t size = 16;
-    while (size < 2 * entries_.size()) size *= 2;
-    slots_.assign(size, -1);
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      size_t at = hash(entries_[i].first) & (size - 1);
-      while (slots_[at] >= 0 && !(entry(at).first == entries_[i].first)) at = (at + 1) & (size - 1);
-      if (slots_[at] < 0) slots_[at] = static_cast<int32_t>(i);  // a repeated name: the first
-    }
-  }
-  const uint32_t* find(std::string_view name) const noexcept {
-    if (slots_.empty()) return nullptr;
-    const size_t mask = slots_.size() - 1;
-    for (size_t at = hash(name) & mask;; at = (at + 1) & mask) {
-      if (slots_[at] < 0) return nullptr;
-      if (entry(at).first == name) return &entry(at).second;
-    }
-  }
-  const std::vector<std::pair<std::string, uint32_t>>& entries() const noexcept { return entries_; }
-
- private:
-  const std::pair<std::string, uint32_t>& entry(size_t at) const noexcept {
-    return entries_[static_cast<size_t>(slots_[at])];
-  }
-  static uint64_t hash(std::string_view name) noexcept {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
-    return h ^ (h >> 29);
-  }
-  std::vector<std::pair<std::string, uint32_t>> entries_;  // in the daemon's order
-  std::vector<int32_t> slots_;                             // index into entries_, -1: empty
-};
 
 class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
  public:
@@ -215,7 +101,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     fork_generation_ = g_fork_generation.load(std::memory_order_relaxed);
     spin_ns_ = options.spin.count() < 0 ? 0 : static_cast<uint64_t>(options.spin.count());
     wait_spin_ns_.store(spin_ns_, std::memory_order_relaxed);
-    auto fd = connect_socket(options.runtime_dir);
+    auto fd = channel::connect_socket(options.runtime_dir);
     if (!fd) return fd.error();
     socket_ = std::move(*fd);
     HelloMessage hello;
@@ -229,8 +115,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     hello.arena_bytes = options.segment_bytes;
     hello.keep_running_jobs = options.keep_running_jobs;
-    if (auto r = send_request(socket_.get(), HelloMessage::kType, encode(hello)); !r) return r;
-    auto m = receive_reply(socket_.get());
+    if (auto r = channel::send_request(socket_.get(), HelloMessage::kType, encode(hello)); !r) {
+      return r;
+    }
+    auto m = channel::receive_reply(socket_.get());
     if (!m) {
       if (m.error().code() == ErrorCode::kTimeout) {
         return Error(ErrorCode::kTimeout, "the daemon did not answer the handshake within 10 s");
@@ -1194,109 +1082,6 @@ Result<Job> Client::try_submit(const JobSpec& spec) {
   return impl_->submit(spec, 0, false);
 }
 
-// ---- Tensor ops ----
-
-namespace {
-
-using NamedTensors = std::initializer_list<std::pair<std::string_view, const Tensor*>>;
-
-// Checks that every tensor lies in `impl`'s payload segment and that the pool that would run
-// the job can run its dtype, then submits `spec`.
-Result<Job> submit_tensor_job(ClientImpl& impl, Result<JobSpec> spec, NamedTensors tensors,
-                              const std::string& pool, std::chrono::nanoseconds timeout) {
-  if (!spec) return std::move(spec).error();
-  if (impl.forked()) return forked_error();
-  const std::string& op = spec->op;
-  const uint64_t arena_bytes = impl.arena_bytes();
-  const std::byte* arena = impl.arena();
-  for (const auto& [name, t] : tensors) {
-    const Buffer& b = t->buffer();
-    const bool inside = b.offset <= arena_bytes && t->bytes() <= arena_bytes - b.offset;
-    if (!inside || (b.ptr != nullptr && b.ptr != arena + b.offset)) {
-      return Error(ErrorCode::kInvalidArgument,
-                   op + ": " + std::string(name) + ": its buffer (offset " +
-                       std::to_string(b.offset) + ", " + std::to_string(t->bytes()) +
-                       " bytes) is not in this client's payload segment (" +
-                       std::to_string(arena_bytes) +
-                       " bytes): a Buffer of another Client, or "
-                       "of this one before reconnect()?");
-    }
-  }
-  // f16 on a cpu pool: refused by its workers anyway; say so before the job is queued.
-  const DType dtype = tensors.begin()->second->dtype();
-  if (dtype != DType::kF32) {
-    const std::vector<PoolInfo>& pools = impl.pool_infos_;
-    auto find = [&](const std::string& name) {
-      return std::find_if(pools.begin(), pools.end(),
-                          [&](const PoolInfo& p) { return p.name == name; });
-    };
-    auto target = pool.empty() ? pools.begin() : find(pool);
-    if (target != pools.end() && !target->runs_on.empty() && target->runs_on != target->name) {
-      target = find(target->runs_on);
-    }
-    if (target != pools.end() && target->kind == "cpu") {
-      return Error(ErrorCode::kInvalidArgument,
-                   op + ": dtype: " + std::string(dtype_name(dtype)) +
-                       " is not supported on cpu pools (f32 only), and pool '" + target->name +
-                       "' is one; submit it to a gpu pool");
-    }
-  }
-  spec->pool = pool;
-  return impl.submit(spec.value(), timeout.count(), true);
-}
-
-}  // namespace
-
-Result<Job> Client::conv2d(const Tensor& x, const Tensor& w, const std::optional<Tensor>& b,
-                           const Tensor& y, const Conv2dOptions& options, const std::string& pool,
-                           std::chrono::nanoseconds timeout) {
-  if (b) {
-    return submit_tensor_job(*impl_, conv2d_job(x, w, b, y, options),
-                             {{"x", &x}, {"w", &w}, {"b", &*b}, {"y", &y}}, pool, timeout);
-  }
-  return submit_tensor_job(*impl_, conv2d_job(x, w, b, y, options),
-                           {{"x", &x}, {"w", &w}, {"y", &y}}, pool, timeout);
-}
-
-Result<Job> Client::activation(const Tensor& x, const Tensor& y, ActivationMode mode,
-                               const std::string& pool, std::chrono::nanoseconds timeout) {
-  return submit_tensor_job(*impl_, activation_job(x, y, mode), {{"x", &x}, {"y", &y}}, pool,
-                           timeout);
-}
-
-Result<Job> Client::softmax(const Tensor& x, const Tensor& y, const SoftmaxOptions& options,
-                            const std::string& pool, std::chrono::nanoseconds timeout) {
-  return submit_tensor_job(*impl_, softmax_job(x, y, options), {{"x", &x}, {"y", &y}}, pool,
-                           timeout);
-}
-
-Result<Job> Client::pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& options,
-                           const std::string& pool, std::chrono::nanoseconds timeout) {
-  return submit_tensor_job(*impl_, pool2d_job(x, y, options), {{"x", &x}, {"y", &y}}, pool,
-                           timeout);
-}
-
-Result<Job> Client::batchnorm(const Tensor& x, const Tensor& scale, const Tensor& bias,
-                              const Tensor& mean, const Tensor& var, const Tensor& y,
-                              const BatchNormOptions& options, const std::string& pool,
-                              std::chrono::nanoseconds timeout) {
-  return submit_tensor_job(
-      *impl_, batchnorm_job(x, scale, bias, mean, var, y, options),
-      {{"x", &x}, {"scale", &scale}, {"bias", &bias}, {"mean", &mean}, {"var", &var}, {"y", &y}},
-      pool, timeout);
-}
-
-Result<Job> Client::gemm(const Tensor& a, const Tensor& b, const std::optional<Tensor>& c,
-                         const Tensor& y, const GemmOptions& options, const std::string& pool,
-                         std::chrono::nanoseconds timeout) {
-  if (c) {
-    return submit_tensor_job(*impl_, gemm_job(a, b, c, y, options),
-                             {{"a", &a}, {"b", &b}, {"c", &*c}, {"y", &y}}, pool, timeout);
-  }
-  return submit_tensor_job(*impl_, gemm_job(a, b, c, y, options), {{"a", &a}, {"b", &b}, {"y", &y}},
-                           pool, timeout);
-}
-
 const std::vector<PoolInfo>& Client::pools() const noexcept {
   return impl_->pool_infos_;
 }
@@ -1340,48 +1125,6 @@ std::string_view job_status_name(JobStatus s) noexcept {
       return "expired";
   }
   return "unknown";
-}
-
-Result<std::string> daemon_status_json(const std::string& runtime_dir) {
-  auto m = control_request(runtime_dir, StatusRequestMessage::kType, encode(StatusRequestMessage{}),
-                           MessageType::kStatusReply);
-  if (!m) return m.error();
-  return std::move(m->body);
-}
-
-Result<std::string> daemon_metrics_text(const std::string& runtime_dir) {
-  auto m = control_request(runtime_dir, MetricsRequestMessage::kType,
-                           encode(MetricsRequestMessage{}), MetricsReplyMessage::kType);
-  if (!m) return m.error();
-  auto reply = decode_metrics_reply(m->body);
-  if (!reply) return Error(ErrorCode::kProtocolMismatch, reply.error().message());
-  if (m->fds.size() != 1) {
-    return Error(ErrorCode::kProtocolMismatch, "MetricsReply came without its memfd");
-  }
-  // The text is in the memfd: exactly `bytes` of it, or the reply is not one we understand.
-  struct stat st {};
-  if (auto r = GPUQ_POSIX_CALL(::fstat, m->fds[0].get(), &st); !r) return r.error();
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != reply->bytes) {
-    return Error(ErrorCode::kProtocolMismatch, "MetricsReply: the memfd does not hold " +
-                                                   std::to_string(reply->bytes) + " bytes");
-  }
-  std::string text(reply->bytes, '\0');
-  size_t done = 0;
-  while (done < text.size()) {
-    auto n = GPUQ_POSIX_CALL(::pread, m->fds[0].get(), text.data() + done, text.size() - done,
-                             static_cast<off_t>(done));
-    if (!n) return n.error();
-    if (*n == 0) return Error(ErrorCode::kProtocolMismatch, "MetricsReply: the memfd is short");
-    done += static_cast<size_t>(*n);
-  }
-  return text;
-}
-
-Result<void> daemon_stop(const std::string& runtime_dir) {
-  auto m = control_request(runtime_dir, StopRequestMessage::kType, encode(StopRequestMessage{}),
-                           StopReplyMessage::kType);
-  if (!m) return m.error();
-  return {};
 }
 
 std::string default_runtime_dir() {
