@@ -434,11 +434,15 @@ void CallPlan::add(nb::handle key, nb::handle v, const std::string& what) {
     } catch (const std::invalid_argument& err) {
       throw std::invalid_argument(what + ": " + err.what());
     }
-    const auto* p = static_cast<const std::byte*>(e.array.buffer.view.buf);
+    // In place when it lies wholly in this client's arena (addresses compared as integers:
+    // the array's memory may be anywhere).
+    const auto p = reinterpret_cast<uintptr_t>(e.array.buffer.view.buf);
+    const auto base = reinterpret_cast<uintptr_t>(arena_);
     const uint64_t len = e.array.nbytes();
-    if (!copy_all_ && len > 0 && p >= arena_ && p + len <= arena_ + arena_bytes_) {
+    if (!copy_all_ && len > 0 && arena_ != nullptr && p >= base && p - base <= arena_bytes_ &&
+        len <= arena_bytes_ - (p - base)) {
       e.in_place = true;
-      e.arena_offset = static_cast<uint64_t>(p - arena_);
+      e.arena_offset = p - base;
     } else {
       copy_bytes_ += align(len);
     }

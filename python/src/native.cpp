@@ -373,16 +373,18 @@ class Connection {
     } else {
       Py_buffer v;
       if (PyObject_GetBuffer(block.ptr(), &v, PyBUF_SIMPLE) != 0) throw nb::python_error();
-      const auto* p = static_cast<const std::byte*>(v.buf);
+      const auto p = reinterpret_cast<uintptr_t>(v.buf);
+      const auto base = reinterpret_cast<uintptr_t>(arena);
       const auto len = static_cast<uint64_t>(v.len);
       PyBuffer_Release(&v);
-      if (p < arena || p + len > arena + c.arena_bytes() || len < need) {
+      if (p < base || p - base > c.arena_bytes() || len > c.arena_bytes() - (p - base) ||
+          len < need) {
         raise_error(gpuq::Error(gpuq::ErrorCode::kInternal, "submit_call: the block given is not " +
                                                                 std::to_string(need) +
                                                                 " bytes of this client's segment"));
       }
       owner = nb::borrow(block);
-      block_off = static_cast<uint64_t>(p - arena);
+      block_off = p - base;
     }
     const codec::CallPlan::Layout at = plan->write(arena, block_off);
     gpuq::JobSpec spec;
