@@ -120,7 +120,7 @@ class Executor(concurrent.futures.Executor):
             # then, not by a callback per task, which would wake the watcher thread for each.
             self._pending.append((f._job, weakref.ref(f)))
             if len(self._pending) >= self._prune_at:
-                self._pending = [e for e in self._pending if e[0].poll() < _DONE]
+                self._pending = [e for e in self._pending if _unfinished(e[0])]
                 self._prune_at = max(64, 2 * len(self._pending))
         if self._slots is not None:
             f.add_done_callback(self._release)
@@ -160,6 +160,13 @@ class Executor(concurrent.futures.Executor):
                         pass
             if self._own_client:
                 self._client.close()
+
+
+def _unfinished(job: Any) -> bool:
+    try:
+        return job.poll() < _DONE
+    except _errors.Error:  # a parent's job after a fork, a connection gone: none to wait for
+        return False
 
 
 def _joblib_backend() -> Any:
