@@ -129,6 +129,7 @@ Result<void> Supervisor::start() {
   wo.worker_path = options_.worker_path;
   wo.gpu_worker_path = options_.gpu_worker_path;
   wo.segment_name = files_.segment_name();
+  wo.runtime_dir = options_.runtime_dir;
   wo.job_clock = job_clock_;
   wo.stamps = stamps_;
   wo.plugin_ops = plugin_op_list();

@@ -145,6 +145,14 @@ LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
   spec.env.emplace_back("CUDA_VISIBLE_DEVICES=" + at.visible_devices);
   if (at.gpu >= 0) spec.env.emplace_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");
   spec.env.emplace_back("GPUQ_WORKER_ID=" + std::to_string(w.id));
+  const bool own_runtime_dir =
+      pool.python && std::any_of(pool.python->env.begin(), pool.python->env.end(),
+                                 [](const auto& e) { return e.first == "GPUQ_RUNTIME_DIR"; });
+  if (!own_runtime_dir && !options_.runtime_dir.empty()) {
+    std::erase_if(spec.env,
+                  [](const std::string& e) { return e.starts_with("GPUQ_RUNTIME_DIR="); });
+    spec.env.emplace_back("GPUQ_RUNTIME_DIR=" + options_.runtime_dir);
+  }
   spec.cpus = at.cpus;
   return spec;
 }

@@ -99,6 +99,9 @@ struct WorkerSetOptions {
   std::string worker_path;      // gpuq-worker
   std::string gpu_worker_path;  // gpuq-gpu-worker; empty in a build without CUDA
   std::string segment_name;     // the queue segment the workers map
+  // gpuqd's runtime directory: each worker's GPUQ_RUNTIME_DIR (unless a Python pool's env sets
+  // it), so that a client made inside a job (gpuq inside gpuq) reaches the daemon running it.
+  std::string runtime_dir;
   StampClock job_clock = StampClock::kMonotonic;
   StampScale stamps;       // the job stamps' rate, for the metrics' bucket bounds
   std::string plugin_ops;  // the plug-in ops gpuqd learned (JSON array); a worker must agree

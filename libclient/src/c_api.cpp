@@ -682,6 +682,17 @@ gpuq_status_t gpuq_job_cancel(gpuq_job_t* job) {
   });
 }
 
+gpuq_status_t gpuq_job_cancel_queued(gpuq_job_t* job, int* cancelled) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (job == nullptr) return invalid("job is NULL");
+    if (cancelled == nullptr) return invalid("cancelled is NULL");
+    gpuq::Result<bool> r = job->job.cancel_queued();
+    if (!r) return fail(r.error());
+    *cancelled = *r ? 1 : 0;
+    return GPUQ_OK;
+  });
+}
+
 gpuq_status_t gpuq_job_release(gpuq_job_t* job) {
   return guarded(__func__, [&]() -> gpuq_status_t {
     delete job;

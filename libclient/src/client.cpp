@@ -883,6 +883,12 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     return Error(ErrorCode::kNotCancellable, "the job has already finished");
   }
 
+  Result<bool> cancel_queued(uint32_t s, uint32_t generation) {
+    if (forked()) return forked_error();
+    return finish_unstarted(slot(s), generation, JobState::kCancelled, ErrorCode::kCancelled,
+                            "cancelled by the client before it started");
+  }
+
   // Called when a Job handle goes away. May destroy this object (its last reference, once
   // the Client is gone, is the one the last Job's end releases).
   void drop_job(uint32_t s, uint32_t generation) {
@@ -1035,6 +1041,11 @@ void Job::wake_waiters() const noexcept {
 Result<void> Job::cancel() {
   if (!impl_) return Error(ErrorCode::kNotFound, "empty Job handle");
   return impl_->cancel(slot_, generation_);
+}
+
+Result<bool> Job::cancel_queued() {
+  if (!impl_) return Error(ErrorCode::kNotFound, "empty Job handle");
+  return impl_->cancel_queued(slot_, generation_);
 }
 
 // ---- Client ----

@@ -174,6 +174,12 @@ static void test_echo(gpuq_client_t* client) {
   CHECK(gpuq_job_wait(job, 0, &result) == GPUQ_OK);
   CHECK(result.output_size == kBytes);
   CHECK(gpuq_job_cancel(job) == GPUQ_NOT_CANCELLABLE);
+  {
+    int cancelled = -1;
+    CHECK(gpuq_job_cancel_queued(job, &cancelled) == GPUQ_OK);
+    CHECK(cancelled == 0); /* finished: left as it is */
+    CHECK(gpuq_job_cancel_queued(job, NULL) == GPUQ_INVALID_ARGUMENT);
+  }
   gpuq_job_release(job);
 
   CHECK(gpuq_free(client, &in) == GPUQ_OK);

@@ -185,6 +185,31 @@ TEST_CASE("a blocking submit on a full ring times out with Timeout") {
   check_echo_works(client);
 }
 
+TEST_CASE("cancel_queued: a queued job is cancelled, a running one is left to finish") {
+  DaemonProcess daemon(one_pool_config(1));
+  Client client = connect_client(daemon);
+
+  Job running = submit_ok(client, sleep_spec(200'000));
+  wait_running(running);
+  Job queued = submit_ok(client, noop_spec());
+  REQUIRE(poll_status(queued) == JobStatus::kQueued);
+
+  auto cancelled = queued.cancel_queued();
+  REQUIRE_MESSAGE(cancelled.ok(), "cancel_queued: " << error_text(cancelled));
+  CHECK(*cancelled);
+  CHECK(wait_result(queued).status == JobStatus::kCancelled);
+
+  auto left = running.cancel_queued();
+  REQUIRE(left.ok());
+  CHECK_FALSE(*left);  // running: not asked to stop
+  JobResult r = wait_result(running);
+  CHECK(r.status == JobStatus::kDone);
+  CHECK(r.run_ns >= 200'000'000);
+  auto finished = running.cancel_queued();
+  REQUIRE(finished.ok());
+  CHECK_FALSE(*finished);
+}
+
 TEST_CASE("cancel: a queued job is cancelled at once, a running one is asked to stop") {
   DaemonProcess daemon(one_pool_config(1));
   Client client = connect_client(daemon);

@@ -90,6 +90,11 @@ class GPUQ_API Job {
   // Errors: NotCancellable (already finished), ForkedClient.
   Result<void> cancel();
 
+  // Cancels the job only if no worker has taken it yet: a queued job ends CANCELLED at once
+  // (true); a running or finished one is left as it is (false). What concurrent.futures'
+  // cancel() means. Lock-free. Errors: ForkedClient.
+  Result<bool> cancel_queued();
+
   // Waits until one or more of `jobs` have ended (done, failed, cancelled or expired), or
   // `timeout` passes (negative: forever), or wake_waiters() is called on the connection. One
   // thread watches any number of jobs this way without polling them: it sleeps on one event of

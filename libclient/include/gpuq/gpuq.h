@@ -312,6 +312,13 @@ GPUQ_API gpuq_status_t gpuq_job_wake_waiters(gpuq_job_t* job);
  * Non-blocking. One thread at a time per job. */
 GPUQ_API gpuq_status_t gpuq_job_cancel(gpuq_job_t* job);
 
+/* Cancels the job only if no worker has started it (what concurrent.futures' cancel() means):
+ * a queued job finishes GPUQ_JOB_CANCELLED at once and *cancelled (OUT) is 1; a running or
+ * finished job is left as it is and *cancelled is 0.
+ * Errors: GPUQ_INVALID_ARGUMENT (job or cancelled NULL), GPUQ_FORKED_CLIENT, GPUQ_INTERNAL.
+ * Lock-free. */
+GPUQ_API gpuq_status_t gpuq_job_cancel_queued(gpuq_job_t* job, int* cancelled);
+
 /* Releases a job handle. An unfinished job is cancelled if it has not started, and otherwise
  * asked to stop as by gpuq_job_cancel(), its result discarded; its slot returns to the client
  * once it has ended. NULL is ignored. The handle is invalid afterwards.
