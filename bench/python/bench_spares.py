@@ -159,7 +159,7 @@ def one_round(d, c, scenario, spares):
     if spares and not r["served_by_spare"]:
         raise RuntimeError(f"with a spare, the next job ran in pid {served['pid']}, not the "
                            f"spare's {spare_pid}: {r}")
-    busy.cancel()
+    busy.stop()
     try:
         busy.result(timeout=30)
     except gpuq.Cancelled:

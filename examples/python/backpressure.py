@@ -43,8 +43,8 @@ try:
     raise AssertionError("the job should have expired in the queue")
 except gpuq.Expired as e:
     print(f"expired after {time.monotonic() - t0:.2f} s: {e}")
-for j in jobs:                                  # cancel what is left, to end quickly
-    j.cancel()
+for j in jobs:                                  # stop what is left, to end quickly
+    j.stop()
     try:
         j.result()
     except gpuq.Cancelled:                      # a concurrent.futures.CancelledError too

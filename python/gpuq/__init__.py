@@ -32,7 +32,8 @@ from ._errors import *  # noqa: F401,F403 - the exception classes
 from ._errors import SystemError  # noqa: A004 - gpuq.SystemError, by the code's name
 from ._errors import __all__ as _error_names
 from ._calls import RemoteTraceback
-from ._executor import Executor, register_joblib
+from ._executor import Executor
+from ._joblib import register as register_joblib
 from ._future import Future, JobInfo
 from ._pyops import WorkerContext, cancelled, context, on_start, op
 

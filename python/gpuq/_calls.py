@@ -4,21 +4,25 @@ in place; everything else is copied, with the job's header, into one block of th
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import pickle
+from concurrent.futures.process import _RemoteTraceback as _StdlibRemoteTraceback
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _args, _errors, _native, _pyops, _room
-from ._future import Future, JobInfo
+from . import _args, _errors, _native, _pyops, _room, _spill
+from ._future import Continue, Future, JobInfo
 
 _OUTPUT_SLACK = 64 << 10  # room for the answer's header and small results
 
 
-class RemoteTraceback(Exception):
+class RemoteTraceback(_StdlibRemoteTraceback):
     """The traceback of an exception raised in a worker: the ``__cause__`` of the exception a
-    failed Python op raises in the caller (as in ``concurrent.futures.ProcessPoolExecutor``)."""
+    failed Python op raises in the caller (as in ``concurrent.futures.ProcessPoolExecutor``,
+    whose class this one derives from; a gpuq.Executor task's cause is that class itself)."""
 
     def __init__(self, tb: str) -> None:
         super().__init__(tb)
@@ -31,10 +35,13 @@ class RemoteTraceback(Exception):
 def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]],
                   pool: Optional[str], output_bytes: Optional[int], timeout: Optional[float],
                   expire_after: Optional[float], retryable: bool, time_limit: Optional[float],
-                  try_only: bool, callable_job: bool, flags: int = 0) -> Future:
+                  try_only: bool, callable_job: bool, flags: int = 0,
+                  future: Optional[Future] = None, on_error: Any = None) -> Future:
     """Submits a Python op's job: the native codec lays ``args`` and ``kwargs`` out in one block
     of the segment (call_codec.hpp), with the room for the answer after them. ``callable_job``:
-    gpuq.Executor's (its arrays copied, which the worker may change in place)."""
+    gpuq.Executor's (its arrays copied, which the worker may change in place). ``future``: a
+    future made before its job (an Executor's backlog), which gets it; ``on_error``: what
+    turns a failure into the exception to raise (default: the op's remote error)."""
     limit_ms = _args.time_limit_ms(time_limit)
     if output_bytes is None:
         output_bytes = _OUTPUT_SLACK + sum(
@@ -60,12 +67,55 @@ def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[
                                 named, expire_ns, retryable, limit_ms, timeout_ns, try_only, block)
     # The future keeps the block (its header, copies and answer room: `out` owns it) and the
     # arrays passed in place until the job has ended, also when it is dropped before.
-    f = Future(job, out if kept is None else (out, kept),
-               _callable_result if callable_job else _named_result, conn.watcher)
-    f._on_error = _callable_error if callable_job else _named_error
-    f._out = out
+    keep = out if kept is None else (out, kept)
+    convert = _callable_result if callable_job else _named_result
+    if on_error is None:
+        on_error = _callable_error if callable_job else _named_error
+    if future is None:
+        f = Future(job, keep, convert, conn.watcher)
+        f._on_error = on_error
+        f._out = out
+    else:
+        f = future
+        if not f._attach(job, keep, convert, on_error, out):
+            job.cancel_queued()  # it ended (cancelled) meanwhile: so does its job
+    if callable_job:
+        f._origin = (client, pool)  # where a spilled result's pieces are fetched from
     conn.holders.add(f)
     return f
+
+
+def _fetch_next(fetch: _spill.Fetch, future: Future) -> None:
+    """Submits the job of a spilled result's next piece (gpuq._spill) and gives it to
+    ``future`` (Continue); its converter keeps the piece and goes on, or ends with the
+    result."""
+    client, pool = future._origin
+    offset, length, last = fetch.next_piece()
+    conn = client._c()
+    args = (fetch.token, offset, length, last)
+    flags = _native.CALL_FLAG_FETCH_SPILLED
+    output_bytes = length + _OUTPUT_SLACK
+    try:
+        job, out, kept = conn.native.submit_call(_pyops.CALL_OP, pool or "", args, None,
+                                                 output_bytes, flags, True, False, -1, False,
+                                                 0, -1, False, None)
+    except _errors.OutOfMemory:
+        need = conn.native.call_block_bytes(args, None, output_bytes, flags, True)
+        block = _room.allocate(conn, need, None)
+        job, out, kept = conn.native.submit_call(_pyops.CALL_OP, pool or "", args, None,
+                                                 output_bytes, flags, True, False, -1, False,
+                                                 0, -1, False, block)
+    convert = functools.partial(_fetched_piece, fetch)
+    if future._attach(job, out if kept is None else (out, kept), convert, _callable_error, out):
+        conn.holders.add(future)
+    else:
+        job.cancel_queued()
+
+
+def _fetched_piece(fetch: _spill.Fetch, nbytes: int, out: np.ndarray) -> Any:
+    if not fetch.take(_pyops.read_answer(out, nbytes)["arrays"][0]):
+        raise Continue(functools.partial(_fetch_next, fetch))
+    return fetch.result()
 
 
 def _named_result(nbytes: int, out: np.ndarray) -> Any:
@@ -74,6 +124,8 @@ def _named_result(nbytes: int, out: np.ndarray) -> Any:
 
 def _callable_result(nbytes: int, out: np.ndarray) -> Any:
     h = _pyops.read_answer(out, nbytes)
+    if "spill" in h:  # larger than the answer's room: fetched in pieces (gpuq._spill)
+        raise Continue(functools.partial(_fetch_next, _spill.Fetch(h)))
     arrays = h["arrays"]
     return pickle.loads(arrays[0], buffers=arrays[1:])
 
@@ -99,11 +151,20 @@ def _remote_error(out: np.ndarray, info: JobInfo, exc: BaseException,
         return exc
     rec = h.get("error") or {}
     tb = rec.get("traceback") or ""
+    if callable_job and rec.get("initializer"):
+        # As ProcessPoolExecutor says when a worker's initializer raised.
+        broken = concurrent.futures.BrokenExecutor(
+            f"a worker's initializer raised {rec.get('type')}: {rec.get('message')}; the "
+            "executor is broken: make a new one")
+        broken.__cause__ = RemoteTraceback(tb)
+        return broken
     if callable_job and h.get("kind") == "exception" and h["arrays"]:
         try:
             original = pickle.loads(h["arrays"][0].tobytes())
             if isinstance(original, BaseException):
-                original.__cause__ = RemoteTraceback(tb)
+                # ProcessPoolExecutor's own cause, as it makes it (code written for it may
+                # look for that class).
+                original.__cause__ = _StdlibRemoteTraceback(f'\n"""\n{tb}"""')
                 return original
         except Exception:  # noqa: BLE001 - an exception class the caller cannot import
             pass

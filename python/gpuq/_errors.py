@@ -4,12 +4,14 @@ Each carries the daemon's (or the library's) message as ``str(e)`` and ``e.messa
 numeric code as ``e.code``. Where a built-in exception means the same thing, the class derives
 from it too, so ``except ValueError`` catches :class:`InvalidArgument` and ``except
 TimeoutError`` catches :class:`Timeout` (a wait gave up) and :class:`TimedOut` (a job was
-stopped at its time limit).
+stopped at its time limit), ``except concurrent.futures.CancelledError`` :class:`Cancelled`
+and ``except BrokenProcessPool`` :class:`WorkerDied`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process
 from typing import Dict, Type
 
 __all__ = [
@@ -97,9 +99,12 @@ class Expired(Error):
     code, code_name = 7, "Expired"
 
 
-class WorkerDied(Error):
+class WorkerDied(Error, concurrent.futures.process.BrokenProcessPool):
     """The worker running the job exited (it is replaced; the job is not run again unless it
-    was submitted ``retryable=True``)."""
+    was submitted ``retryable=True``). Also a ``concurrent.futures.process.BrokenProcessPool``,
+    what ``ProcessPoolExecutor`` raises when a task's process dies, so code written for it
+    catches this too; unlike that pool, gpuq's goes on serving (the daemon replaces the
+    worker)."""
 
     code, code_name = 8, "WorkerDied"
 

@@ -20,6 +20,7 @@ import collections
 import concurrent.futures
 import os
 import threading
+import time
 import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -78,6 +79,27 @@ class _Waiters(list):
 COPY_ANSWER_BYTES = 64 << 10
 
 
+class Continue(Exception):
+    """Raised by a future's converter when its job's answer is not the end: ``submit_next``
+    (called with the future) submits the next job and gives it to the future with
+    ``Future._attach`` (a spilled result's pieces, gpuq._spill)."""
+
+    def __init__(self, submit_next: Callable[["Future"], None]) -> None:
+        super().__init__()
+        self.submit_next = submit_next
+
+
+class _Continuing:
+    """A future's ``_queue`` while it is between two jobs of its continuation."""
+
+    @staticmethod
+    def cancel(future: Any) -> bool:
+        return False
+
+
+_CONTINUING = _Continuing()
+
+
 # Guards each future's one PENDING -> finished transition and its lists of waiters and
 # callbacks. One lock for all: held for a few attribute writes, never while waiting or calling
 # out, and cheaper than a Condition per future (which is made only when a thread waits on one).
@@ -133,6 +155,9 @@ class Future(concurrent.futures.Future):
     # segment and the block goes back when the job ends; a larger one is read in place (its
     # result's arrays are views of the block, which stays until they are gone).
     _out: Any = None
+    # A future made before its job (an Executor's task waiting in the client, gpuq._backlog):
+    # the backlog that holds it, until _attach() gives it its job.
+    _queue: Any = None
 
     # Built in Client; never by users.
     def __init__(self, job: Any, keep: Any, convert: Optional[Callable[[JobInfo], Any]],
@@ -187,24 +212,35 @@ class Future(concurrent.futures.Future):
 
     # ---- finishing ---------------------------------------------------------------------------
 
-    def _finish(self, t: Tuple[int, int, str, int, int, int, int, int],
+    def _finish(self, t: Tuple[int, int, str, int, int, int, int, int], job: Any,
                 copy_answer: bool = False) -> None:
-        """Records the job's outcome once; later calls do nothing. ``copy_answer``: read a
-        Python op's answer from a copy whatever its size (settle_finished)."""
+        """Records the outcome ``t`` of ``job`` once; later calls, and calls for a job that is
+        no longer this future's (one that continued: Continue), do nothing. ``copy_answer``:
+        read a Python op's answer from a copy whatever its size (settle_finished)."""
         status = t[0]
         result: Any = None
         exc: Optional[BaseException] = None
+        # Read before the job is checked: a continuation drops the job before it changes these.
         out = self._out
+        convert = self._convert
+        if self._job is not job:
+            return
         if out is not None and (copy_answer or t[3] <= COPY_ANSWER_BYTES):
             out = out[:t[3]].copy()  # the answer read from here: the block is let go
         if status == DONE:
-            convert = self._convert
             if convert is None:
                 result = t[4]
             else:
                 try:
                     # A Python op's: (the answer's size, its bytes).
                     result = convert(JobInfo(t)) if out is None else convert(t[3], out)
+                except Continue as c:
+                    # More to fetch (a spilled result's pieces): the future stays pending on
+                    # the next job, which this call submits (once, whoever calls).
+                    error = self._continue(job, c)
+                    if error is None:
+                        return
+                    exc = error
                 except BaseException as e:  # a conversion bug must still end the future
                     exc = e
         elif status == CANCELLED:
@@ -219,6 +255,20 @@ class Future(concurrent.futures.Future):
                 except Exception:  # noqa: BLE001 - the plain error, then
                     pass
         self._end(_CANCELLED_AND_NOTIFIED if status == CANCELLED else _FINISHED, result, exc, t)
+
+    def _continue(self, job: Any, c: "Continue") -> Optional[BaseException]:
+        """Swaps ``job`` for the next one ``c`` submits; None once done (or done by another
+        thread that finished the same job), else why the next job could not be submitted."""
+        with _finish_lock:
+            if self._state != _PENDING or self._job is not job:
+                return None
+            self._job = None  # first: a _finish() in another thread now sees a stale job
+            self._queue = _CONTINUING  # waiters wait for the next job (_wait_queued)
+        try:
+            c.submit_next(self)  # calls self._attach(...)
+        except BaseException as e:  # noqa: BLE001 - the future's failure
+            return e
+        return None
 
     def _fail(self, exc: BaseException) -> None:
         self._end(_FINISHED, None, exc, None)
@@ -244,6 +294,7 @@ class Future(concurrent.futures.Future):
                         self._state = state
                         self._job = None  # frees the job's slot in the client
                         self._keep = None
+                        self._queue = None
                         # What read the answer: the block goes back once no result holds it.
                         self._convert = None
                         self._on_error = None
@@ -282,24 +333,77 @@ class Future(concurrent.futures.Future):
             concurrent.futures._base.LOGGER.exception("exception calling callback for %r", self)
 
     def _watch(self) -> None:
-        """Has the client's watcher finish this future."""
+        """Has the client's watcher finish this future (once it has a job: _attach)."""
         with _finish_lock:
             if self._watched or self._state != _PENDING:
                 return
             self._watched = True
+            if self._job is None and self._queue is not None:
+                return
         self._watcher.add(self)
+
+    def _attach(self, job: Any, keep: Any, convert: Any, on_error: Any, out: Any) -> bool:
+        """Gives a future made before its job (``_queue`` set) that job; False when the future
+        has ended meanwhile (then the job is the caller's to cancel)."""
+        with _finish_lock:
+            if self._state != _PENDING:
+                return False
+            self._keep = keep
+            self._convert = convert
+            self._on_error = on_error
+            self._out = out
+            self._job = job
+            self._queue = None
+            watched = self._watched
+            cond = self._cond
+        if watched:
+            self._watcher.add(self)
+        if cond is not None:
+            with cond:  # a thread in _wait_queued() waits on its job from now on
+                cond.notify_all()
+        return True
 
     # ---- concurrent.futures.Future ----------------------------------------------------------
 
     def cancel(self) -> bool:
-        """Cancels the job. A queued job ends cancelled at once and this returns True. A
-        running job is asked to stop and this returns False, as ``concurrent.futures`` does
-        for a running call; its result or :class:`gpuq.Cancelled` comes later: ops that look at
-        their cancel flag end it cancelled, an op that finishes first ends it with its result,
-        and the daemon stops (and replaces) the worker of an op that does neither within its
-        ``cancel_grace_ms``, ending the job cancelled. A finished job: False."""
+        """Cancels the job if no worker has started it, as ``concurrent.futures`` does: a
+        job still queued (in the daemon, or in an Executor's backlog in this process) ends
+        cancelled at once and this returns True; a running or finished job is left alone and
+        this returns False. To stop a running job, use :meth:`stop`."""
+        if self._state != _PENDING:
+            return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
+        queue = self._queue
+        if queue is not None and queue.cancel(self):
+            return True
         job = self._job
-        if self._state != _PENDING or job is None:
+        if job is None:
+            return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
+        try:
+            if not job.cancel_queued():
+                return False
+        except _errors.Error as e:
+            self._fail(e)
+            return False
+        t = job.wait(0)
+        if t is not None:
+            self._finish(t, job)
+        return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
+
+    def stop(self) -> bool:
+        """Cancels the job, running or not (gpuq's own; :meth:`cancel` leaves a running job
+        alone). A queued job ends cancelled at once and this returns True. A running job is
+        asked to stop and this returns False; its result or :class:`gpuq.Cancelled` comes
+        later: ops that look at their cancel flag (``gpuq.cancelled()``) end it cancelled, an
+        op that finishes first ends it with its result, and the daemon stops (and replaces)
+        the worker of an op that does neither within its ``cancel_grace_ms``, ending the job
+        cancelled. A finished job: False."""
+        if self._state != _PENDING:
+            return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
+        queue = self._queue
+        if queue is not None and queue.cancel(self):
+            return True
+        job = self._job
+        if job is None:
             return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
         try:
             job.cancel()
@@ -311,7 +415,7 @@ class Future(concurrent.futures.Future):
         if job.poll() == CANCELLED:
             t = job.wait(0)
             if t is not None:
-                self._finish(t)
+                self._finish(t, job)
         return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
 
     def cancelled(self) -> bool:
@@ -326,8 +430,10 @@ class Future(concurrent.futures.Future):
     def done(self) -> bool:
         """True once the job has ended (done, failed, cancelled or expired); never blocks."""
         job = self._job
-        if self._state != _PENDING or job is None:
+        if self._state != _PENDING:
             return True
+        if job is None:  # waiting in an Executor's backlog, or being finished elsewhere
+            return self._queue is None
         try:
             status = job.poll()
         except _errors.Error as e:
@@ -335,14 +441,18 @@ class Future(concurrent.futures.Future):
             return True
         if status >= DONE:
             self._wait(0)
-            return True
+            return self._state != _PENDING
         return False
 
     def _wait(self, timeout: Optional[float]) -> bool:
         """Waits for the end; True once the future is finished."""
         job = self._job
-        if self._state != _PENDING or job is None:
-            return self._state != _PENDING or self._wait_finished(timeout)
+        if self._state != _PENDING:
+            return True
+        if job is None:
+            if self._queue is not None:
+                return self._wait_queued(timeout)
+            return self._wait_finished(timeout)
         # In this thread, on the job itself, even when the watcher watches it too (a job may
         # be waited on by several threads at once; whichever sees its end first finishes the
         # future): the timeout holds, and a forked child waiting on its parent's job gets
@@ -354,8 +464,24 @@ class Future(concurrent.futures.Future):
             return True
         if t is None:
             return self._state != _PENDING
-        self._finish(t)
+        self._finish(t, job)
+        if self._state == _PENDING:  # it went on with a next job (Continue): wait for that
+            return self._wait(timeout)
         return True
+
+    def _wait_queued(self, timeout: Optional[float]) -> bool:
+        # In an Executor's backlog: wait for its job (_attach), then on the job.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cond = self._condition
+        with cond:
+            while self._state == _PENDING and self._job is None and self._queue is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                cond.wait(left)
+        if self._state != _PENDING:
+            return True
+        return self._wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _wait_finished(self, timeout: Optional[float]) -> bool:
         # The job was dropped by a finish in progress in another thread: wait for its end.
@@ -389,7 +515,7 @@ class Future(concurrent.futures.Future):
                                     self._job = None
                                     self._keep = None
                                     return t[4]
-                        self._finish(t)
+                        self._finish(t, job)
             if self._state == _PENDING and not self._wait(timeout):
                 raise concurrent.futures.TimeoutError()
         if self._state == _FINISHED:
@@ -433,8 +559,15 @@ class Future(concurrent.futures.Future):
         raise RuntimeError("a gpuq.Future's result comes from its job")
 
     def __await__(self):  # type: ignore[no-untyped-def]
-        """``await future`` in a coroutine: no thread per job (the client's watcher)."""
-        return asyncio.wrap_future(self).__await__()
+        """``await future`` in a coroutine: no thread per job (the client's watcher). An
+        awaiting task that is cancelled (``asyncio.wait_for`` timing out, a request handler
+        cancelled) stops the job, running or not (:meth:`stop`): in asyncio, cancelling is
+        how a coroutine says it no longer wants the work."""
+        try:
+            return (yield from asyncio.wrap_future(self).__await__())
+        except asyncio.CancelledError:
+            self.stop()
+            raise
 
 
 class Watcher:
@@ -556,8 +689,9 @@ class Watcher:
                 try:
                     t = jobs[i].wait(0)  # f._job may be gone: finished in another thread
                     if t is not None:
-                        f._finish(t)
-                        ended.append(f)
+                        f._finish(t, jobs[i])
+                        if f._state != _PENDING:  # else it went on with a next job
+                            ended.append(f)
                 except _errors.Error as e:
                     f._fail(e)
                     ended.append(f)

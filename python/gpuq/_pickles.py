@@ -17,6 +17,7 @@ also not unpickled again.
 
 from __future__ import annotations
 
+import pickle
 import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -139,6 +140,14 @@ class FunctionPickles:
                 entry[2].same() if entry[2] is not None else _by_reference(fn)):
             return entry[1]  # (by reference: still the object its module names)
         snap: Optional[_Snapshot] = None
+        if isinstance(fn, types.MethodType) and isinstance(fn.__self__, type) and \
+                _by_reference(fn.__self__):
+            # A class's method (a classmethod) of an importable class: pickled by reference
+            # with the standard pickle, as ProcessPoolExecutor does (cloudpickle would send the
+            # function's code by value, which the worker cannot show the source of).
+            blob = pickle.dumps(fn, protocol=5)
+            self.made += 1
+            return blob
         if _by_reference(fn) and isinstance(fn, (types.FunctionType, type,
                                                  types.BuiltinFunctionType)):
             cacheable = True

@@ -34,7 +34,9 @@ def settle_finished(conn: Any) -> int:
         t = job.wait(0)
         if t is None:
             continue
-        f._finish(t, copy_answer=True)
+        f._finish(t, job, copy_answer=True)
+        if f._state == "PENDING":  # it went on with a next job (a spilled result's piece)
+            continue
         conn.holders.discard(f)
         settled += 1
     return settled

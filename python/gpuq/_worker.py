@@ -22,16 +22,19 @@ import pickle
 import signal
 import sys
 import traceback
+from multiprocessing import process as _mp_process
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _errors, _native, _pyops
+from . import _errors, _native, _pyops, _spill
 from ._pyops import CALL_OP, ResultTooLarge
 
 decode_call = _native.decode_call
 write_result = _native.write_result
-_PICKLED_ARGS = 1  # call_codec.hpp: kFlagPickledArgs
+_PICKLED_ARGS = _native.CALL_FLAG_PICKLED_ARGS
+_EXECUTOR_CONTEXT = _native.CALL_FLAG_EXECUTOR_CONTEXT
+_FETCH_SPILLED = _native.CALL_FLAG_FETCH_SPILLED
 _NOT_A_CALL = ("not a Python op job: its params lack py.h and py.n (submit it with "
                "gpuq.Client.call)")
 
@@ -65,6 +68,10 @@ class Runtime:
         self.configured: set = set()
         self.registered: Dict[int, int] = {}  # client -> base address page-locked
         self.functions: Dict[bytes, Any] = {}  # a callable's pickle -> the callable
+        # An Executor's context pickle -> [initializer, initargs, authkey, outcome, their
+        # pickle]; outcome None until the initializer has run here, then True or the exception
+        # it raised (or that unpickling it raised).
+        self.contexts: Dict[bytes, List[Any]] = {}
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -269,10 +276,14 @@ class Runtime:
                 n = _pyops.write_error(outs[i], "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
                 results[i] = (_errors.InvalidArgument.code, f"{name}: {e}", n, 0)
 
-    def _failed(self, name: str, e: BaseException, out: memoryview,
-                pickled: bool = False) -> Tuple[int, str, int, int]:
-        if isinstance(e, (SystemExit, KeyboardInterrupt)) and not isinstance(e, Exception):
-            # The op asked the interpreter to exit: it does, as a crash would.
+    def _failed(self, name: str, e: BaseException, out: memoryview, pickled: bool = False,
+                initializer: bool = False) -> Tuple[int, str, int, int]:
+        """The failure record of a job (``pickled``: a callable's, with the exception itself;
+        ``initializer``: its executor's initializer raised ``e`` in this worker)."""
+        if isinstance(e, (SystemExit, KeyboardInterrupt)) and not isinstance(e, Exception) \
+                and not pickled:
+            # A named op asked the interpreter to exit: it does, as a crash would. (A callable's
+            # SystemExit is its task's outcome, as in ProcessPoolExecutor, and the worker goes on.)
             os._exit(70)
         if isinstance(e, _errors.Cancelled) or (
                 _pyops.cancelled() and isinstance(e, _errors.Error) and
@@ -286,13 +297,14 @@ class Runtime:
         where = e.__traceback__.tb_next if e.__traceback__ is not None else None
         tb = "".join(traceback.format_exception(type(e), e, where or e.__traceback__))
         msg = f"{name}: {kind}: {e}"
-        extra: Dict[str, Any] = {}
+        extra: Dict[str, Any] = {"initializer": True} if initializer else {}
         n = 0
         if pickled:
             try:
                 blob = pickle.dumps(e, protocol=5)
                 n = _pyops.write_answer(
-                    out, {"error": {"type": kind, "message": str(e)[:4096], "traceback": tb[-16384:]},
+                    out, {"error": {"type": kind, "message": str(e)[:4096],
+                                    "traceback": tb[-16384:], **extra},
                           "kind": "exception"}, [np.frombuffer(blob, dtype=np.uint8)])
             except Exception:  # noqa: BLE001 - unpicklable: the record without it
                 n = 0
@@ -328,25 +340,61 @@ class Runtime:
             self.functions[key] = fn
         return fn
 
+    def _context(self, blob: memoryview) -> List[Any]:
+        """An Executor's context (gpuq._executor.Executor._context_pickle), unpickled once."""
+        key = bytes(blob)
+        ctx = self.contexts.get(key)
+        if ctx is None:
+            _, authkey, init = pickle.loads(key)
+            ctx = [None, (), _mp_process.AuthenticationString(authkey), None, init]
+            if len(self.contexts) >= 1024:
+                self.contexts.clear()
+            self.contexts[key] = ctx
+        return ctx
+
     def _run_callable(self, inp: memoryview, out: memoryview, h: int,
                       n: int) -> Tuple[int, str, int, int]:
         if not self.allow_callables:
             return (_errors.PermissionDenied.code,
                     "this pool does not run callables: its config has python.allow_callables "
                     "false (docs/python.md, \"gpuq.Executor\")", 0, 0)
+        authkey = None
         try:
             if h < 0 or n < 0:
                 raise ValueError(_NOT_A_CALL)
             flags, parts, kwargs = decode_call(inp, h, n, True)
+            if flags & _FETCH_SPILLED:
+                return self._fetch_spilled(parts, out)
             if not parts:
                 raise ValueError("a callable's job without its callable")
-            fn = self._function(parts[0])
+            first = 1
+            if flags & _EXECUTOR_CONTEXT:
+                ctx = self._context(parts[1])
+                first = 2
+                # The caller's multiprocessing authkey while its task runs here, so that the
+                # Manager proxies among its arguments connect, as in a child of the caller.
+                me = _mp_process.current_process()
+                authkey = me.authkey
+                me._config["authkey"] = ctx[2]
+                if ctx[3] is None:
+                    try:
+                        ctx[0], ctx[1] = pickle.loads(ctx[4])  # with the caller's authkey
+                        if ctx[0] is not None:
+                            ctx[0](*ctx[1])
+                        ctx[3] = True
+                    except BaseException as e:  # noqa: BLE001 - the executor is broken
+                        ctx[3] = e
+                if ctx[3] is not None and ctx[3] is not True:
+                    return self._failed("initializer", ctx[3], out, pickled=True,
+                                        initializer=True)
+            fn = self._function(parts[0])  # after the authkey: joblib's batches hold proxies
             if flags & _PICKLED_ARGS:
-                args, kwargs = pickle.loads(parts[1], buffers=parts[2:])
+                args, kwargs = pickle.loads(parts[first], buffers=parts[first + 1:])
             else:
-                args = parts[1:]
+                args = parts[first:]
             del parts
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - unpickling may raise anything
+            self._restore(authkey)
             return self._failed(CALL_OP, e, out, pickled=True)
         try:
             result = fn(*args, **kwargs)
@@ -354,6 +402,7 @@ class Runtime:
             return self._failed(getattr(fn, "__name__", CALL_OP), e, out, pickled=True)
         finally:
             del args, kwargs
+            self._restore(authkey)
         try:
             bufs: List[pickle.PickleBuffer] = []
             blob = pickle.dumps(result, protocol=5, buffer_callback=bufs.append)
@@ -361,11 +410,44 @@ class Runtime:
             arrays += [np.frombuffer(b.raw(), dtype=np.uint8) for b in bufs]
             return (0, "", _pyops.write_answer(out, {"kind": "pickle"}, arrays), 0)
         except ResultTooLarge as e:
+            spilled = self._spill(arrays, out)
+            if spilled is not None:
+                return spilled
             n = _pyops.write_error(out, "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
             return (_errors.InvalidArgument.code, f"{CALL_OP}: {e}", n, 0)
         except BaseException as e:  # noqa: BLE001 - an unpicklable result
             return self._failed(CALL_OP, e, out, pickled=True)
 
+    @staticmethod
+    def _spill(arrays: List[np.ndarray], out: memoryview) -> Optional[Tuple[int, str, int, int]]:
+        """A result larger than its answer room, written to a spill file for the caller to
+        fetch in pieces (gpuq._spill); None when that cannot be done either."""
+        try:
+            token, sizes = _spill.store(arrays)
+        except OSError as e:
+            print(f"gpuq python worker: cannot spill a large result: {e}", file=sys.stderr)
+            return None
+        try:
+            n = _pyops.write_answer(out, {"kind": "pickle", "spill": token, "sizes": sizes}, [])
+        except ResultTooLarge:  # a room too small even for that (output_bytes=64)
+            _spill.read_piece(token, 0, 0, True)
+            return None
+        return (0, "", n, 0)
+
+    def _fetch_spilled(self, parts: List[Any], out: memoryview) -> Tuple[int, str, int, int]:
+        try:
+            if len(parts) != 4 or type(parts[1]) is not int or type(parts[2]) is not int \
+                    or type(parts[3]) is not bool or parts[1] < 0 or parts[2] < 0:
+                raise ValueError("a spilled result's fetch takes (token, offset, length, last)")
+            piece = _spill.read_piece(parts[0], parts[1], parts[2], parts[3])
+            return (0, "", _pyops.write_answer(out, {"kind": "pickle"}, [piece]), 0)
+        except BaseException as e:  # noqa: BLE001 - the fetch's failure, said to its caller
+            return self._failed("fetching a spilled result", e, out, pickled=True)
+
+    @staticmethod
+    def _restore(authkey: Any) -> None:
+        if authkey is not None:
+            _mp_process.current_process()._config["authkey"] = authkey
 
 
 def _fail(message: str) -> int:

@@ -42,10 +42,17 @@ inline constexpr uint64_t kAlign = 64;
 inline constexpr uint64_t kMaxHeaderBytes = 4 << 20;  // larger data goes in arrays
 inline constexpr uint32_t kMaxDims = 64;
 
-// A callable's job (gpuq.Executor): positional 0 is the function's pickle; with this flag,
-// positional 1 is the pickle of (args, kwargs) and the rest its out-of-band buffers, else the
-// rest are the arguments themselves.
+// A callable's job (gpuq.Executor): positional 0 is the function's pickle; with
+// kFlagExecutorContext, the next positional is the pickle of its executor's context (a token,
+// the initializer, its arguments and the caller's multiprocessing authkey); with
+// kFlagPickledArgs, the next is the pickle of (args, kwargs) and the rest its out-of-band
+// buffers, else the rest are the arguments themselves. A job with kFlagFetchSpilled fetches a
+// piece of a result too large for its task's answer room (gpuq/_spill.py): its positionals are
+// (token, offset, length, last), and it has no function. gpuq._native exports each flag
+// (CALL_FLAG_PICKLED_ARGS, CALL_FLAG_EXECUTOR_CONTEXT, CALL_FLAG_FETCH_SPILLED).
 inline constexpr uint32_t kFlagPickledArgs = 1;
+inline constexpr uint32_t kFlagExecutorContext = 2;
+inline constexpr uint32_t kFlagFetchSpilled = 4;
 
 // Answer kinds (their names are gpuq._pyops's).
 enum class Kind : uint32_t {

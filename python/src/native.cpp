@@ -128,6 +128,8 @@ class Job {
 
   void cancel() { check(job_.cancel()); }
 
+  bool cancel_queued() { return take(job_.cancel_queued()); }
+
   void wake_waiters() const noexcept { job_.wake_waiters(); }
 
   // gpuq::Job::wait_any over `jobs` (Job objects of one connection), with the GIL released:
@@ -544,6 +546,8 @@ NB_MODULE(_native, m) {
            "Waits for the result (GIL released); None if timeout_ns passed first.")
       .def("poll", &Job::poll, "The job's status as an int (gpuq::JobStatus), lock-free.")
       .def("cancel", &Job::cancel, "Cancels the job (gpuq::Job::cancel).")
+      .def("cancel_queued", &Job::cancel_queued,
+           "Cancels the job if it is still queued: whether it did (gpuq::Job::cancel_queued).")
       .def("wake_waiters", &Job::wake_waiters,
            "Wakes every wait_any() on this job's connection (gpuq::Job::wake_waiters).")
       .def_static("wait_any", &Job::wait_any, "jobs"_a, "timeout_ns"_a, "interruptible"_a,

@@ -169,7 +169,7 @@ def test_a_job_cancelled_while_its_batch_gathers_leaves_it(bc):
     a = bc.submit_call("bwait", rows(1, 10), pool="one")  # taken, then waits for company
     time.sleep(0.15)
     assert not a.done()
-    assert a.cancel() is False  # running: asked to stop
+    assert a.stop() is False  # running: asked to stop
     b = bc.submit_call("bwait", rows(1, 11), pool="one")
     y, meta = b.result(timeout=30)
     assert call_of(meta)[1] == 1  # b's call had b's row alone
@@ -195,7 +195,7 @@ def test_a_lone_job_after_a_batch_is_stopped_by_its_cancel(bc, bdaemon):
     _open_a_batch(bc)
     f = bc.submit_call("block", 5.0, pool="one")
     time.sleep(0.2)
-    assert f.cancel() is False  # running: asked to stop
+    assert f.stop() is False  # running: asked to stop
     with pytest.raises(gpuq.Cancelled):
         f.result(timeout=3)
     wait_ready(bdaemon, "one")

@@ -203,8 +203,11 @@ def test_cancel_queued_and_running(client):
         queued.result()
     with pytest.raises(cf.CancelledError):
         queued.result()
-    # A running job: asked to stop; its end (Cancelled, the sleep op looks at its flag) comes later.
+    # A running job: cancel() leaves it alone, as concurrent.futures does; stop() asks it to
+    # stop, and its end (Cancelled, the sleep op looks at its flag) comes later.
     assert busy[0].cancel() is False
+    assert busy[0].running() and not busy[0].cancelled()
+    assert busy[0].stop() is False
     with pytest.raises(gpuq.Cancelled):
         busy[0].result(10)
     busy[1].result(30)
@@ -277,7 +280,7 @@ def test_a_waiting_thread_does_not_hold_up_others(client):
     with pytest.raises(cf.TimeoutError):
         slow.result(timeout=0.05)
     assert time.monotonic() - t0 < 1.0
-    slow.cancel()
+    slow.stop()
     t.join(10)
 
 
@@ -361,7 +364,7 @@ def test_signal_interrupts_result(client):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    f.cancel()
+    f.stop()
     with pytest.raises(gpuq.Cancelled):
         f.result(10)
 

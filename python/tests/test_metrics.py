@@ -150,7 +150,7 @@ def test_counts_equal_the_jobs_run(mdaemon):
             c.submit("sleep", us=5_000_000, time_limit=0.1).result(30)
         f = c.submit("sleep", us=5_000_000)
         time.sleep(0.2)
-        f.cancel()
+        f.stop()
         with pytest.raises(gpuq.Cancelled):
             f.result(30)
     # A worker counts a job just after its client sees the result: wait for the last counts.

@@ -126,7 +126,7 @@ def test_a_killed_worker_is_replaced_by_the_spare_at_once():
         metrics = gpuq.metrics(d.runtime_dir)
         assert 'gpuq_spare_promotions_total{pool="py"} 1' in metrics
         assert 'gpuq_workers{pool="py",state="spare"} 1' in metrics
-        spin.cancel()
+        spin.stop()
         with pytest.raises(gpuq.Cancelled):
             spin.result(timeout=30)
         # The new spare is held too: it serves nothing while the active workers do.
@@ -151,7 +151,7 @@ def test_a_worker_stopped_for_a_job_past_its_time_limit_is_replaced_by_the_spare
         assert st["stops_forced"] == 1 and st["spare_promotions"] == 1
         assert next(w for w in st["workers"] if w["id"] == victim["id"])["role"] == "spare"
         wait_for(d, "a new spare", lambda s: whole(s, 2, 1))
-        spin.cancel()
+        spin.stop()
 
 
 # ---- the kill storm -----------------------------------------------------------------------------

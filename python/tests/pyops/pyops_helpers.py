@@ -10,3 +10,56 @@ def scale(a, k):
 def ends(a):
     """The first and last element, as Python numbers (a small answer)."""
     return (int(a[0]), int(a[-1]))
+
+
+def nap(seconds):
+    import time
+    time.sleep(seconds)
+    return seconds
+
+
+_flag = None
+
+
+def set_flag(value):
+    global _flag
+    _flag = value
+
+
+def get_flag():
+    return _flag
+
+
+def fail():
+    raise ValueError("error in initializer")
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("cannot pickle Unpicklable")
+
+
+def put(d, key, value):
+    d[key] = value
+
+
+def touch_after(path, seconds):
+    import time
+    time.sleep(seconds)
+    open(path, "w").close()
+
+
+def divide(a, b):
+    return a // b
+
+
+def nested_sum(n):
+    """Runs Parallel(backend="gpuq") inside a gpuq worker: it runs in this worker."""
+    import joblib
+    return sum(joblib.Parallel(n_jobs=2, backend="gpuq")(joblib.delayed(int)(i)
+                                                          for i in range(n)))
+
+
+def ones(n):
+    import numpy as np
+    return np.ones(n)
