@@ -36,6 +36,8 @@ gpuq_setup_packages=(
   python3              # test helpers, scripts/test.sh result summary
   python3-venv         # the Python client's venvs (scripts/demo.sh, test.sh stage python)
   python3-dev          # Python.h for the Python client's native module (pip install ./python)
+  libpython3.11-testsuite  # CPython's own test_concurrent_futures.py, run against gpuq.Executor
+                       # (tests/compat, stage python); 3.11 is Debian 12's python3
   git                  # scripts/test.sh lists the tracked sources with git ls-files
   mmdebstrap           # scripts/test.sh fresh stage: a clean Debian 12 root (scripts/fresh.sh)
 )

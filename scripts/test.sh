@@ -23,7 +23,9 @@
 #           `pip install ./python[test]` into it (pip's own isolated build, nanobind and
 #           scikit-build-core from PyPI), then pytest python/tests against the daemon of build/
 #           (gpuqd and gpuq-worker built here if the build stage did not run); the tests also run
-#           every script of examples/python. docs/python.md
+#           every script of examples/python. Then the peers' own suites on gpuq's drop-ins
+#           (tests/compat/run.py: joblib's test_parallel.py, CPython's
+#           test_concurrent_futures.py; tests/compat/requirements.txt). docs/python.md
 #   scaleout  gpuq under Ray and Dask, one gpuqd per node (docs/scale-out.md): a venv in
 #           build-scaleout/venv with tests/scaleout/requirements.txt (Ray, Dask, joblib,
 #           kubernetes-validate from PyPI) and ./python[test], then pytest tests/scaleout in
@@ -341,6 +343,17 @@ stage_python() {
   GPUQ_GPUQD="${ROOT}/build/daemon/gpuqd" "${venv}/bin/pytest" -ra -p no:cacheprovider \
     --junitxml="${junit}" "${ROOT}/python/tests" "${extra[@]}" || rc=$?
   count_results "${junit}"
+  local counts="${stage_counts}"
+  # The peers' own suites on gpuq's drop-ins (tests/compat/run.py): joblib's test_parallel.py
+  # from the pinned release's source and CPython's test_concurrent_futures.py; a test that does
+  # not pass is listed in tests/compat/differences.txt with its reason.
+  "${pip[@]}" install -q -r "${ROOT}/tests/compat/requirements.txt"
+  local compat_junit="${ROOT}/build-python/compat-junit.xml"
+  rm -f "${compat_junit}"
+  GPUQ_GPUQD="${ROOT}/build/daemon/gpuqd" "${venv}/bin/python" "${ROOT}/tests/compat/run.py" \
+    -ra -p no:logging --junitxml="${compat_junit}" || rc=$?
+  count_results "${compat_junit}"
+  stage_counts="${counts} + compat ${stage_counts}"
   return "${rc}"
 }
 
