@@ -17,8 +17,6 @@ Its futures are ``concurrent.futures.Future`` objects and are awaitable in async
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 import threading
@@ -126,27 +124,16 @@ def array(obj: Any, dtype: Any = None) -> np.ndarray:
     return default_client().array(obj, dtype)
 
 
-# joblib's "gpuq" backend (parallel_backend("gpuq", pool=...)): registered as soon as joblib is
-# imported, before or after gpuq, without importing it here (it takes a quarter of a second).
-class _JoblibHook(importlib.abc.MetaPathFinder):
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "joblib":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            register_joblib()
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
+# joblib's "gpuq" backend: registered as soon as joblib is imported, before or after gpuq,
+# without importing joblib here (it takes a quarter of a second). The wheel's hook module
+# (python/hook/_gpuq_joblib.py, also loaded at start-up by its .pth file) does it; with gpuq
+# imported, it registers gpuq's class rather than its factory.
 if "joblib" in sys.modules:
     register_joblib()
 else:
-    sys.meta_path.insert(0, _JoblibHook())
+    try:
+        import _gpuq_joblib
+    except ImportError:  # gpuq without its hook (not the wheel): gpuq.register_joblib() by hand
+        pass
+    else:
+        _gpuq_joblib.install()

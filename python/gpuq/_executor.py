@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from . import _calls, _errors, _native
+from . import _calls, _errors, _native, _pyops
 from ._backlog import Backlog
 from ._future import DONE as _DONE
 from ._future import Future
@@ -105,7 +105,12 @@ class Executor(concurrent.futures.Executor):
                     "\"python\": {\"allow_callables\": true} (docs/python.md) or pass pool=")
             pool = allowed[0]
         self.pool = pool
+        # Inside a worker of the same pool (gpuq inside gpuq): tasks run here, at submit. A
+        # task that waited on tasks of its own pool would wait for ever once every worker runs
+        # such a parent; run in place, they cannot (joblib's backend does the same).
+        self._inline = _pyops.in_worker() and pool == _own_pool(self._client)
         self._max_workers = max_workers
+        self._initializer = initializer
         self._output_bytes = output_bytes
         self._time_limit = time_limit
         self._wait_at_exit = wait_at_exit
@@ -139,6 +144,8 @@ class Executor(concurrent.futures.Executor):
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
         if not callable(fn):
             raise TypeError(f"{type(fn).__name__} object is not callable")
+        if self._inline:
+            return self._run_here(fn, args, kwargs)
         try:
             task = self._task(fn, args, kwargs)
         except Exception as e:  # noqa: BLE001 - a pickling error is the task's outcome
@@ -176,6 +183,16 @@ class Executor(concurrent.futures.Executor):
                               timeout=timeout)
         return process._chain_from_iterable_of_lists(results)
 
+    def _run_here(self, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Any) -> Future:
+        f = self._new_future()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - the task's outcome, as in a worker
+            f._fail(e)
+        else:
+            f._end("FINISHED", result, None, None)
+        return f
+
     def _new_future(self) -> Future:
         return Future(None, None, None, self._client._c().watcher)
 
@@ -185,20 +202,28 @@ class Executor(concurrent.futures.Executor):
         pickle, made once while it stays the same (_pickles), the executor's context, and the
         arguments, plain ones (numbers, strings, None, numpy arrays) as themselves, anything
         else pickled."""
-        head = (self._pickles.get(fn), self._context)
+        blob, stable = self._pickles.get_stable(fn)
         if all(type(a) in _PLAIN or (type(a) is np.ndarray and not a.dtype.hasobject)
                for a in (args + tuple(kwargs.values()) if kwargs else args)):
-            call = head + args
-            flags = _CONTEXT
+            # The context goes along when the task may need it: an initializer to run, or a
+            # pickle that may hold a multiprocessing proxy (the function's, when it is pickled
+            # anew; plain arguments hold none).
+            if stable and self._initializer is None:
+                call = (blob,) + args
+                flags = 0
+            else:
+                call = (blob, self._context) + args
+                flags = _CONTEXT
             data = sum(a.nbytes for a in args if type(a) is np.ndarray) + (sum(
                 a.nbytes for a in kwargs.values() if type(a) is np.ndarray) if kwargs else 0)
         else:
             buffers: List[pickle.PickleBuffer] = []
-            blob = self._pickle.dumps((args, kwargs), protocol=5, buffer_callback=buffers.append)
-            call = head + (blob, *buffers)
+            args_blob = self._pickle.dumps((args, kwargs), protocol=5,
+                                           buffer_callback=buffers.append)
+            call = (blob, self._context, args_blob, *buffers)
             kwargs = None
             flags = _CONTEXT | _PICKLED_ARGS
-            data = len(blob) + sum(memoryview(b).nbytes for b in buffers)
+            data = len(args_blob) + sum(memoryview(b).nbytes for b in buffers)
         return call, kwargs or None, flags, self._output_bytes or data + _calls._OUTPUT_SLACK
 
     def _send(self, future: Optional[Future], task: Tuple[Any, ...]) -> Future:
@@ -283,6 +308,12 @@ class Executor(concurrent.futures.Executor):
                     pass
         if self._own_client:
             self._client.close()
+
+
+def _own_pool(client: Any) -> Optional[str]:
+    """The name of the pool whose worker this process is."""
+    me = _pyops._context.pool_id
+    return next((p["name"] for p in client.status().get("pools", []) if p.get("id") == me), None)
 
 
 def _unfinished(job: Any) -> bool:

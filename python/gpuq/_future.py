@@ -365,19 +365,25 @@ class Future(concurrent.futures.Future):
 
     # ---- concurrent.futures.Future ----------------------------------------------------------
 
+    def _unstarted_job(self) -> Any:
+        """For cancel() and stop(): the job to act on, or None when there is none (the future
+        has ended, or its task was taken out of an Executor's backlog now, ending it
+        cancelled)."""
+        if self._state != _PENDING:
+            return None
+        queue = self._queue
+        if queue is not None and queue.cancel(self):
+            return None
+        return self._job
+
     def cancel(self) -> bool:
         """Cancels the job if no worker has started it, as ``concurrent.futures`` does: a
         job still queued (in the daemon, or in an Executor's backlog in this process) ends
         cancelled at once and this returns True; a running or finished job is left alone and
         this returns False. To stop a running job, use :meth:`stop`."""
-        if self._state != _PENDING:
-            return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
-        queue = self._queue
-        if queue is not None and queue.cancel(self):
-            return True
-        job = self._job
+        job = self._unstarted_job()
         if job is None:
-            return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
+            return self.cancelled()
         try:
             if not job.cancel_queued():
                 return False
@@ -397,14 +403,9 @@ class Future(concurrent.futures.Future):
         op that finishes first ends it with its result, and the daemon stops (and replaces)
         the worker of an op that does neither within its ``cancel_grace_ms``, ending the job
         cancelled. A finished job: False."""
-        if self._state != _PENDING:
-            return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
-        queue = self._queue
-        if queue is not None and queue.cancel(self):
-            return True
-        job = self._job
+        job = self._unstarted_job()
         if job is None:
-            return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
+            return self.cancelled()
         try:
             job.cancel()
         except _errors.NotCancellable:

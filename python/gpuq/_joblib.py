@@ -12,9 +12,7 @@ from ._executor import Executor
 from ._future import Future
 
 
-def in_worker() -> bool:
-    """Whether this process is one of a gpuq pool's workers."""
-    return _pyops._context.worker_id >= 0
+in_worker = _pyops.in_worker
 
 
 def _backend_class() -> Any:

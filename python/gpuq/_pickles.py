@@ -135,10 +135,16 @@ class FunctionPickles:
         self.made = 0  # pickles made (tests)
 
     def get(self, fn: Any) -> bytes:
+        return self.get_stable(fn)[0]
+
+    def get_stable(self, fn: Any) -> Tuple[bytes, bool]:
+        """(the pickle of ``fn``, whether it is reused: a function by reference, or one whose
+        pickle holds only what cannot change, so no object of the caller's process, such as a
+        multiprocessing proxy)."""
         entry = self._cache.get(id(fn))
         if entry is not None and entry[0] is fn and (
                 entry[2].same() if entry[2] is not None else _by_reference(fn)):
-            return entry[1]  # (by reference: still the object its module names)
+            return entry[1], True  # (by reference: still the object its module names)
         snap: Optional[_Snapshot] = None
         if isinstance(fn, types.MethodType) and isinstance(fn.__self__, type) and \
                 _by_reference(fn.__self__):
@@ -147,7 +153,7 @@ class FunctionPickles:
             # function's code by value, which the worker cannot show the source of).
             blob = pickle.dumps(fn, protocol=5)
             self.made += 1
-            return blob
+            return blob, True
         if _by_reference(fn) and isinstance(fn, (types.FunctionType, type,
                                                  types.BuiltinFunctionType)):
             cacheable = True
@@ -162,4 +168,4 @@ class FunctionPickles:
             if len(self._cache) >= _MAX_ENTRIES:
                 self._cache.clear()
             self._cache[id(fn)] = (fn, blob, snap)
-        return blob
+        return blob, cacheable

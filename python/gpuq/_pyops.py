@@ -142,6 +142,11 @@ class WorkerContext:
 _context = WorkerContext()
 
 
+def in_worker() -> bool:
+    """Whether this process is one of a gpuq Python pool's workers."""
+    return _context.worker_id >= 0
+
+
 def context() -> WorkerContext:
     """The running worker's :class:`WorkerContext` (in a Python op or an ``on_start``)."""
     return _context

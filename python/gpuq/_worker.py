@@ -358,7 +358,6 @@ class Runtime:
             return (_errors.PermissionDenied.code,
                     "this pool does not run callables: its config has python.allow_callables "
                     "false (docs/python.md, \"gpuq.Executor\")", 0, 0)
-        authkey = None
         try:
             if h < 0 or n < 0:
                 raise ValueError(_NOT_A_CALL)
@@ -371,11 +370,12 @@ class Runtime:
             if flags & _EXECUTOR_CONTEXT:
                 ctx = self._context(parts[1])
                 first = 2
-                # The caller's multiprocessing authkey while its task runs here, so that the
-                # Manager proxies among its arguments connect, as in a child of the caller.
-                me = _mp_process.current_process()
-                authkey = me.authkey
-                me._config["authkey"] = ctx[2]
+                # The caller's multiprocessing authkey while its task runs here (and after:
+                # the worker has no use of its own for it), so that the Manager proxies among
+                # its arguments connect, as in a child of the caller.
+                config = _mp_process.current_process()._config
+                if config.get("authkey") is not ctx[2]:
+                    config["authkey"] = ctx[2]
                 if ctx[3] is None:
                     try:
                         ctx[0], ctx[1] = pickle.loads(ctx[4])  # with the caller's authkey
@@ -394,7 +394,6 @@ class Runtime:
                 args = parts[first:]
             del parts
         except BaseException as e:  # noqa: BLE001 - unpickling may raise anything
-            self._restore(authkey)
             return self._failed(CALL_OP, e, out, pickled=True)
         try:
             result = fn(*args, **kwargs)
@@ -402,7 +401,6 @@ class Runtime:
             return self._failed(getattr(fn, "__name__", CALL_OP), e, out, pickled=True)
         finally:
             del args, kwargs
-            self._restore(authkey)
         try:
             bufs: List[pickle.PickleBuffer] = []
             blob = pickle.dumps(result, protocol=5, buffer_callback=bufs.append)
@@ -443,11 +441,6 @@ class Runtime:
             return (0, "", _pyops.write_answer(out, {"kind": "pickle"}, [piece]), 0)
         except BaseException as e:  # noqa: BLE001 - the fetch's failure, said to its caller
             return self._failed("fetching a spilled result", e, out, pickled=True)
-
-    @staticmethod
-    def _restore(authkey: Any) -> None:
-        if authkey is not None:
-            _mp_process.current_process()._config["authkey"] = authkey
 
 
 def _fail(message: str) -> int:

@@ -27,6 +27,10 @@ def _backend(*args, **kwargs):
 
 
 def _register(joblib):
+    gpuq = sys.modules.get("gpuq")
+    if gpuq is not None and hasattr(gpuq, "register_joblib"):
+        gpuq.register_joblib()  # imported already: its class itself
+        return
     from joblib.parallel import BACKENDS
     if _NAME not in BACKENDS:
         joblib.register_parallel_backend(_NAME, _backend)

@@ -125,6 +125,13 @@ def test_sys_exit_is_the_task_outcome_and_the_worker_goes_on(ex, daemon):
     assert isinstance(pid, int)
 
 
+def test_an_executor_inside_a_worker_of_its_pool_runs_its_tasks_there(ex):
+    # Every worker runs a parent that submits to the same pool and waits: run in place, the
+    # nested tasks cannot wait for busy workers.
+    fs = [ex.submit(pyops_helpers.nested_executor, 5) for _ in range(4)]
+    assert [f.result(timeout=60) for f in fs] == [(True, 15)] * 4
+
+
 def test_worker_died_is_a_broken_process_pool():
     assert issubclass(gpuq.WorkerDied, concurrent.futures.process.BrokenProcessPool)
 

@@ -63,3 +63,12 @@ def nested_sum(n):
 def ones(n):
     import numpy as np
     return np.ones(n)
+
+
+def nested_executor(n):
+    """gpuq.Executor inside a gpuq worker, on its own pool: the tasks run in this worker."""
+    import os
+    import gpuq
+    with gpuq.Executor() as ex:
+        pids = {ex.submit(os.getpid).result() for _ in range(n)}
+        return pids == {os.getpid()}, sum(ex.map(abs, range(-n, 0)))
