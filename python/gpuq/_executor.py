@@ -164,9 +164,9 @@ class Executor(concurrent.futures.Executor):
                     self._slots.release()
                 raise
         f = self._new_future()
+        self._backlog.add(f, task)
         if self._slots is not None:
             f.add_done_callback(self._release)
-        self._backlog.add(f, task)
         return f
 
     def map(self, fn: Callable[..., Any], *iterables: Any, timeout: Optional[float] = None,

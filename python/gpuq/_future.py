@@ -665,8 +665,13 @@ class Watcher:
                 if self._stopping:
                     self._thread = None
                     return
-                futures = [f for f in self._futures if f._state == _PENDING and f._job is not None]
-                jobs = [f._job for f in futures] + [o[0] for o in self._orphans]
+                # Each future's job read once: another thread may finish the future (or move it
+                # on to its next job) meanwhile; its end is then that thread's to record.
+                watched = [(f, f._job) for f in self._futures if f._state == _PENDING]
+                watched = [(f, j) for f, j in watched if j is not None]
+                futures = [f for f, _ in watched]
+                jobs = [j for _, j in watched] + [o[0] for o in self._orphans]
+                del watched
                 orphans = list(self._orphans)
                 # Set under the lock with the snapshot: an add() or adopt() after it wakes
                 # the wait below (which then returns at once if that came before the sleep).
