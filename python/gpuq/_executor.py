@@ -24,6 +24,7 @@ from ._pickles import FunctionPickles
 _PLAIN = (type(None), bool, int, float, str)  # arguments that travel as themselves
 _PICKLED_ARGS = _native.CALL_FLAG_PICKLED_ARGS
 _CONTEXT = _native.CALL_FLAG_EXECUTOR_CONTEXT
+_REUSED = _native.CALL_FLAG_FUNCTION_REUSED
 
 # Set once the interpreter is shutting down (after _exit_executors): no new tasks from then on.
 _interpreter_exiting = False
@@ -210,10 +211,10 @@ class Executor(concurrent.futures.Executor):
             # anew; plain arguments hold none).
             if stable and self._initializer is None:
                 call = (blob,) + args
-                flags = 0
+                flags = _REUSED
             else:
                 call = (blob, self._context) + args
-                flags = _CONTEXT
+                flags = _CONTEXT | (_REUSED if stable else 0)
             data = sum(a.nbytes for a in args if type(a) is np.ndarray) + (sum(
                 a.nbytes for a in kwargs.values() if type(a) is np.ndarray) if kwargs else 0)
         else:
@@ -222,7 +223,7 @@ class Executor(concurrent.futures.Executor):
                                            buffer_callback=buffers.append)
             call = (blob, self._context, args_blob, *buffers)
             kwargs = None
-            flags = _CONTEXT | _PICKLED_ARGS
+            flags = _CONTEXT | _PICKLED_ARGS | (_REUSED if stable else 0)
             data = len(args_blob) + sum(memoryview(b).nbytes for b in buffers)
         return call, kwargs or None, flags, self._output_bytes or data + _calls._OUTPUT_SLACK
 

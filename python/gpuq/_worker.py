@@ -35,6 +35,7 @@ write_result = _native.write_result
 _PICKLED_ARGS = _native.CALL_FLAG_PICKLED_ARGS
 _EXECUTOR_CONTEXT = _native.CALL_FLAG_EXECUTOR_CONTEXT
 _FETCH_SPILLED = _native.CALL_FLAG_FETCH_SPILLED
+_FUNCTION_REUSED = _native.CALL_FLAG_FUNCTION_REUSED
 _NOT_A_CALL = ("not a Python op job: its params lack py.h and py.n (submit it with "
                "gpuq.Client.call)")
 
@@ -330,7 +331,7 @@ class Runtime:
 
     def _function(self, blob: memoryview) -> Any:
         """The callable a pickle holds, unpickled once per distinct pickle (gpuq.Executor sends
-        the same bytes for the same function: _pickles)."""
+        the same bytes for the same function, and says so: _pickles, kFlagFunctionReused)."""
         key = bytes(blob)
         fn = self.functions.get(key)
         if fn is None:
@@ -387,7 +388,9 @@ class Runtime:
                 if ctx[3] is not None and ctx[3] is not True:
                     return self._failed("initializer", ctx[3], out, pickled=True,
                                         initializer=True)
-            fn = self._function(parts[0])  # after the authkey: joblib's batches hold proxies
+            # After the authkey: joblib's batches hold proxies. Kept only when the client
+            # sends the same pickle again; a joblib batch holds its data and is used once.
+            fn = self._function(parts[0]) if flags & _FUNCTION_REUSED else pickle.loads(parts[0])
             if flags & _PICKLED_ARGS:
                 args, kwargs = pickle.loads(parts[first], buffers=parts[first + 1:])
             else:

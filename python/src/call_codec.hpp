@@ -48,11 +48,15 @@ inline constexpr uint32_t kMaxDims = 64;
 // kFlagPickledArgs, the next is the pickle of (args, kwargs) and the rest its out-of-band
 // buffers, else the rest are the arguments themselves. A job with kFlagFetchSpilled fetches a
 // piece of a result too large for its task's answer room (gpuq/_spill.py): its positionals are
-// (token, offset, length, last), and it has no function. gpuq._native exports each flag
-// (CALL_FLAG_PICKLED_ARGS, CALL_FLAG_EXECUTOR_CONTEXT, CALL_FLAG_FETCH_SPILLED).
+// (token, offset, length, last), and it has no function. With kFlagFunctionReused, the
+// function's pickle is one the client sends again unchanged (gpuq/_pickles.py): the worker
+// keeps what it unpickled; any other pickle (a joblib batch, which holds its data) is
+// unpickled for its task alone. gpuq._native exports each flag (CALL_FLAG_PICKLED_ARGS,
+// CALL_FLAG_EXECUTOR_CONTEXT, CALL_FLAG_FETCH_SPILLED, CALL_FLAG_FUNCTION_REUSED).
 inline constexpr uint32_t kFlagPickledArgs = 1;
 inline constexpr uint32_t kFlagExecutorContext = 2;
 inline constexpr uint32_t kFlagFetchSpilled = 4;
+inline constexpr uint32_t kFlagFunctionReused = 8;
 
 // Answer kinds (their names are gpuq._pyops's).
 enum class Kind : uint32_t {

@@ -20,6 +20,7 @@ void bind_codec(nb::module_& m) {
   m.attr("CALL_FLAG_PICKLED_ARGS") = codec::kFlagPickledArgs;
   m.attr("CALL_FLAG_EXECUTOR_CONTEXT") = codec::kFlagExecutorContext;
   m.attr("CALL_FLAG_FETCH_SPILLED") = codec::kFlagFetchSpilled;
+  m.attr("CALL_FLAG_FUNCTION_REUSED") = codec::kFlagFunctionReused;
   m.def("decode_call", &codec::decode_call, "input"_a, "h"_a, "n"_a, "buffers_as_views"_a,
         "(flags, args, kwargs) of the call header at [h, h + n) of input (arrays: views of it).");
   m.def(

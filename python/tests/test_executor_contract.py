@@ -132,6 +132,17 @@ def test_an_executor_inside_a_worker_of_its_pool_runs_its_tasks_there(ex):
     assert [f.result(timeout=60) for f in fs] == [(True, 15)] * 4
 
 
+def test_a_worker_keeps_only_the_functions_a_client_reuses(daemon):
+    # A callable pickled anew for each task (a partial, a joblib batch: it holds its data) is
+    # unpickled for its task alone; a worker that kept it would hold every task's data.
+    import functools
+    with gpuq.Executor(max_workers=1) as e:
+        for i in range(10):
+            assert e.submit(functools.partial(pyops_helpers.with_tracked,
+                                              pyops_helpers.Tracked()), i).result() == i
+        assert e.submit(pyops_helpers.tracked_live).result() == 0
+
+
 def test_worker_died_is_a_broken_process_pool():
     assert issubclass(gpuq.WorkerDied, concurrent.futures.process.BrokenProcessPool)
 

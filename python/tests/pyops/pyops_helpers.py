@@ -72,3 +72,30 @@ def nested_executor(n):
     with gpuq.Executor() as ex:
         pids = {ex.submit(os.getpid).result() for _ in range(n)}
         return pids == {os.getpid()}, sum(ex.map(abs, range(-n, 0)))
+
+
+class Tracked:
+    """Counts its live instances in this process (the worker's, once unpickled there)."""
+
+    live = 0
+
+    def __init__(self):
+        self.payload = bytes(1 << 20)
+        Tracked.live += 1
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        Tracked.live += 1
+
+    def __del__(self):
+        Tracked.live -= 1
+
+
+def with_tracked(tracked, x):
+    return x
+
+
+def tracked_live():
+    import gc
+    gc.collect()
+    return Tracked.live
