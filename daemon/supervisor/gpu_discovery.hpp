@@ -1,6 +1,6 @@
 // GPU discovery without CUDA: what NVIDIA GPUs this machine has (UUID, PCI bus id, name, memory,
 // the CPUs local to each), found without creating a CUDA context and without linking any CUDA or
-// NVIDIA library (DESIGN.md, "Processes"). Two sources, in order:
+// NVIDIA library (docs/design/requirements.md, "Processes"). Two sources, in order:
 //   1. NVML, loaded at run time with dlopen("libnvidia-ml.so.1"). NVML talks to the kernel
 //      driver directly; it creates no CUDA context.
 //   2. The driver's files: /proc/driver/nvidia/gpus/<bus id>/information, then sysfs

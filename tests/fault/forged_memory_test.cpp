@@ -13,10 +13,10 @@
 //   - (second test case only) overwrites ring cells: random words, or a cell's value with its
 //     tag kept.
 //
-// What must hold (DESIGN.md, "Nothing a client writes into shared memory can crash the
-// supervisor or a worker"): no worker dies (same pids, no restarts), the daemon keeps serving,
-// every bystander job ends Done with the right output, and once the scribbler is gone the daemon
-// is back to its idle values.
+// What must hold (docs/design/requirements.md, "Nothing a client writes into shared memory can
+// crash the supervisor or a worker"): no worker dies (same pids, no restarts), the daemon keeps
+// serving, every bystander job ends Done with the right output, and once the scribbler is gone the
+// daemon is back to its idle values.
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

@@ -67,7 +67,7 @@ static_assert(JobRef{kMaxClients - 1, kMaxSlotsPerClient - 1, JobRef::kGeneratio
 
 // ---- Job slot state word -----------------------------------------------------------------------
 
-// States of a job slot (DESIGN.md "Job lifecycle").
+// States of a job slot (docs/design/requirements.md, "Jobs").
 enum class JobState : uint8_t {
   kFree = 0,       // owned by the client, not in use
   kClaimed = 1,    // the client is writing the descriptor
