@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Any, Callable, Deque, List, Optional, Tuple
 
 from . import _errors, _native
@@ -130,6 +131,6 @@ class Backlog:
                 if jobs:
                     _native.Job.wait_any(jobs[:64], _RETRY_NS, False)
                 else:
-                    threading.Event().wait(_RETRY_NS / 1e9)
+                    time.sleep(_RETRY_NS / 1e9)
             except _errors.Error:
-                threading.Event().wait(_RETRY_NS / 1e9)
+                time.sleep(_RETRY_NS / 1e9)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import pickle
-from concurrent.futures.process import _RemoteTraceback as _StdlibRemoteTraceback
 import time
+from concurrent.futures.process import _RemoteTraceback as _StdlibRemoteTraceback
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -36,12 +36,15 @@ def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[
                   pool: Optional[str], output_bytes: Optional[int], timeout: Optional[float],
                   expire_after: Optional[float], retryable: bool, time_limit: Optional[float],
                   try_only: bool, callable_job: bool, flags: int = 0,
-                  future: Optional[Future] = None, on_error: Any = None) -> Future:
+                  future: Optional[Future] = None, on_error: Any = None,
+                  origin: Optional[Tuple[Any, Optional[str]]] = None) -> Future:
     """Submits a Python op's job: the native codec lays ``args`` and ``kwargs`` out in one block
     of the segment (call_codec.hpp), with the room for the answer after them. ``callable_job``:
     gpuq.Executor's (its arrays copied, which the worker may change in place). ``future``: a
     future made before its job (an Executor's backlog), which gets it; ``on_error``: what
-    turns a failure into the exception to raise (default: the op's remote error)."""
+    turns a failure into the exception to raise (default: the op's remote error);
+    ``origin``: a callable job's ``(client, pool)``, where a spilled result's pieces are
+    fetched from (made once by its Executor, not per call)."""
     limit_ms = _args.time_limit_ms(time_limit)
     if output_bytes is None:
         output_bytes = _OUTPUT_SLACK + sum(
@@ -53,18 +56,8 @@ def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[
     conn = client._c()
     timeout_ns = -1 if timeout is None else _args.seconds_to_ns(timeout, "timeout")
     expire_ns = -1 if expire_after is None else _args.seconds_to_ns(expire_after, "expire_after")
-    submit = conn.native.submit_call
-    named = not callable_job
-    try:
-        job, out, kept = submit(op, pool or "", args, kwargs, output_bytes, flags, callable_job,
-                                named, expire_ns, retryable, limit_ms, timeout_ns, try_only, None)
-    except _errors.OutOfMemory:
-        # No room: make some (finished calls give their blocks back, or wait for pending ones),
-        # then lay the call out in the block made.
-        need = conn.native.call_block_bytes(args, kwargs, output_bytes, flags, callable_job)
-        block = _room.allocate(conn, need, timeout)
-        job, out, kept = submit(op, pool or "", args, kwargs, output_bytes, flags, callable_job,
-                                named, expire_ns, retryable, limit_ms, timeout_ns, try_only, block)
+    job, out, kept = _lay_out(conn, op, pool, args, kwargs, output_bytes, flags, callable_job,
+                              expire_ns, retryable, limit_ms, timeout_ns, try_only, timeout)
     # The future keeps the block (its header, copies and answer room: `out` owns it) and the
     # arrays passed in place until the job has ended, also when it is dropped before.
     keep = out if kept is None else (out, kept)
@@ -80,9 +73,28 @@ def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[
         if not f._attach(job, keep, convert, on_error, out):
             job.cancel_queued()  # it ended (cancelled) meanwhile: so does its job
     if callable_job:
-        f._origin = (client, pool)  # where a spilled result's pieces are fetched from
+        f._origin = origin if origin is not None else (client, pool)
     conn.holders.add(f)
     return f
+
+
+def _lay_out(conn: Any, op: str, pool: Optional[str], args: Tuple[Any, ...],
+             kwargs: Optional[Dict[str, Any]], output_bytes: int, flags: int, callable_job: bool,
+             expire_ns: int, retryable: bool, limit_ms: int, timeout_ns: int, try_only: bool,
+             timeout: Optional[float]) -> Tuple[Any, Any, Any]:
+    """The native submit of a Python call: (job, answer room, arrays passed in place)."""
+    submit = conn.native.submit_call
+    named = not callable_job
+    try:
+        return submit(op, pool or "", args, kwargs, output_bytes, flags, callable_job, named,
+                      expire_ns, retryable, limit_ms, timeout_ns, try_only, None)
+    except _errors.OutOfMemory:
+        # No room: make some (finished calls give their blocks back, or wait for pending ones),
+        # then lay the call out in the block made.
+        need = conn.native.call_block_bytes(args, kwargs, output_bytes, flags, callable_job)
+        block = _room.allocate(conn, need, timeout)
+        return submit(op, pool or "", args, kwargs, output_bytes, flags, callable_job, named,
+                      expire_ns, retryable, limit_ms, timeout_ns, try_only, block)
 
 
 def _fetch_next(fetch: _spill.Fetch, future: Future) -> None:
@@ -92,19 +104,9 @@ def _fetch_next(fetch: _spill.Fetch, future: Future) -> None:
     client, pool = future._origin
     offset, length, last = fetch.next_piece()
     conn = client._c()
-    args = (fetch.token, offset, length, last)
-    flags = _native.CALL_FLAG_FETCH_SPILLED
-    output_bytes = length + _OUTPUT_SLACK
-    try:
-        job, out, kept = conn.native.submit_call(_pyops.CALL_OP, pool or "", args, None,
-                                                 output_bytes, flags, True, False, -1, False,
-                                                 0, -1, False, None)
-    except _errors.OutOfMemory:
-        need = conn.native.call_block_bytes(args, None, output_bytes, flags, True)
-        block = _room.allocate(conn, need, None)
-        job, out, kept = conn.native.submit_call(_pyops.CALL_OP, pool or "", args, None,
-                                                 output_bytes, flags, True, False, -1, False,
-                                                 0, -1, False, block)
+    job, out, kept = _lay_out(conn, _pyops.CALL_OP, pool, (fetch.token, offset, length, last),
+                              None, length + _OUTPUT_SLACK, _native.CALL_FLAG_FETCH_SPILLED, True,
+                              -1, False, 0, -1, False, None)
     convert = functools.partial(_fetched_piece, fetch)
     if future._attach(job, out if kept is None else (out, kept), convert, _callable_error, out):
         conn.holders.add(future)

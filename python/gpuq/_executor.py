@@ -71,7 +71,9 @@ class Executor(concurrent.futures.Executor):
                  client: Any = None, max_pending: Optional[int] = None,
                  output_bytes: Optional[int] = None, time_limit: Optional[float] = None,
                  wait_at_exit: bool = True) -> None:
-        if max_workers is not None and (type(max_workers) is not int or max_workers <= 0):
+        if max_workers is not None and type(max_workers) is not int:
+            raise TypeError(f"max_workers must be an int or None, not {max_workers!r}")
+        if max_workers is not None and max_workers <= 0:
             raise ValueError("max_workers must be greater than 0")
         if max_tasks_per_child is not None:
             raise ValueError("max_tasks_per_child: gpuq's workers are the daemon's and outlive "
@@ -124,6 +126,9 @@ class Executor(concurrent.futures.Executor):
         self._broken: Optional[str] = None
         self._pickles = FunctionPickles(cloudpickle.dumps)
         self._backlog = Backlog(self._send, self._at_cap, self._in_flight)
+        # Made once, not per task: what each task's future keeps.
+        self._on_error = self._task_error
+        self._origin = (self._client, pool)
         _executors.add(self)
 
     @property
@@ -233,7 +238,8 @@ class Executor(concurrent.futures.Executor):
         call, kwargs, flags, output_bytes = task
         f = _calls.submit_python(self._client, _calls._pyops.CALL_OP, call, kwargs, self.pool,
                                  output_bytes, 0.0, None, False, self._time_limit, True, True,
-                                 flags, future=future, on_error=self._task_error)
+                                 flags, future=future, on_error=self._on_error,
+                                 origin=self._origin)
         with self._lock:
             # For shutdown(): the job (a small handle) and the future, weakly (a future holds
             # its result, and that its block of the segment). Ended jobs are let go now and

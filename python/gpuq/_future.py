@@ -458,6 +458,7 @@ class Future(concurrent.futures.Future):
         # be waited on by several threads at once; whichever sees its end first finishes the
         # future): the timeout holds, and a forked child waiting on its parent's job gets
         # ForkedClient rather than a watcher that is not there.
+        start = time.monotonic() if timeout else 0.0
         try:
             t = job.wait(-1 if timeout is None else max(0, int(timeout * 1e9)))
         except _errors.Error as e:
@@ -467,7 +468,8 @@ class Future(concurrent.futures.Future):
             return self._state != _PENDING
         self._finish(t, job)
         if self._state == _PENDING:  # it went on with a next job (Continue): wait for that
-            return self._wait(timeout)
+            return self._wait(timeout if not timeout else
+                              max(0.0, timeout - (time.monotonic() - start)))
         return True
 
     def _wait_queued(self, timeout: Optional[float]) -> bool:

@@ -95,6 +95,14 @@ def read_piece(token: str, offset: int, length: int, last: bool) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
+def discard(token: str) -> None:
+    """Deletes a spilled result nobody will fetch."""
+    try:
+        os.unlink(_path(token))
+    except FileNotFoundError:
+        pass
+
+
 def sweep(now: float = 0.0) -> int:
     """Deletes this user's spilled results older than STALE_S; how many."""
     gone = 0

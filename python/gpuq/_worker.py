@@ -69,10 +69,7 @@ class Runtime:
         self.configured: set = set()
         self.registered: Dict[int, int] = {}  # client -> base address page-locked
         self.functions: Dict[bytes, Any] = {}  # a callable's pickle -> the callable
-        # An Executor's context pickle -> [initializer, initargs, authkey, outcome, their
-        # pickle]; outcome None until the initializer has run here, then True or the exception
-        # it raised (or that unpickling it raised).
-        self.contexts: Dict[bytes, List[Any]] = {}
+        self.contexts: Dict[bytes, _ExecutorContext] = {}  # by the context's pickle
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -341,13 +338,13 @@ class Runtime:
             self.functions[key] = fn
         return fn
 
-    def _context(self, blob: memoryview) -> List[Any]:
-        """An Executor's context (gpuq._executor.Executor._context_pickle), unpickled once."""
+    def _context(self, blob: memoryview) -> "_ExecutorContext":
+        """An Executor's context (gpuq._executor.Executor._context), unpickled once."""
         key = bytes(blob)
         ctx = self.contexts.get(key)
         if ctx is None:
-            _, authkey, init = pickle.loads(key)
-            ctx = [None, (), _mp_process.AuthenticationString(authkey), None, init]
+            _, authkey, initializer = pickle.loads(key)
+            ctx = _ExecutorContext(_mp_process.AuthenticationString(authkey), initializer)
             if len(self.contexts) >= 1024:
                 self.contexts.clear()
             self.contexts[key] = ctx
@@ -369,24 +366,10 @@ class Runtime:
                 raise ValueError("a callable's job without its callable")
             first = 1
             if flags & _EXECUTOR_CONTEXT:
-                ctx = self._context(parts[1])
                 first = 2
-                # The caller's multiprocessing authkey while its task runs here (and after:
-                # the worker has no use of its own for it), so that the Manager proxies among
-                # its arguments connect, as in a child of the caller.
-                config = _mp_process.current_process()._config
-                if config.get("authkey") is not ctx[2]:
-                    config["authkey"] = ctx[2]
-                if ctx[3] is None:
-                    try:
-                        ctx[0], ctx[1] = pickle.loads(ctx[4])  # with the caller's authkey
-                        if ctx[0] is not None:
-                            ctx[0](*ctx[1])
-                        ctx[3] = True
-                    except BaseException as e:  # noqa: BLE001 - the executor is broken
-                        ctx[3] = e
-                if ctx[3] is not None and ctx[3] is not True:
-                    return self._failed("initializer", ctx[3], out, pickled=True,
+                failure = self._context(parts[1]).enter()
+                if failure is not None:
+                    return self._failed("initializer", failure, out, pickled=True,
                                         initializer=True)
             # After the authkey: joblib's batches hold proxies. Kept only when the client
             # sends the same pickle again; a joblib batch holds its data and is used once.
@@ -431,7 +414,7 @@ class Runtime:
         try:
             n = _pyops.write_answer(out, {"kind": "pickle", "spill": token, "sizes": sizes}, [])
         except ResultTooLarge:  # a room too small even for that (output_bytes=64)
-            _spill.read_piece(token, 0, 0, True)
+            _spill.discard(token)
             return None
         return (0, "", n, 0)
 
@@ -444,6 +427,37 @@ class Runtime:
             return (0, "", _pyops.write_answer(out, {"kind": "pickle"}, [piece]), 0)
         except BaseException as e:  # noqa: BLE001 - the fetch's failure, said to its caller
             return self._failed("fetching a spilled result", e, out, pickled=True)
+
+
+class _ExecutorContext:
+    """What an Executor's tasks take along (call_codec.hpp, kFlagExecutorContext): the caller's
+    multiprocessing authkey, and its initializer and arguments, pickled, run in this worker
+    before the executor's first task here."""
+
+    __slots__ = ("authkey", "initializer", "failure")
+
+    def __init__(self, authkey: Any, initializer: Optional[bytes]) -> None:
+        self.authkey = authkey
+        self.initializer = initializer  # its pickle until it has run, then None
+        self.failure: Optional[BaseException] = None  # what it (or its unpickling) raised
+
+    def enter(self) -> Optional[BaseException]:
+        """Before a task: the caller's authkey becomes this process's (for the task and after:
+        the worker has no use of its own for it), so that the Manager proxies among its
+        arguments connect as in a child of the caller; the initializer runs on the first
+        task. What the initializer raised, if it did: the executor is broken."""
+        config = _mp_process.current_process()._config
+        if config.get("authkey") is not self.authkey:
+            config["authkey"] = self.authkey
+        if self.initializer is not None:
+            blob, self.initializer = self.initializer, None
+            try:
+                fn, args = pickle.loads(blob)  # after the authkey: initargs may hold proxies
+                if fn is not None:
+                    fn(*args)
+            except BaseException as e:  # noqa: BLE001 - the executor is broken
+                self.failure = e
+        return self.failure
 
 
 def _fail(message: str) -> int:
