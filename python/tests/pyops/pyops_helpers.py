@@ -99,3 +99,12 @@ def tracked_live():
     import gc
     gc.collect()
     return Tracked.live
+
+
+def span(seconds):
+    """(start, end) on the machine's monotonic clock (CLOCK_MONOTONIC: the same in every
+    process) of a sleep of ``seconds``."""
+    import time
+    start = time.monotonic()
+    time.sleep(seconds)
+    return start, time.monotonic()
