@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Dict, List, Mapping, NoReturn, Optional
 
-__all__ = ["bin_dir", "executable", "find_binary", "daemon_environ", "gpuqd_main", "worker_main",
+__all__ = ["bin_dir", "executable", "find_binary", "find_gpuqd", "daemon_environ", "gpuqd_main", "worker_main",
            "gpuqctl_main", "gpu_probe_main"]
 
 
@@ -60,6 +60,20 @@ def find_binary(name: str) -> Optional[str]:
         if os.path.isfile(c) and os.access(c, os.X_OK) and _is_elf(c):
             return c
     return None
+
+
+def find_gpuqd(gpuqd: Optional[str] = None) -> str:
+    """The gpuqd binary: ``gpuqd``, else ``$GPUQ_GPUQD``, else this install's own
+    (``gpuq/bin/gpuqd``, in the wheel of scripts/build_wheel.sh: the daemon of the same build as
+    this client), else ``gpuqd`` on ``PATH``. FileNotFoundError says where it looked."""
+    path = gpuqd or os.environ.get("GPUQ_GPUQD") or find_binary("gpuqd")
+    if not path or not os.access(path, os.X_OK):
+        raise FileNotFoundError(
+            f"gpuqd not found (given {gpuqd!r}, $GPUQ_GPUQD={os.environ.get('GPUQ_GPUQD')!r}, "
+            f"none in {bin_dir()} (a client-only install) and none on PATH); install "
+            "the wheel of scripts/build_wheel.sh, or build it (cmake --build build --target "
+            "gpuqd gpuq-worker) and set GPUQ_GPUQD=build/daemon/gpuqd")
+    return path
 
 
 def daemon_environ(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:

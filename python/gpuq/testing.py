@@ -20,22 +20,9 @@ import time
 from typing import Any, Dict, Optional
 
 from . import _errors, _native, daemon
+from .daemon import find_gpuqd
 
 __all__ = ["Daemon", "find_gpuqd"]
-
-
-def find_gpuqd(gpuqd: Optional[str] = None) -> str:
-    """The gpuqd binary: ``gpuqd``, else ``$GPUQ_GPUQD``, else this install's own
-    (``gpuq/bin/gpuqd``, in the wheel of scripts/build_wheel.sh: the daemon of the same build as
-    this client), else ``gpuqd`` on ``PATH``."""
-    path = gpuqd or os.environ.get("GPUQ_GPUQD") or daemon.find_binary("gpuqd")
-    if not path or not os.access(path, os.X_OK):
-        raise FileNotFoundError(
-            f"gpuqd not found (given {gpuqd!r}, $GPUQ_GPUQD={os.environ.get('GPUQ_GPUQD')!r}, "
-            f"none in {daemon.bin_dir()} (a client-only install) and none on PATH); install "
-            "the wheel of scripts/build_wheel.sh, or build it (cmake --build build --target "
-            "gpuqd gpuq-worker) and set GPUQ_GPUQD=build/daemon/gpuqd")
-    return path
 
 
 class Daemon:

@@ -32,6 +32,7 @@
 
 #include "call_codec.hpp"
 #include "gpuq/client.hpp"
+#include "gpuq/common/runtime_dir.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -643,6 +644,9 @@ NB_MODULE(_native, m) {
       },
       "connection"_a, "n"_a, "Benchmark helper: n timed C++ no-op round trips.");
   m.def("default_runtime_dir", &gpuq::default_runtime_dir);
+  // Where a daemon started with `--runtime-dir explicit_dir` listens (the whole rule when it is
+  // empty): gpuq serve's (docs/service.md, "Finding the daemon").
+  m.def("daemon_runtime_dir", &gpuq::resolve_daemon_runtime_dir, "explicit_dir"_a = "");
   m.def("version", [] { return std::string(gpuq::version()); });
   m.def(
       "conv2d_shape",
