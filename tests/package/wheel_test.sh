@@ -7,7 +7,10 @@
 #      `gpuqctl stop`, after which gpuqd must exit 0;
 #   3. a Python pool with an `@gpuq.op` function, batched, through gpuq.testing.Daemon, which
 #      must find the wheel's gpuqd with no build tree and no GPUQ_GPUQD; the pool's interpreter
-#      is the default one ("python3" on gpuqd's PATH, which gpuq.daemon points at the venv).
+#      is the default one ("python3" on gpuqd's PATH, which gpuq.daemon points at the venv);
+#   4. the README's first path: `gpuq serve wheel_ops` in the module's folder, a client calling
+#      its op with gpuq.connect() and no setting, then Ctrl-C (SIGINT), after which the command
+#      must exit 0.
 # scripts/fresh.sh runs it in a clean Debian 12 root that has only python3 and python3-venv
 # (docs/testing.md); it runs as well on any machine, as any user.
 #
@@ -145,6 +148,30 @@ with gpuq.testing.Daemon(config) as d, gpuq.connect(d.runtime_dir) as client:
 print("ok")
 EOF
 "${venv}/bin/python" "${tmp}/pool_test.py" "${tmp}/ops"
+
+step "gpuq serve wheel_ops (the README's first path), a client, then Ctrl-C"
+(cd "${tmp}/ops" && exec "${venv}/bin/gpuq" serve wheel_ops --gpus none --workers 1) \
+  >"${tmp}/serve.out" 2>"${tmp}/gpuqd.log" &
+daemon_pid=$!
+"${venv}/bin/python" - <<'EOF'
+import numpy as np
+
+import gpuq
+
+with gpuq.connect(wait=60) as client:  # the daemon's default directory: no setting
+    y = client.call("scale", np.ones((2, 3), np.float32), factor=3.0, timeout=120)
+    np.testing.assert_array_equal(y, np.full((2, 3), 3.0, np.float32))
+print("gpuq serve answered scale")
+EOF
+for _ in $(seq 300); do grep -q "Ctrl-C drains" "${tmp}/serve.out" && break; sleep 0.1; done
+kill -INT "${daemon_pid}"
+rc=0
+wait "${daemon_pid}" || rc=$?
+daemon_pid=""
+cat "${tmp}/serve.out"
+((rc == 0)) || { echo "wheel_test: gpuq serve exited with status ${rc} after SIGINT" >&2; exit 1; }
+grep -q "ops: scale, where" "${tmp}/serve.out" ||
+  { echo "wheel_test: gpuq serve did not print its ops" >&2; exit 1; }
 
 echo
 echo "wheel_test: OK ($(basename "${wheel}"), $(stat -c %s "${wheel}") bytes, installed in ${install_s} s)"
