@@ -1,4 +1,5 @@
-"""An Executor's tasks that wait in the client: ``submit`` never blocks the caller's thread.
+"""Tasks that wait in the client for room in the daemon: an Executor's ``submit`` and a client's
+``asubmit_call`` / ``acall`` never block the caller's thread (nor an event loop).
 
 The daemon's queue is bounded (a pool's ring holds 10 x its workers, and each client gets a
 share of it), and an Executor may be given ``max_workers`` (at most that many of its tasks in
@@ -11,6 +12,11 @@ per backlog hands the tasks to the daemon as room appears, giving each future it
 Room appears when a job of this client ends (its share of the ring, its segment) or when other
 clients' jobs leave the ring; the feeder sleeps on the executor's own jobs (``Job.wait_any``)
 for at most a few milliseconds between tries.
+
+A client's async calls (``Client.asubmit_call``) use one Backlog per connection and pool (so a
+full pool never holds up calls to another), with ``late``: a call whose room-wait ``timeout``
+passes while it waits here fails with :class:`gpuq.Timeout`, and one whose ``expire_after``
+passes with :class:`gpuq.Expired`, without being sent.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any, Callable, Deque, List, Optional, Tuple
 from . import _errors, _native
 
 _RETRY_NS = 2_000_000  # the longest sleep between tries when nothing of ours ends
+_SWEEP_S = 0.005  # how often the tasks behind the first are checked against ``late``
 
 
 class Backlog:
@@ -30,13 +37,21 @@ class Backlog:
 
     ``send(future, task)`` hands one task to the daemon without waiting (it raises QueueFull
     or OutOfMemory when there is no room now); ``at_cap()`` says whether the executor has as
-    many tasks in the daemon as it may; ``in_flight()`` lists their jobs. Thread-safe."""
+    many tasks in the daemon as it may; ``in_flight()`` lists their jobs; ``late(task, now)``
+    (optional) is the exception of a task that must not wait any longer (its deadline passed,
+    ``now`` being ``time.monotonic()``), or None; ``name`` names the feeder thread.
+    Thread-safe."""
 
     def __init__(self, send: Callable[[Any, Any], None], at_cap: Callable[[], bool],
-                 in_flight: Callable[[], List[Any]]) -> None:
+                 in_flight: Callable[[], List[Any]],
+                 late: Optional[Callable[[Any, float], Optional[BaseException]]] = None,
+                 name: str = "gpuq-executor-feeder") -> None:
         self._send = send
+        self._name = name
         self._at_cap = at_cap
         self._in_flight = in_flight
+        self._late = late
+        self._swept = 0.0  # when the tasks were last checked against late()
         # Reentrant: a send may finish other futures (making room), whose done-callbacks may
         # submit again from this thread.
         self._lock = threading.RLock()
@@ -54,8 +69,7 @@ class Backlog:
         with self._lock:
             self._tasks.append((future, task))
             if self._feeder is None:
-                self._feeder = threading.Thread(target=self._feed, name="gpuq-executor-feeder",
-                                                daemon=True)
+                self._feeder = threading.Thread(target=self._feed, name=self._name, daemon=True)
                 self._feeder.start()
             self._more.notify()
 
@@ -91,6 +105,24 @@ class Backlog:
             while self._tasks:
                 self._idle.wait(0.1)
 
+    def _sweep_locked(self, failed: List[Tuple[Any, BaseException]]) -> None:
+        """Takes the tasks that may not wait any longer (late()) out, into ``failed``; at most
+        every _SWEEP_S, so a long backlog costs little."""
+        now = time.monotonic()
+        if now - self._swept < _SWEEP_S:
+            return
+        self._swept = now
+        assert self._late is not None
+        kept: Deque[Tuple[Any, Any]] = collections.deque()
+        for future, task in self._tasks:
+            e = self._late(task, now)
+            if e is None:
+                kept.append((future, task))
+            else:
+                failed.append((future, e))
+        if len(kept) != len(self._tasks):
+            self._tasks = kept
+
     def _feed(self) -> None:
         while True:
             failed: List[Tuple[Any, BaseException]] = []
@@ -117,6 +149,8 @@ class Backlog:
                     # Not kept by this frame: a caller that dropped its future frees it and
                     # its result (concurrent.futures' map relies on it).
                     future = task = None
+                if self._late is not None and self._tasks:
+                    self._sweep_locked(failed)
                 empty = not self._tasks
                 if empty:
                     self._idle.notify_all()

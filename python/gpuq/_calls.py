@@ -8,12 +8,14 @@ import concurrent.futures
 import functools
 import pickle
 import time
+import weakref
 from concurrent.futures.process import _RemoteTraceback as _StdlibRemoteTraceback
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import _args, _errors, _native, _pyops, _room, _spill
+from ._backlog import Backlog
 from ._future import Continue, Future, JobInfo
 
 _OUTPUT_SLACK = 64 << 10  # room for the answer's header and small results
@@ -46,13 +48,7 @@ def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[
     ``origin``: a callable job's ``(client, pool)``, where a spilled result's pieces are
     fetched from (made once by its Executor, not per call)."""
     limit_ms = _args.time_limit_ms(time_limit)
-    if output_bytes is None:
-        output_bytes = _OUTPUT_SLACK + sum(
-            a.nbytes for a in args if isinstance(a, np.ndarray)) + (sum(
-                a.nbytes for a in kwargs.values() if isinstance(a, np.ndarray)) if kwargs else 0)
-    elif type(output_bytes) is not int or output_bytes < 64:
-        raise _errors.InvalidArgument(f"output_bytes: must be an int of at least 64, not "
-                                      f"{output_bytes!r}")
+    output_bytes = _output_bytes(args, kwargs, output_bytes)
     conn = client._c()
     timeout_ns = -1 if timeout is None else _args.seconds_to_ns(timeout, "timeout")
     expire_ns = -1 if expire_after is None else _args.seconds_to_ns(expire_after, "expire_after")
@@ -75,6 +71,138 @@ def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[
     if callable_job:
         f._origin = origin if origin is not None else (client, pool)
     conn.holders.add(f)
+    return f
+
+
+def _output_bytes(args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]],
+                  output_bytes: Optional[int]) -> int:
+    """The answer's room: ``output_bytes`` checked, or by default the arguments' array bytes
+    plus 64 KiB."""
+    if output_bytes is None:
+        return _OUTPUT_SLACK + sum(
+            a.nbytes for a in args if isinstance(a, np.ndarray)) + (sum(
+                a.nbytes for a in kwargs.values() if isinstance(a, np.ndarray)) if kwargs else 0)
+    if type(output_bytes) is not int or output_bytes < 64:
+        raise _errors.InvalidArgument(f"output_bytes: must be an int of at least 64, not "
+                                      f"{output_bytes!r}")
+    return output_bytes
+
+
+# ---- calls that never wait in the caller's thread (Client.asubmit_call, acall) ------------------
+#
+# The caller's thread (an event loop's) only ever tries the submit, without waiting
+# (try_only, and no wait for room in the segment). When there is no room (the ring, this
+# client's share of it, its job slots or its segment are full) the call waits in a Backlog of
+# its connection and pool, in order, and that backlog's one feeder thread sends it when room
+# appears: it sleeps on this connection's pending jobs (the end of one wakes it at once) for at
+# most 2 ms between tries, since room also appears when a worker takes a queued job or another
+# client's job leaves the ring, which nothing here is woken by. One thread per waiting pool,
+# not one per waiting call; no polling while nothing waits. The future exists at once, with no
+# job (``Future._queue``); cancelling it while it waits takes the call out: nothing is sent.
+
+
+class Waiting:
+    """A call waiting in the client for room (asubmit_call): submit_python's arguments, and
+    when the call was made (its ``timeout`` and ``expire_after`` count from then)."""
+
+    __slots__ = ("op", "args", "kwargs", "output_bytes", "timeout", "expire_after", "retryable",
+                 "time_limit", "start")
+
+    def __init__(self, op: str, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]],
+                 output_bytes: Optional[int], timeout: Optional[float],
+                 expire_after: Optional[float], retryable: bool,
+                 time_limit: Optional[float], start: float) -> None:
+        self.op = op
+        self.args = args
+        self.kwargs = kwargs
+        self.output_bytes = output_bytes
+        self.timeout = timeout
+        self.expire_after = expire_after
+        self.retryable = retryable
+        self.time_limit = time_limit
+        self.start = start
+
+
+def _late(pool: str, w: Waiting, now: float) -> Optional[BaseException]:
+    """Why ``w`` may not wait any longer, or None."""
+    waited = now - w.start
+    if w.timeout is not None and waited >= w.timeout:
+        return _errors.Timeout(f"pool {pool!r} had no room for the call within {w.timeout:.3g} s "
+                               "(timeout); it was not sent")
+    if w.expire_after is not None and waited >= w.expire_after:
+        return _errors.Expired(f"{w.op}: expire_after ({w.expire_after} s) passed while the call "
+                               f"waited for room in pool {pool!r}; it was not sent")
+    return None
+
+
+def _in_flight(conn: Any) -> List[Any]:
+    """Jobs of this connection that may give room back when they end (at most 64: the
+    feeder's wait_any)."""
+    jobs: List[Any] = []
+    try:
+        for f in conn.holders:
+            job = f._job
+            if job is not None:
+                jobs.append(job)
+                if len(jobs) >= 64:
+                    break
+    except RuntimeError:  # the set changed meanwhile (another thread's submit): try later
+        pass
+    return jobs
+
+
+def _backlog(client: Any, conn: Any, pool: str) -> Backlog:
+    backlog = conn.backlogs.get(pool)
+    if backlog is not None:
+        return backlog
+    # Weakly: the connection holds the backlog, which must not keep the client alive.
+    client_ref = weakref.ref(client)
+
+    def send(future: Future, w: Waiting) -> None:
+        c = client_ref()
+        if c is None:
+            raise _errors.ClientClosed("the gpuq client of this call is gone")
+        now = time.monotonic()
+        error = _late(pool, w, now)
+        if error is not None:
+            raise error
+        expire = None if w.expire_after is None else max(1e-9, w.expire_after - (now - w.start))
+        submit_python(c, w.op, w.args, w.kwargs, pool, w.output_bytes, 0.0, expire, w.retryable,
+                      w.time_limit, True, False, future=future)
+
+    made = Backlog(send, lambda: False, lambda: _in_flight(conn),
+                   late=lambda w, now: _late(pool, w, now), name="gpuq-call-feeder")
+    return conn.backlogs.setdefault(pool, made)  # atomic: one backlog per pool, whoever wins
+
+
+def submit_nowait(client: Any, op: str, args: Tuple[Any, ...],
+                  kwargs: Optional[Dict[str, Any]], pool: str, output_bytes: Optional[int],
+                  timeout: Optional[float], expire_after: Optional[float], retryable: bool,
+                  time_limit: Optional[float]) -> Future:
+    """Client.asubmit_call: a named op's call that never waits in this thread (see above).
+    Arguments are checked here, so a malformed call raises from the call either way."""
+    start = time.monotonic()
+    if timeout is not None:
+        _args.seconds_to_ns(timeout, "timeout")
+    conn = client._c()
+    backlog = conn.backlogs.get(pool)
+    if backlog is None or not len(backlog):
+        # Nothing waits before it: try now. Only a lack of room sends it to the backlog.
+        try:
+            return submit_python(client, op, args, kwargs, pool, output_bytes, 0.0, expire_after,
+                                 retryable, time_limit, True, False)
+        except (_errors.QueueFull, _errors.OutOfMemory):
+            pass
+    else:
+        # Calls wait before it (in order): check what the submit would check, then join them.
+        _args.time_limit_ms(time_limit)
+        if expire_after is not None:
+            _args.seconds_to_ns(expire_after, "expire_after")
+        conn.native.call_block_bytes(args, kwargs, _output_bytes(args, kwargs, output_bytes), 0,
+                                     False)
+    f = Future(None, None, None, conn.watcher)
+    _backlog(client, conn, pool).add(f, Waiting(op, args, kwargs, output_bytes, timeout,
+                                                expire_after, retryable, time_limit, start))
     return f
 
 
@@ -202,5 +330,22 @@ def pool_for(client: Any, op: str, pool: Optional[str]) -> str:
         for p in python_pools(client, refresh=attempt):
             if op in p["ops"]:
                 return p["name"]
-    raise _errors.UnknownOp(f"no Python pool of this daemon has op {op!r} (a @gpuq.op function "
-                            "in one of its python.modules); gpuqctl status lists each pool's ops")
+    raise no_pool(op)
+
+
+def cached_pool(client: Any, op: str) -> Tuple[Optional[str], bool]:
+    """(the first Python pool that has ``op`` in the cache of python_pools, or None; whether
+    that cache is fresh), without asking the daemon."""
+    cached = getattr(client, "_py_pools", None)
+    if cached is None:
+        return None, False
+    fresh = time.monotonic() - cached[0] < 5.0
+    for p in cached[1]:
+        if op in p["ops"]:
+            return p["name"], fresh
+    return None, fresh
+
+
+def no_pool(op: str) -> BaseException:
+    return _errors.UnknownOp(f"no Python pool of this daemon has op {op!r} (a @gpuq.op function "
+                             "in one of its python.modules); gpuqctl status lists each pool's ops")

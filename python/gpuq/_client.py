@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -55,7 +56,8 @@ def _shape_tuple(shape: Shape) -> Tuple[int, ...]:
 class _Connection:
     """One native connection and what belongs to it (this process's only)."""
 
-    __slots__ = ("native", "base", "end", "watcher", "pools", "holders", "__weakref__")
+    __slots__ = ("native", "base", "end", "watcher", "pools", "holders", "backlogs",
+                 "__weakref__")
 
     def __init__(self, native: Any) -> None:
         self.native = native
@@ -66,6 +68,9 @@ class _Connection:
         # The pending futures of Python calls, each holding a block of the segment until it
         # is read (_room: a submit that finds no room settles the finished ones).
         self.holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        # Per pool, the calls of asubmit_call waiting for room (gpuq._calls, "calls that never
+        # wait in the caller's thread").
+        self.backlogs: Dict[str, Any] = {}
 
 
 class Client:
@@ -435,6 +440,89 @@ class Client:
         deadline = time.monotonic() + _seconds_to_ns(timeout, "timeout") / 1e9
         f = self.submit_call(op, *args, timeout=timeout, **kwargs)
         return f.result(max(0.0, deadline - time.monotonic()))
+
+    # ---- Python ops from an event loop: never blocking ----------------------------------------
+
+    def asubmit_call(self, op: str, *args: Any, pool: Optional[str] = None,
+                     output_bytes: Optional[int] = None, timeout: Optional[float] = None,
+                     expire_after: Optional[float] = None, retryable: bool = False,
+                     time_limit: Optional[float] = None,
+                     params: Optional[Dict[str, Any]] = None, **kwargs: Any) -> Future:
+        """:meth:`submit_call` that never waits for room in the caller's thread: it returns at
+        once, and the :class:`gpuq.Future` (awaitable) is submitted when there is room. For
+        event loops (asyncio, uvicorn, FastAPI), where a submit that waits for room stops every
+        other request of the loop; :meth:`acall` awaits it.
+
+        The same arguments as :meth:`submit_call`. When the pool's ring (or this client's share
+        of it, its job slots, or its segment) is full, the call waits in this client, in order
+        with the others for that pool, and one thread per waiting pool sends them as room
+        appears (woken by this client's jobs ending, else trying every 2 ms). ``timeout``:
+        seconds the call may wait for room; past it the future fails with
+        :class:`gpuq.Timeout` and nothing was sent. ``expire_after`` counts from this call,
+        waiting included (:class:`gpuq.Expired` if it passes before the call is sent).
+        Cancelling the future (``cancel()``, or cancelling the task that awaits it) while the
+        call waits takes it out: nothing is sent. The arguments are read when the call is sent:
+        do not change them until the future has started (awaiting it is enough).
+
+        Malformed arguments, an unknown op or pool, a pool that is down and a daemon that
+        drains raise from this call, as from :meth:`submit_call`. Without ``pool``, the pool is
+        found from the daemon's status as for :meth:`submit_call` (a socket round trip every
+        5 s); :meth:`acall` does that off the event loop."""
+        if params:
+            clash = set(params) & set(kwargs)
+            if clash:
+                raise _errors.InvalidArgument(f"keyword {sorted(clash)[0]!r} given in params and "
+                                              "as a keyword")
+            kwargs = dict(kwargs, **params)
+        return _calls.submit_nowait(self, op, args, kwargs, _calls.pool_for(self, op, pool),
+                                    output_bytes, timeout, expire_after, bool(retryable),
+                                    time_limit)
+
+    async def acall(self, op: str, *args: Any, timeout: Optional[float] = None,
+                    **kwargs: Any) -> Any:
+        """``await client.acall(op, *args, **kwargs)``: :meth:`call` for coroutines. Nothing
+        it does blocks the event loop: the call is submitted with :meth:`asubmit_call` (it
+        waits for room in this client, not in the loop), its end comes through the client's
+        watcher thread, and what needs a socket round trip (connecting after a fork, finding
+        the op's pool in the daemon's status every 5 s) runs in the loop's default executor.
+
+        The keyword arguments are :meth:`submit_call`'s. ``timeout``: seconds for the whole
+        call, as for :meth:`call`. Past it the call raises :class:`gpuq.Timeout` if it was
+        still waiting for room (it was never sent), else ``asyncio.TimeoutError`` (a
+        ``TimeoutError`` since Python 3.11) and the job is stopped (:meth:`Future.stop`), as
+        when the awaiting task is cancelled: in asyncio nobody is left to read its result.
+        For a web request, give ``expire_after`` too, so that a job still queued when its
+        request has given up never runs."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        if self._conn is None or self._generation != _fork_generation:
+            await loop.run_in_executor(None, self._c)  # connecting: a socket round trip
+        pool = kwargs.pop("pool", None)
+        if pool is None:
+            pool, fresh = _calls.cached_pool(self, op)
+            if pool is None or (not fresh and not self._refreshing_pools):
+                self._refreshing_pools = True  # one refresh at a time; others use the cache
+                try:
+                    await loop.run_in_executor(None, _calls.python_pools, self, True)
+                finally:
+                    self._refreshing_pools = False
+                pool, _ = _calls.cached_pool(self, op)
+                if pool is None:
+                    raise _calls.no_pool(op)
+        if timeout is None:
+            return await self.asubmit_call(op, *args, pool=pool, **kwargs)
+        _seconds_to_ns(timeout, "timeout")
+        left = max(0.0, timeout - (loop.time() - start))
+        f = self.asubmit_call(op, *args, pool=pool, timeout=left, **kwargs)
+        try:
+            return await asyncio.wait_for(f, left)
+        except asyncio.TimeoutError:
+            if f.cancelled() and f.info is None:  # taken out of the backlog: never sent
+                raise _errors.Timeout(f"pool {pool!r} had no room for the call within {timeout} "
+                                      "s (timeout); it was not sent") from None
+            raise
+
+    _refreshing_pools = False
 
     # ---- tensor ops ----------------------------------------------------------------------------
 
