@@ -323,16 +323,23 @@ def _result_arrays(result: Any) -> Tuple[str, List[np.ndarray], Any]:
     if isinstance(result, (str, dict)):
         return "json", [], _json_value(result, "the op's result")
     raise TypeError(f"the op returned {type(result).__name__}; return a numpy array (or a "
-                    "torch/CuPy/JAX array), a tuple of them, a scalar, a str or dict, or None")
+                    "torch/CuPy/JAX/TensorFlow array), a tuple of them, a scalar, a str or "
+                    "dict, or None")
 
 
 def _to_numpy(x: Any) -> Optional[np.ndarray]:
+    """A framework's array in host memory as numpy, told by its class's module (so no
+    framework is imported here); None for anything else."""
     mod = type(x).__module__.split(".")[0]
     if mod == "torch":
         return x.detach().cpu().numpy()
     if mod == "cupy":
         return x.get()
     if mod in ("jax", "jaxlib"):
+        return np.asarray(x)
+    if mod == "tensorflow" and hasattr(x, "numpy"):  # an EagerTensor, a tf.Variable's value
+        return np.asarray(x.numpy())
+    if mod == "keras" and hasattr(x, "__array__"):  # a Keras 3 Variable (model.weights)
         return np.asarray(x)
     return None
 

@@ -6,7 +6,8 @@ checks that their ops are the ones gpuqd numbered when it started, and runs gpuq
 runtime (the C++ job loop of every worker, in gpuq._native) with :class:`Runtime` for the Python
 ops. On a GPU pool it sees its one GPU (``CUDA_VISIBLE_DEVICES``), makes a stream current in the
 frameworks it finds loaded (torch, CuPy), applies the pool's ``memory_limit`` to their
-allocators and page-locks the clients' segments.
+allocators (TensorFlow's too: memory growth and a logical device of that size) and page-locks
+the clients' segments.
 
 ``--list-ops``: imports the modules and prints their ops as JSON (gpuqd runs this once per
 pool at start, with the GPU hidden).
@@ -14,6 +15,7 @@ pool at start, with the GPU hidden).
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import importlib
 import json
@@ -57,6 +59,81 @@ def _frameworks() -> Tuple[Any, Any]:
     return sys.modules.get("torch"), sys.modules.get("cupy")
 
 
+_FRAMEWORKS = ("torch", "cupy", "tensorflow")  # what _configure_frameworks sets up
+
+
+def _log(message: str) -> None:
+    """A line in gpuqd's log (a worker's stderr goes there)."""
+    print(f"gpuq python worker: {message}", file=sys.stderr, flush=True)
+
+
+def _nvml_total_memory() -> Tuple[Optional[int], str]:
+    """(the total memory of this worker's GPU in bytes, or None and why), from NVML through
+    ctypes when libnvidia-ml is there: the GPU named by ``CUDA_VISIBLE_DEVICES`` (gpuqd sets
+    its UUID, or its index in PCI bus order, which is NVML's). No CUDA context is made."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if not visible or visible == "-1":
+        return None, "CUDA_VISIBLE_DEVICES names no GPU"
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as e:
+        return None, f"no NVML ({e})"
+
+    class Memory(ctypes.Structure):  # nvmlMemory_t
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                    ("used", ctypes.c_ulonglong)]
+
+    try:
+        rc = nvml.nvmlInit_v2()
+        if rc != 0:
+            return None, f"nvmlInit_v2 failed ({rc})"
+        try:
+            handle = ctypes.c_void_p()
+            if visible.isdigit():
+                rc = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(visible)),
+                                                         ctypes.byref(handle))
+            else:
+                rc = nvml.nvmlDeviceGetHandleByUUID(visible.encode(), ctypes.byref(handle))
+            if rc != 0:
+                return None, f"NVML does not know GPU {visible} ({rc})"
+            mem = Memory()
+            rc = nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem))
+            if rc != 0:
+                return None, f"nvmlDeviceGetMemoryInfo failed ({rc})"
+            return int(mem.total), ""
+        finally:
+            nvml.nvmlShutdown()
+    except AttributeError as e:  # an NVML without one of these functions
+        return None, f"NVML lacks {e}"
+
+
+# The frameworks' out-of-memory exceptions, as (module, attribute) looked up in sys.modules: a
+# framework that is not loaded raised none of them, and is never imported here to find out.
+_OOM_CLASSES = (
+    ("torch", "OutOfMemoryError"),  # newer torch; torch.cuda.OutOfMemoryError names it too
+    ("torch.cuda", "OutOfMemoryError"),
+    ("cupy.cuda.memory", "OutOfMemoryError"),
+    # tf.errors.ResourceExhaustedError: the class tf.errors names, in the module that defines it
+    ("tensorflow.python.framework.errors_impl", "ResourceExhaustedError"),
+)
+# What torch before 1.13 (and code that wraps its message) raised: a plain RuntimeError.
+_OOM_MESSAGE = "CUDA out of memory"
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether an op's exception says that memory ran out: a ``MemoryError`` (numpy's
+    allocation failures are one), torch's ``OutOfMemoryError`` or a ``RuntimeError`` whose
+    message starts "CUDA out of memory", CuPy's ``cupy.cuda.memory.OutOfMemoryError``,
+    TensorFlow's ``tf.errors.ResourceExhaustedError``. Such a job ends ``OutOfMemory``."""
+    if isinstance(e, MemoryError):
+        return True
+    for module, attr in _OOM_CLASSES:
+        cls = getattr(sys.modules.get(module), attr, None)
+        if isinstance(cls, type) and isinstance(e, cls):
+            return True
+    return isinstance(e, RuntimeError) and str(e).startswith(_OOM_MESSAGE)
+
+
 class Runtime:
     """What the C++ worker loop calls (python/src/worker.cpp: PythonBackend)."""
 
@@ -96,6 +173,7 @@ class Runtime:
     def _configure_frameworks(self) -> None:
         ctx = _pyops._context
         torch, cupy = _frameworks()
+        tf = sys.modules.get("tensorflow")
         limit_bytes, fraction = self.memory_limit
         if torch is not None and "torch" not in self.configured:
             self.configured.add("torch")
@@ -123,6 +201,63 @@ class Runtime:
                 pool.set_limit(size=limit_bytes)
             else:
                 pool.set_limit(fraction=fraction)
+        if tf is not None and "tensorflow" not in self.configured:
+            self.configured.add("tensorflow")
+            self._configure_tensorflow(tf)
+
+    def _device_total_memory(self) -> Tuple[Optional[int], str]:
+        """The worker's GPU's memory in bytes, from a framework that has its CUDA context
+        already (torch, CuPy), else from NVML; (None, why) when none can tell."""
+        torch, cupy = _frameworks()
+        if "torch" in self.configured and torch is not None:
+            return int(torch.cuda.get_device_properties(0).total_memory), ""
+        if "cupy" in self.configured and cupy is not None:
+            return int(cupy.cuda.Device(0).mem_info[1]), ""
+        return _nvml_total_memory()
+
+    def _configure_tensorflow(self, tf: Any) -> None:
+        """TensorFlow's budget on a GPU pool: memory growth (it takes device memory as it needs
+        it, not all of it at start) and one logical GPU of the pool's ``memory_limit`` in MiB.
+        TensorFlow accepts both only before it has initialised its GPUs, so this runs right
+        after the pool's modules are imported, before ``on_start``."""
+        try:
+            gpus = tf.config.list_physical_devices("GPU")
+        except Exception as e:  # noqa: BLE001 - a broken install: said, not fatal
+            _log(f"tensorflow: cannot list its GPUs ({type(e).__name__}: {e}); not configured")
+            return
+        if not gpus:
+            _log("tensorflow sees no GPU (a CPU-only build such as tensorflow-cpu, or one "
+                 "built without this CUDA): its ops run on the CPU, with no memory budget")
+            return
+        gpu = gpus[0]  # the worker sees its one GPU
+        limit_bytes, fraction = self.memory_limit
+        total, why = self._device_total_memory()
+        if limit_bytes:  # capped at the device's memory, as for torch
+            limit_mib = (min(limit_bytes, total) if total else limit_bytes) >> 20
+        else:
+            limit_mib = int(total * fraction) >> 20 if total and fraction > 0 else 0
+        try:
+            if tf.config.get_logical_device_configuration(gpu):
+                _log("tensorflow: the pool's module gave its GPU logical devices itself; "
+                     "left as they are (no memory_limit from the pool)")
+                return
+            # Growth first: TensorFlow refuses to change it once the device has a logical
+            # configuration.
+            tf.config.experimental.set_memory_growth(gpu, True)
+            if limit_mib:
+                tf.config.set_logical_device_configuration(
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)])
+        except (RuntimeError, ValueError) as e:
+            # "Physical devices cannot be modified after being initialized"
+            _log(f"tensorflow had initialised its GPU before the worker could configure it "
+                 f"({e}): no memory growth and no memory_limit for it; import tensorflow at "
+                 "the top of the pool's module and use it only in on_start or in ops")
+            return
+        if limit_mib:
+            _log(f"tensorflow: memory growth on, one logical GPU of {limit_mib} MiB")
+        else:
+            _log(f"tensorflow: memory growth on, but no memory_limit: the GPU's total memory "
+                 f"is unknown ({why}), so the pool's fraction {fraction} cannot be made MiB")
 
     def describe(self) -> str:
         torch, cupy = _frameworks()
@@ -133,6 +268,9 @@ class Runtime:
             d["torch"] = torch.__version__
         if cupy is not None:
             d["cupy"] = cupy.__version__
+        tf = sys.modules.get("tensorflow")
+        if tf is not None:
+            d["tensorflow"] = getattr(tf, "__version__", "?")
         return json.dumps(d)
 
     # -- clients' segments: page-locked on a GPU pool -------------------------------------------
@@ -166,7 +304,7 @@ class Runtime:
     def run(self, name: str, inp: memoryview, out: memoryview, h: int,
             n: int) -> Tuple[int, str, int, int]:
         """One job: its call header at [h, h + n) of ``inp`` (-1: the job has no py.h/py.n)."""
-        if self.gpu and len(self.configured) < 2:
+        if self.gpu and len(self.configured) < len(_FRAMEWORKS):
             self._configure_frameworks()  # one the job's code has imported since
         if name == CALL_OP:
             return self._run_callable(inp, out, h, n)
@@ -206,7 +344,7 @@ class Runtime:
         """Jobs of a batched op the worker gathered (docs/python.md, "Dynamic batching"): each
         set of jobs whose arguments agree in one call, at most max_batch_size rows, with their
         arrays concatenated along axis 0. (each job's outcome, the rows of each call)."""
-        if self.gpu and len(self.configured) < 2:
+        if self.gpu and len(self.configured) < len(_FRAMEWORKS):
             self._configure_frameworks()
         entry = self.ops.get(name)
         if entry is None:
@@ -294,7 +432,17 @@ class Runtime:
         # From the op's own frame on: the worker's frames that called it are noise.
         where = e.__traceback__.tb_next if e.__traceback__ is not None else None
         tb = "".join(traceback.format_exception(type(e), e, where or e.__traceback__))
-        msg = f"{name}: {kind}: {e}"
+        oom = out_of_memory(e)
+        if oom:
+            # The job's message holds under 160 bytes: the framework's own words first, after
+            # the class's name alone (remote_type has its module) and without TensorFlow's
+            # "{{function_node ...}} " prefix. The record keeps the whole message.
+            text = str(e)
+            if text.startswith("{{") and "}} " in text:
+                text = text[text.index("}} ") + 3:]
+            msg = f"{name}: {type(e).__qualname__}: {text}"
+        else:
+            msg = f"{name}: {kind}: {e}"
         extra: Dict[str, Any] = {"initializer": True} if initializer else {}
         n = 0
         if pickled:
@@ -308,9 +456,9 @@ class Runtime:
                 n = 0
         if n == 0:
             n = _pyops.write_error(out, kind, str(e), tb, **extra)
-        if len(msg) > 150:
+        if len(msg) > 150:  # the job's message (a slot holds 159 bytes); the record has it all
             msg = msg[:147] + "..."
-        return (_errors.OpFailed.code, msg, n, 0)
+        return (_errors.OutOfMemory.code if oom else _errors.OpFailed.code, msg, n, 0)
 
     def _check_device(self, e: BaseException) -> None:
         """After a failure on a GPU pool: whether the CUDA context still works (a sticky error

@@ -71,7 +71,8 @@ def test_device_stream_and_pinned_segment(gc):
 
 def test_memory_budget(gc):
     assert gc.call("gpu_alloc", BUDGET // 4, pool="pygpu") == BUDGET // 4
-    with pytest.raises(gpuq.OpFailed, match="OutOfMemory"):
+    with pytest.raises(gpuq.OutOfMemory, match="^gpu_alloc: OutOfMemoryError: CUDA out of "
+                                               "memory"):
         gc.call("gpu_alloc", 2 * BUDGET, pool="pygpu")
     assert gc.call("gpu_alloc", BUDGET // 4, pool="pygpu") == BUDGET // 4  # serves on
 

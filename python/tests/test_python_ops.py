@@ -179,6 +179,35 @@ def test_exception_carries_type_message_and_traceback(pc):
     assert pc.call("double", np.ones(2)).tolist() == [2.0, 2.0]  # the worker serves on
 
 
+def test_memory_error_is_out_of_memory(pc):
+    # docs/python.md, "Errors": an op's MemoryError ends its job OutOfMemory, not OpFailed.
+    with pytest.raises(gpuq.OutOfMemory) as e:
+        pc.call("oom", msg="cannot hold 64 GiB of scores")
+    err = e.value
+    assert isinstance(err, MemoryError) and err.code == gpuq.OutOfMemory.code
+    assert str(err) == "oom: MemoryError: cannot hold 64 GiB of scores"
+    assert err.remote_type == "MemoryError" and "raise MemoryError(msg)" in err.remote_traceback
+    # A real allocation failure: numpy's own MemoryError subclass, with numpy's message.
+    f = pc.submit_call("alloc", 1 << 62)
+    with pytest.raises(gpuq.OutOfMemory, match=r"^alloc: _ArrayMemoryError: Unable to "
+                                               r"allocate 4\.00 EiB") as e:
+        f.result()
+    assert e.value.remote_type.endswith("._exceptions._ArrayMemoryError")  # numpy's
+    assert f.info.code == gpuq.OutOfMemory.code and f.info.status == "failed"
+    assert pc.call("double", np.ones(2)).tolist() == [2.0, 2.0]  # the worker serves on
+
+
+def test_a_callables_memory_error_is_out_of_memory(pc):
+    with gpuq.Executor(client=pc) as ex:
+        f = ex.submit(np.empty, 1 << 62, np.uint8)
+        with pytest.raises(MemoryError, match="Unable to allocate 4.00 EiB") as e:
+            f.result()
+        # The exception itself, as ProcessPoolExecutor re-raises it; the job's code says
+        # OutOfMemory (a gpuq.OutOfMemory is raised instead where it does not unpickle).
+        assert type(e.value).__module__.startswith("numpy")
+        assert f.info.code == gpuq.OutOfMemory.code
+
+
 def test_cancel_reaches_the_op(pc):
     f = pc.submit_call("spin")
     time.sleep(0.3)

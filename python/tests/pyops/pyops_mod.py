@@ -87,3 +87,14 @@ def whoami():
     return {"pid": os.getpid(), "pool": c.pool_id, "worker": c.worker_id,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "env": os.environ.get("GPUQ_TEST_ENV"), "started": len(_started)}
+
+
+@gpuq.op("oom")
+def oom(msg="out of memory"):
+    raise MemoryError(msg)
+
+
+@gpuq.op("alloc")
+def alloc(nbytes):
+    """A numpy allocation of nbytes (past what the machine can give: numpy's MemoryError)."""
+    return int(np.empty(int(nbytes), np.uint8).nbytes)
