@@ -73,6 +73,14 @@ Result<TestHooks> read_test_hooks() {
       list.remove_prefix(comma + 1);
     }
   }
+  if (const char* v = std::getenv("GPUQ_TEST_GPU_WORKER"); v != nullptr) {
+    if (std::string_view(v) != "real") {
+      return bad_variable("GPUQ_TEST_GPU_WORKER", v,
+                          "must be 'real' (gpu pools on fake GPUs run the program they would "
+                          "run without hooks), or unset");
+    }
+    h.real_gpu_worker = true;
+  }
   return h;
 }
 

@@ -12,6 +12,11 @@
 //   GPUQ_TEST_WORKER_FAIL=ID[,ID...]    gpuq-worker: the workers with these ids exit with
 //                                       status 3 before reporting ready (a worker that cannot
 //                                       start; after max_start_failures it is marked failed)
+//   GPUQ_TEST_GPU_WORKER=real           gpuqd: gpu pools on fake GPUs (GPUQ_TEST_GPU_ROOT,
+//                                       GPUQ_TEST_NVML_LIBRARY) run the program they would run
+//                                       without hooks (gpuq-gpu-worker, which must be installed;
+//                                       a Python pool's interpreter with --gpu) instead of the
+//                                       CPU backend (worker_program.hpp)
 #pragma once
 
 #include <cstdint>
@@ -26,6 +31,7 @@ struct TestHooks {
   uint32_t stall_ms = 2000;
   uint32_t worker_start_delay_ms = 0;
   std::vector<uint32_t> failing_workers;
+  bool real_gpu_worker = false;  // GPUQ_TEST_GPU_WORKER=real
 };
 
 // Reads the hooks from the environment. Errors: InvalidArgument naming the variable and its

@@ -18,6 +18,7 @@
 #include "service_notifier.hpp"
 #include "supervisor.hpp"
 #include "test_hooks.hpp"
+#include "worker_program.hpp"
 
 // Where gpuq-worker is installed, relative to gpuqd's directory (daemon/CMakeLists.txt derives
 // it from CMAKE_INSTALL_BINDIR and CMAKE_INSTALL_LIBEXECDIR).
@@ -68,6 +69,19 @@ std::string find_worker(const std::string& name) {
   return {};
 }
 
+// gpuq-worker and gpuq-gpu-worker as find_worker finds them, and where it looked.
+gpuq::daemon::WorkerExecutables worker_executables() {
+  gpuq::daemon::WorkerExecutables found;
+  found.worker = find_worker("gpuq-worker");
+  found.gpu_worker = find_worker("gpuq-gpu-worker");  // none in a build without CUDA
+  std::string dir = self_executable();
+  if (!dir.empty()) {
+    dir = dir.substr(0, dir.rfind('/'));
+    found.searched = "next to gpuqd in " + dir + " and in " + dir + "/" GPUQ_WORKER_RELATIVE_DIR;
+  }
+  return found;
+}
+
 // --check-config: the effective pools. A gpu pool's GPUs are looked for as the daemon would
 // (test hooks included), so that the output says whether the pool would be available.
 // " and 1 spare" (nothing without spares), for --check-config.
@@ -82,12 +96,14 @@ int check_config(const gpuq::daemon::Config& config) {
       std::any_of(config.pools.begin(), config.pools.end(),
                   [](const PoolConfig& p) { return p.kind == gpuq::PoolKind::kGpu; });
   gpuq::daemon::GpuDiscovery found;
-  bool fake_gpus = false;
+  const gpuq::daemon::WorkerExecutables executables = worker_executables();
+  bool cpu_backend = false;  // as the supervisor: fake GPUs run the CPU backend (worker_program)
   if (want_gpus) {
     auto hooks = gpuq::daemon::read_test_hooks();
+    const gpuq::daemon::TestHooks h = hooks ? *hooks : gpuq::daemon::TestHooks{};
     const gpuq::daemon::GpuDiscoveryOptions how =
-        gpuq::daemon::gpu_discovery_options_from_environment(hooks && hooks->enabled);
-    fake_gpus = how.fake();  // as the supervisor: fake GPUs run gpuq-worker
+        gpuq::daemon::gpu_discovery_options_from_environment(h.enabled);
+    cpu_backend = gpuq::daemon::gpu_pools_on_cpu_backend(how, h);
     found = gpuq::daemon::discover_gpus_isolated(how, 30'000);
     if (found.gpus.empty()) std::printf("GPUs: none (%s)\n", found.problem.c_str());
     for (const auto& g : found.gpus) {
@@ -119,10 +135,8 @@ int check_config(const gpuq::daemon::Config& config) {
     std::printf("pool %s: gpu, gpus %s, %u workers per GPU, memory_limit %s, fallback %s: ",
                 p.name.c_str(), gpus.c_str(), p.workers_per_gpu, limit, fallback.c_str());
     auto chosen = gpuq::daemon::select_gpus(p, found);
-    if (chosen && !fake_gpus && find_worker("gpuq-gpu-worker").empty()) {
-      chosen = gpuq::Error(gpuq::ErrorCode::kNoDevice,
-                           "this gpuq was built without CUDA (no gpuq-gpu-worker)");
-    }
+    const auto program = gpuq::daemon::worker_program(p, executables, cpu_backend);
+    if (chosen && !program) chosen = program.error();
     if (chosen) {
       PoolConfig sized = p;
       sized.workers = static_cast<uint32_t>(chosen->size()) * p.workers_per_gpu;
@@ -135,7 +149,7 @@ int check_config(const gpuq::daemon::Config& config) {
   }
   // Plug-in ops, learnt as the daemon would (a child lists them; this process never loads one).
   for (const std::string& path : config.plugins) {
-    auto ops = gpuq::daemon::list_plugin_ops_isolated(find_worker("gpuq-worker"), path, 30'000);
+    auto ops = gpuq::daemon::list_plugin_ops_isolated(executables.worker, path, 30'000);
     if (ops) {
       for (const auto& op : *ops) {
         std::printf("plug-in %s: op %s (%s%s%s)\n", path.c_str(), op.name.c_str(),
@@ -205,17 +219,16 @@ int main(int argc, char** argv) {
   }
   gpuq::log_init("gpuqd", config->log_level);
   std::shared_ptr<gpuq::daemon::ServiceNotifier> notifier = gpuq::daemon::make_systemd_notifier();
-  std::string worker = find_worker("gpuq-worker");
-  if (worker.empty()) {
+  gpuq::daemon::WorkerExecutables executables = worker_executables();
+  if (executables.worker.empty()) {
     // Its workers will fail to start, with the reason in the log and the status.
     GPUQ_LOG_ERROR("cannot find gpuq-worker next to gpuqd or in %s", GPUQ_WORKER_RELATIVE_DIR);
-    worker = "gpuq-worker";
+    executables.worker = "gpuq-worker";
   }
   gpuq::daemon::SupervisorOptions options;
   options.config = std::move(*config);
   options.runtime_dir = gpuq::resolve_daemon_runtime_dir(runtime_dir);
-  options.worker_path = std::move(worker);
-  options.gpu_worker_path = find_worker("gpuq-gpu-worker");  // none in a build without CUDA
+  options.executables = std::move(executables);
   options.notifier = notifier;
   // Through /proc, so that the GPU sampler runs this very binary even once a package upgrade
   // has replaced (or removed) the file it was started from.

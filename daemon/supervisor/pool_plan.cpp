@@ -174,24 +174,26 @@ void learn_python_ops(Config& c, PoolPlan& plan) {
   }
 }
 
-Result<PoolPlan> plan_pools(Config& c, const std::string& gpu_worker_path, bool test_hooks) {
+Result<PoolPlan> plan_pools(Config& c, const WorkerExecutables& found, const TestHooks& hooks) {
   PoolPlan plan;
   plan.pools.assign(c.pools.size(), PoolState{});
   const bool want_gpus = std::any_of(c.pools.begin(), c.pools.end(),
                                      [](const PoolConfig& p) { return p.kind == PoolKind::kGpu; });
+  bool cpu_backend = false;  // gpu pools on fake GPUs run the CPU backend (worker_program.hpp)
   if (want_gpus) {
-    const GpuDiscoveryOptions how = gpu_discovery_options_from_environment(test_hooks);
+    const GpuDiscoveryOptions how = gpu_discovery_options_from_environment(hooks.enabled);
     plan.nvml_library = how.nvml_library;
+    cpu_backend = gpu_pools_on_cpu_backend(how, hooks);
+    const char* runs = cpu_backend ? "gpu pools run gpuq-worker"
+                                   : "gpu pools run their own programs (GPUQ_TEST_GPU_WORKER=real)";
     if (how.root != "/") {
       GPUQ_LOG_WARN(
-          "test hooks: GPUQ_TEST_GPU_ROOT: GPUs are read from %s, NVML is not tried, and gpu "
-          "pools run gpuq-worker",
-          how.root.c_str());
+          "test hooks: GPUQ_TEST_GPU_ROOT: GPUs are read from %s, NVML is not tried, and %s",
+          how.root.c_str(), runs);
     } else if (how.fake()) {
-      GPUQ_LOG_WARN("test hooks: GPUQ_TEST_NVML_LIBRARY: NVML is %s, and gpu pools run gpuq-worker",
-                    how.nvml_library.c_str());
+      GPUQ_LOG_WARN("test hooks: GPUQ_TEST_NVML_LIBRARY: NVML is %s, and %s",
+                    how.nvml_library.c_str(), runs);
     }
-    plan.fake_gpus = how.fake();
     plan.discovery = discover_gpus_isolated(how, kGpuDiscoveryTimeoutMs);
     plan.discovery_ran = true;
     for (const GpuInfo& g : plan.discovery.gpus) {
@@ -205,6 +207,8 @@ Result<PoolPlan> plan_pools(Config& c, const std::string& gpu_worker_path, bool 
   const std::vector<int> allowed = allowed_cpus();
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     PoolConfig& pool = c.pools[p];
+    Result<WorkerProgram> program = worker_program(pool, found, cpu_backend);
+    if (program) plan.pools[p].program = *program;
     if (pool.kind == PoolKind::kCpu) {
       // The spares (after the active workers) go on round robin: each idles on the CPU of an
       // active worker it may replace, with as many threads as a worker with one CPU starts.
@@ -214,9 +218,7 @@ Result<PoolPlan> plan_pools(Config& c, const std::string& gpu_worker_path, bool 
       continue;
     }
     Result<std::vector<uint32_t>> chosen = select_gpus(pool, plan.discovery);
-    if (chosen && gpu_worker_path.empty() && !plan.fake_gpus) {
-      chosen = Error(ErrorCode::kNoDevice, "this gpuq was built without CUDA (no gpuq-gpu-worker)");
-    }
+    if (chosen && !program) chosen = program.error();
     if (!chosen) {
       // Unavailable, not fatal: the other pools serve, and jobs for this one fail at once with
       // NoDevice or go to the fallback pool (docs/design/gpu_discovery.md).

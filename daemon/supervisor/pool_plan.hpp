@@ -10,6 +10,8 @@
 #include "config.hpp"
 #include "gpu_discovery.hpp"
 #include "gpuq/error.hpp"
+#include "test_hooks.hpp"
+#include "worker_program.hpp"
 
 namespace gpuq::daemon {
 
@@ -27,6 +29,7 @@ struct PoolState {
   // A Python pool whose op listing failed: what the interpreter printed (the traceback).
   std::string start_error;
   std::vector<uint32_t> gpus;  // a gpu pool's GPUs, indexes into PoolPlan::discovery.gpus
+  WorkerProgram program;       // what its workers run (worker_program.hpp)
 };
 
 struct PoolPlan {
@@ -34,19 +37,16 @@ struct PoolPlan {
   std::vector<PoolState> pools;             // by pool
   GpuDiscovery discovery;                   // what discovery found
   bool discovery_ran = false;               // only when a gpu pool is configured
-  // GPUs read from a fake tree or a stand-in NVML (test hooks GPUQ_TEST_GPU_ROOT,
-  // GPUQ_TEST_NVML_LIBRARY): no device stands behind them, so their pools run gpuq-worker (the
-  // CPU backend) instead of gpuq-gpu-worker.
-  bool fake_gpus = false;
   std::string nvml_library = kNvmlLibrary;  // what discovery loaded; the GPU sampler loads it too
 };
 
 // Finds the GPUs (when a gpu pool asks for them), decides each pool's workers and where they
-// run, and sets each gpu pool's worker count in `config`. A gpu pool with no GPU (or a build
-// without CUDA: `gpu_worker_path` empty) is unavailable, not an error. Call while the process
-// is single-threaded (discovery may fork). Errors: InvalidArgument when the GPUs found make a
-// pool too large (check_pool_sizes).
-Result<PoolPlan> plan_pools(Config& config, const std::string& gpu_worker_path, bool test_hooks);
+// run, what they run (worker_program), and sets each gpu pool's worker count in `config`. A gpu
+// pool with no GPU (or a C++ gpu pool without gpuq-gpu-worker: `found.gpu_worker` empty) is
+// unavailable, not an error. `hooks`: the test hooks (fake GPUs, GPUQ_TEST_GPU_WORKER). Call
+// while the process is single-threaded (discovery may fork). Errors: InvalidArgument when the
+// GPUs found make a pool too large (check_pool_sizes).
+Result<PoolPlan> plan_pools(Config& config, const WorkerExecutables& found, const TestHooks& hooks);
 
 // The plug-ins' ops, from a child per plug-in (`worker_path --list-plugin-ops`): the supervisor
 // never dlopens a plug-in (it may link CUDA). Registers them (ids follow config order, as in

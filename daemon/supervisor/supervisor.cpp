@@ -82,10 +82,10 @@ Result<void> Supervisor::start() {
                 !cfg.job_clock && !no_tsc.empty() ? no_tsc.c_str() : "");
   // Before anything else: discovery may fork a child, which is only safe while this process
   // has a single thread and nothing to leak, and the worker counts it decides size the segment.
-  auto plan = plan_pools(cfg, options_.gpu_worker_path, options_.test_hooks.enabled);
+  auto plan = plan_pools(cfg, options_.executables, options_.test_hooks);
   if (!plan) return plan.error();
   plan_ = std::move(*plan);
-  if (auto r = learn_plugin_ops(cfg, options_.worker_path); !r) return r;
+  if (auto r = learn_plugin_ops(cfg, options_.executables.worker); !r) return r;
   learn_python_ops(cfg, plan_);
   uint64_t worker_count = 0;
   for (const auto& p : cfg.pools) worker_count += p.entries();
@@ -126,8 +126,6 @@ Result<void> Supervisor::start() {
   WorkerSetOptions wo;
   wo.config = &options_.config;
   wo.plan = &plan_;
-  wo.worker_path = options_.worker_path;
-  wo.gpu_worker_path = options_.gpu_worker_path;
   wo.segment_name = files_.segment_name();
   wo.runtime_dir = options_.runtime_dir;
   wo.job_clock = job_clock_;
@@ -154,7 +152,7 @@ Result<void> Supervisor::start() {
                                       &outage_,
                                       spares_.get(),
                                       options_.runtime_dir,
-                                      options_.gpu_worker_path};
+                                      options_.executables.gpu_worker};
   status_ = std::make_unique<StatusReport>(sources);
   metrics_ = std::make_unique<MetricsReport>(MetricsReport::Sources{
       sources, status_.get(), &stamps_, files_.queue().header().start_unix_ns});

@@ -51,10 +51,9 @@ namespace gpuq::daemon {
 struct SupervisorOptions {
   Config config;
   std::string runtime_dir;  // already resolved
-  std::string worker_path;  // the gpuq-worker executable
-  // The gpuq-gpu-worker executable, which gpu pools run; empty when this build has none (built
-  // without CUDA): gpu pools are then unavailable. The supervisor only execs it.
-  std::string gpu_worker_path;
+  // gpuq-worker, and gpuq-gpu-worker, which C++ gpu pools run (empty when this build has none:
+  // built without CUDA; those pools are then unavailable). The supervisor only execs them.
+  WorkerExecutables executables;
   // The service manager link (READY=1, STATUS=, STOPPING=1, WATCHDOG=1); null: none.
   std::shared_ptr<ServiceNotifier> notifier;
   TestHooks test_hooks;  // off unless GPUQ_TEST_HOOKS=1 (test_hooks.hpp)

@@ -99,13 +99,16 @@ Result<void> WorkerSet::create() {
 LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
   const Config& c = *options_.config;
   const PoolConfig& pool = c.pools[w.pool];
-  const bool gpu_worker = pool.kind == PoolKind::kGpu && !options_.plan->fake_gpus;
+  // What plan_pools chose (worker_program.hpp): gpuq-worker, gpuq-gpu-worker, or the
+  // pool's interpreter, with or without the GPU.
+  const WorkerProgram& program = options_.plan->pools[w.pool].program;
+  const bool gpu_worker = program.gpu;
   LaunchSpec spec;
-  if (pool.python) {
+  if (program.kind == WorkerProgramKind::kPython) {
     // A Python worker: the pool's interpreter running gpuq's worker runtime (docs/python.md).
     spec.argv = python_worker_command(*pool.python);
   } else {
-    spec.argv = {gpu_worker ? options_.gpu_worker_path : options_.worker_path};
+    spec.argv = {program.path};
   }
   spec.argv.insert(
       spec.argv.end(),

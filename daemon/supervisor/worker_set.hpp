@@ -96,9 +96,7 @@ struct WorkerExit {
 struct WorkerSetOptions {
   const Config* config = nullptr;
   const PoolPlan* plan = nullptr;
-  std::string worker_path;      // gpuq-worker
-  std::string gpu_worker_path;  // gpuq-gpu-worker; empty in a build without CUDA
-  std::string segment_name;     // the queue segment the workers map
+  std::string segment_name;  // the queue segment the workers map
   // gpuqd's runtime directory: each worker's GPUQ_RUNTIME_DIR (unless a Python pool's env sets
   // it), so that a client made inside a job (gpuq inside gpuq) reaches the daemon running it.
   std::string runtime_dir;

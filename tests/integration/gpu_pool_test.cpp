@@ -294,6 +294,53 @@ TEST_CASE("a discovered GPU: its workers see only it, in PCI bus order, on its l
   CHECK(daemon.terminate().ok());
 }
 
+TEST_CASE(
+    "a C++ gpu pool without gpuq-gpu-worker is unavailable, saying where it looked "
+    "(GPUQ_TEST_GPU_WORKER=real)") {
+  // gpuqd and gpuq-worker copied to a directory of their own, without gpuq-gpu-worker (a build
+  // without CUDA, a pip install without the gpu extra); a fake GPU, and the hook that makes gpu
+  // pools run what they would run on a real one. python/tests/test_gpu_pool_programs.py runs a
+  // Python gpu pool beside it, which needs no gpuq-gpu-worker.
+  FakeGpuTree tree;
+  tree.add_gpu({"0000:3b:00.0", "NVIDIA H100 80GB HBM3", kUuidA, "", "-1", false});
+  const std::string bin = tree.root() + "/bin";
+  const std::string gpuqd = gpuqd_path();
+  const std::string worker = gpuqd.substr(0, gpuqd.rfind('/')) + "/gpuq-worker";
+  REQUIRE(run_command("mkdir '" + bin + "' && cp '" + gpuqd + "' '" + worker + "' '" + bin + "/'")
+              .exit_code == 0);
+  const std::string config = R"({"pools":[{"name":"cpu","kind":"cpu","workers":1},
+                                          {"name":"gpu","kind":"gpu"}]})";
+  std::vector<std::string> env = fake_gpu_env(tree);
+  env.emplace_back("GPUQ_TEST_GPU_WORKER=real");
+  const std::string needs = "a C++ gpu pool needs gpuq-gpu-worker, which is not installed";
+  const std::string where =
+      "(looked for next to gpuqd in " + bin + " and in " + bin + "/../libexec/gpuq)";
+
+  FakeGpuTree::write(tree.root() + "/gpuqd.json", config);
+  std::string assignments;
+  for (const std::string& e : env) assignments += "'" + e + "' ";
+  const CommandResult check =
+      run_command("env " + assignments + "'" + bin + "/gpuqd' --check-config --config '" +
+                  tree.root() + "/gpuqd.json' 2>&1");
+  CHECK(check.exit_code == 0);
+  CHECK_MESSAGE(contains(check.output, "unavailable: " + needs), check.output);
+  CHECK_MESSAGE(contains(check.output, where), check.output);
+  CHECK_MESSAGE(contains(check.output, "pip install 'gpuq[gpu]'"), check.output);
+
+  DaemonOptions options = answering(config, env);
+  options.gpuqd = bin + "/gpuqd";
+  DaemonProcess daemon(options);
+  const nlohmann::json s = wait_ready_field(daemon, true);
+  INFO("status: " << s.dump());
+  CHECK(s["gpu_discovery"]["gpu_worker"].is_null());
+  CHECK(s["pools"][0]["status"] == "ready");
+  const nlohmann::json& gpu = s["pools"][1];
+  CHECK(gpu["status"] == "unavailable");
+  CHECK(contains(gpu["reason"].get<std::string>(), needs));
+  CHECK(contains(gpu["reason"].get<std::string>(), where));
+  CHECK(daemon.terminate().ok());
+}
+
 TEST_CASE("bad gpu pool values stop gpuqd with an error naming the key") {
   struct Case {
     const char* pools;

@@ -175,7 +175,8 @@ void DaemonProcess::kill_and_restart() {
 }
 
 void DaemonProcess::launch(const DaemonOptions& options) {
-  std::vector<std::string> args = {gpuqd_path(), "--runtime-dir", handle_.dir};
+  std::vector<std::string> args = {options.gpuqd.empty() ? gpuqd_path() : options.gpuqd,
+                                   "--runtime-dir", handle_.dir};
   if (!options.config_json.empty()) {
     const std::string config_path = handle_.dir + "/config.json";
     std::ofstream(config_path) << options.config_json << "\n";

@@ -60,6 +60,9 @@ struct DaemonOptions {
   // Adds WATCHDOG_PID=<gpuqd's own pid> to its environment, as systemd does for the main process
   // of a unit with WatchdogSec= (tests/systemd).
   bool set_watchdog_pid = false;
+  // The gpuqd to run; empty: the build's (gpuqd_path()). A copy elsewhere finds its workers
+  // next to itself, so a test can leave one out.
+  std::string gpuqd = {};
 };
 
 class DaemonProcess {

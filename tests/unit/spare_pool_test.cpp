@@ -93,7 +93,7 @@ TEST_CASE("spare_workers: a cpu pool's spares are placed after its workers, roun
                             std::to_string(cpu) + "]}]}",
                         allowed);
   REQUIRE(c.ok());
-  auto plan = plan_pools(*c, "", false);
+  auto plan = plan_pools(*c, {}, {});
   REQUIRE(plan.ok());
   REQUIRE(plan->placements.size() == 5);  // 2 + 2 spares, then pool b's 1
   for (const WorkerPlacement& at : plan->placements) {

@@ -130,7 +130,7 @@ struct Harness {
     dir = tmpl;
     SupervisorOptions o;
     o.runtime_dir = dir + "/run";
-    o.worker_path = "/nonexistent/gpuq-worker";  // never executed: the launcher is fake
+    o.executables.worker = "/nonexistent/gpuq-worker";  // never executed: the launcher is fake
     PoolConfig pool;
     pool.name = "cpu";
     pool.workers = workers;
