@@ -26,6 +26,12 @@
 #           every script of examples/python. Then the peers' own suites on gpuq's drop-ins
 #           (tests/compat/run.py: joblib's test_parallel.py, CPython's
 #           test_concurrent_futures.py; tests/compat/requirements.txt). docs/python.md
+#   web     web apps in front of gpuq (docs/web.md): a venv in build-web/venv with
+#           tests/web/requirements.txt (Flask, gunicorn, FastAPI, uvicorn, httpx, pinned) and
+#           ./python (pip, without build isolation: its CMake tree kept in build-web/cmake), each
+#           redone only when a hash of its inputs changes (build-web/*.stamp); then pytest
+#           tests/web against the daemon of build/: examples/web's Flask app under gunicorn
+#           --preload and its FastAPI app under uvicorn, 8 workers each, 32 concurrent clients
 #   scaleout  gpuq under Ray and Dask, one gpuqd per node (docs/scale-out.md): a venv in
 #           build-scaleout/venv with tests/scaleout/requirements.txt (Ray, Dask, joblib,
 #           kubernetes-validate from PyPI) and ./python[test], then pytest tests/scaleout in
@@ -46,7 +52,7 @@
 #
 # Environment:
 #   GPUQ_TEST_STAGES   stages to run, in this order (default "format fresh build tidy package
-#                      python scaleout asan tsan fuzz");
+#                      python web scaleout asan tsan fuzz");
 #                      "sanitize" stands for "asan tsan", "all" for the default list
 #   GPUQ_BUILD_JOBS    parallel compile jobs (default: nproc)
 #   GPUQ_CTEST_JOBS    parallel tests (default: nproc)
@@ -71,7 +77,7 @@ readonly BUILD_JOBS="${GPUQ_BUILD_JOBS:-$(nproc)}"
 readonly CTEST_JOBS="${GPUQ_CTEST_JOBS:-$(nproc)}"
 readonly CTEST_TIMEOUT="${GPUQ_CTEST_TIMEOUT:-900}"
 readonly SANITIZER_LABELS='^(unit|stress|integration)$'
-readonly DEFAULT_STAGES=(format fresh build tidy package python scaleout asan tsan fuzz)
+readonly DEFAULT_STAGES=(format fresh build tidy package python web scaleout asan tsan fuzz)
 
 # ---- stage selection ---------------------------------------------------------------------------
 stages=()
@@ -79,11 +85,11 @@ for s in ${GPUQ_TEST_STAGES:-${DEFAULT_STAGES[*]}}; do
   case "${s}" in
     all) stages+=("${DEFAULT_STAGES[@]}") ;;
     sanitize) stages+=(asan tsan) ;;
-    format | fresh | build | tidy | package | python | scaleout | asan | tsan | fuzz | tidy-all)
+    format | fresh | build | tidy | package | python | web | scaleout | asan | tsan | fuzz | tidy-all)
       stages+=("${s}")
       ;;
     *)
-      echo "test.sh: unknown stage '${s}' (known: format fresh build tidy package python scaleout asan tsan fuzz tidy-all sanitize all)" >&2
+      echo "test.sh: unknown stage '${s}' (known: format fresh build tidy package python web scaleout asan tsan fuzz tidy-all sanitize all)" >&2
       exit 2
       ;;
   esac
@@ -354,6 +360,67 @@ stage_python() {
     -ra -p no:logging --junitxml="${compat_junit}" || rc=$?
   count_results "${compat_junit}"
   stage_counts="${counts} + compat ${stage_counts}"
+  return "${rc}"
+}
+
+# Web apps in front of gpuq (docs/web.md, examples/web). The venv is kept between runs: it is
+# remade only when the interpreter or tests/web/requirements.txt change, and gpuq reinstalled
+# only when the sources it is built from (python/, common/, libclient/) change, each known by a
+# hash in build-web/. gpuq is installed by pip from the source folder, as a user's install is,
+# but without build isolation, so that its CMake tree (build-web/cmake) is kept and a change
+# recompiles only what changed.
+stage_web() {
+  [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
+  cmake --build build -j "${BUILD_JOBS}" --target gpuqd gpuq-worker
+  local py="${GPUQ_PYTHON:-}"
+  if [[ -z "${py}" ]]; then
+    if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=python3; fi
+  fi
+  local dir="${ROOT}/build-web"
+  local venv="${dir}/venv"
+  local -a pip=("${venv}/bin/python" -m pip --disable-pip-version-check)
+  local venv_hash src_hash
+  venv_hash=$({
+    "${py}" -VV
+    readlink -f "$(command -v "${py}")"
+    cat "${ROOT}/tests/web/requirements.txt"
+  } | sha256sum | cut -d' ' -f1)
+  src_hash=$(python3 - <<'PY'
+import hashlib, os, subprocess
+out = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard", "--", "python",
+                      "common", "libclient"], capture_output=True, check=True).stdout
+h = hashlib.sha256()
+for f in sorted(x for x in out.split(b"\0") if x):
+    if os.path.isfile(f):
+        with open(f, "rb") as fh:
+            h.update(f + b"\0" + hashlib.sha256(fh.read()).digest())
+print(h.hexdigest())
+PY
+  )
+  if [[ ! -x "${venv}/bin/python" || "$(cat "${dir}/venv.stamp" 2>/dev/null)" != "${venv_hash}" ]]; then
+    rm -rf "${venv}" "${dir}/venv.stamp" "${dir}/gpuq.stamp"
+    mkdir -p "${dir}"
+    "${py}" -m venv "${venv}"
+    "${pip[@]}" install -q --upgrade pip
+    "${pip[@]}" install -q -r "${ROOT}/tests/web/requirements.txt"
+    echo "${venv_hash}" >"${dir}/venv.stamp"
+  else
+    echo "web: build-web/venv is up to date (interpreter and tests/web/requirements.txt unchanged)"
+  fi
+  if [[ "$(cat "${dir}/gpuq.stamp" 2>/dev/null)" != "${src_hash}" ]]; then
+    rm -f "${dir}/gpuq.stamp"
+    CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" "${pip[@]}" install -q --no-build-isolation \
+      --no-deps --force-reinstall -C build-dir="${dir}/cmake" "${ROOT}/python"
+    echo "${src_hash}" >"${dir}/gpuq.stamp"
+  else
+    echo "web: gpuq in build-web/venv is up to date (python/, common/, libclient/ unchanged)"
+  fi
+  local junit="${dir}/pytest-junit.xml"
+  rm -f "${junit}"
+  local rc=0
+  GPUQ_GPUQD="${ROOT}/build/daemon/gpuqd" "${venv}/bin/python" -m pytest -ra -p no:cacheprovider \
+    --timeout 300 --junitxml="${junit}" "${ROOT}/tests/web" || rc=$?
+  count_results "${junit}"
   return "${rc}"
 }
 
