@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -15,6 +16,7 @@
 #include "gpuq/common/posix_call.hpp"
 #include "gpuq/common/runtime_dir.hpp"
 #include "plugins.hpp"
+#include "python_pool.hpp"
 #include "service_notifier.hpp"
 #include "supervisor.hpp"
 #include "test_hooks.hpp"
@@ -38,7 +40,8 @@ constexpr const char* kUsage =
     "  --config FILE      JSON config (docs/config.md lists every key and its default)\n"
     "  --runtime-dir DIR  socket directory; default: $RUNTIME_DIRECTORY, else\n"
     "                     $XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID\n"
-    "  --check-config     validate the config, print the effective pools, and exit\n"
+    "  --check-config     validate the config, print the effective pools (importing each\n"
+    "                     Python pool's modules, as the daemon would), and exit\n"
     "  --help, --version\n"
     "\n"
     "Signals: SIGTERM or SIGINT drain (finish queued and running jobs, then exit 0).\n"
@@ -88,6 +91,39 @@ gpuq::daemon::WorkerExecutables worker_executables() {
 std::string spares_text(const gpuq::daemon::PoolConfig& p) {
   if (p.spare_workers == 0) return {};
   return " and " + std::to_string(p.spare_workers) + (p.spare_workers == 1 ? " spare" : " spares");
+}
+
+// --check-config: each Python pool's modules imported as the daemon would (its interpreter, its
+// time limit, the GPU hidden), and its ops printed; a pool whose listing fails is an error naming
+// the pool, the module, the exception and the end of what the interpreter printed. Returns
+// whether every Python pool listed. After the plug-ins (their ops take the ids first).
+bool check_python_pools(const gpuq::daemon::Config& config) {
+  bool ok = true;
+  for (uint32_t p = 0; p < config.pools.size(); ++p) {
+    gpuq::daemon::PoolConfig pool = config.pools[p];
+    if (!pool.python) continue;
+    gpuq::daemon::PythonListingDetail detail;
+    auto ops = gpuq::daemon::learn_python_pool(pool, p, &detail);
+    if (ops) {
+      std::string names;
+      for (const auto& op : *ops) names += (names.empty() ? "" : ", ") + op.name;
+      std::printf("pool %s: python %s: ops %s\n", pool.name.c_str(),
+                  pool.python->interpreter.c_str(), names.c_str());
+      continue;
+    }
+    ok = false;
+    std::fprintf(stderr, "gpuqd: pool %s: python: %s\n", pool.name.c_str(),
+                 ops.error().message().c_str());
+    const std::string tail = gpuq::daemon::tail_lines(detail.stderr_text, 20, 4000);
+    if (!tail.empty()) {
+      std::fprintf(stderr, "  the end of what %s printed:\n", pool.python->interpreter.c_str());
+      std::istringstream lines(tail);
+      for (std::string line; std::getline(lines, line);) {
+        std::fprintf(stderr, "  | %s\n", line.c_str());
+      }
+    }
+  }
+  return ok;
 }
 
 int check_config(const gpuq::daemon::Config& config) {
@@ -164,6 +200,7 @@ int check_config(const gpuq::daemon::Config& config) {
       return 2;
     }
   }
+  if (!check_python_pools(config)) return 2;
   std::printf("config OK\n");
   return 0;
 }

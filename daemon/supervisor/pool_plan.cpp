@@ -1,15 +1,8 @@
 #include "pool_plan.hpp"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdlib>
 #include <iterator>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
-#include "child_output.hpp"
 #include "gpuq/common/cpu_list.hpp"
 #include "gpuq/common/log.hpp"
 #include "ops.hpp"
@@ -23,73 +16,6 @@ namespace {
 // stuck before READY=1 (systemd's TimeoutStartSec= is 120 s).
 constexpr uint32_t kGpuDiscoveryTimeoutMs = 30'000;
 constexpr uint32_t kPluginListTimeoutMs = 30'000;
-// Importing a framework (torch, TensorFlow) takes seconds.
-constexpr uint32_t kPythonListTimeoutMs = 60'000;
-
-// `name` looked up in PATH (an absolute path stays as it is); empty when not found.
-std::string find_executable(const std::string& name) {
-  if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0 ? name : "";
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    if (dir.empty()) continue;
-    std::string full = dir + "/" + name;
-    if (::access(full.c_str(), X_OK) == 0) return full;
-  }
-  return "";
-}
-
-// The last non-empty line of `text` (a traceback's exception), at most 300 characters.
-std::string last_line(const std::string& text) {
-  size_t end = text.find_last_not_of("\n\r ");
-  if (end == std::string::npos) return "";
-  size_t begin = text.rfind('\n', end);
-  begin = begin == std::string::npos ? 0 : begin + 1;
-  std::string line = text.substr(begin, end + 1 - begin);
-  if (line.size() > 300) line = line.substr(0, 297) + "...";
-  return line;
-}
-
-// A Python op as the pool's listing child reports it.
-struct ListedOp {
-  std::string name;
-  std::string summary;
-  BatchSettings batching;
-};
-
-// Runs the pool's listing child; its ops, or why not (the whole stderr in `traceback`).
-Result<std::vector<ListedOp>> list_python_ops(const PoolConfig& pool, uint32_t pool_id,
-                                              std::string* traceback) {
-  const PythonPoolConfig& py = *pool.python;
-  std::vector<std::string> argv = python_worker_command(py);
-  argv.insert(argv.end(), {"--list-ops", "--pool-id", std::to_string(pool_id)});
-  for (const auto& m : py.modules) argv.insert(argv.end(), {"--module", m});
-  for (const auto& p : py.path) argv.insert(argv.end(), {"--path", p});
-  std::vector<std::string> env = python_environment(py);
-  env.emplace_back("CUDA_VISIBLE_DEVICES=-1");  // the listing sees no GPU
-  auto child = run_child_for_output(argv, env, kPythonListTimeoutMs);
-  if (!child)
-    return Error(ErrorCode::kInvalidArgument, "listing its ops " + child.error().message());
-  *traceback = child->err;
-  if (!WIFEXITED(child->status) || WEXITSTATUS(child->status) != 0) {
-    const std::string why = last_line(child->err);
-    return Error(ErrorCode::kInvalidArgument, "listing its ops failed (" +
-                                                  describe_child_status(child->status) + ")" +
-                                                  (why.empty() ? std::string() : ": " + why));
-  }
-  std::vector<ListedOp> ops;
-  try {
-    for (const auto& j : nlohmann::json::parse(child->out)) {
-      ListedOp op{j.at("name").get<std::string>(), j.at("summary").get<std::string>(), {}};
-      op.batching.max_batch_size = j.value("max_batch_size", 1u);
-      op.batching.max_queue_delay_us = j.value("max_queue_delay_us", 0u);
-      ops.push_back(std::move(op));
-    }
-  } catch (const std::exception& e) {
-    return Error(ErrorCode::kInvalidArgument, std::string("malformed op list: ") + e.what());
-  }
-  return ops;
-}
 
 }  // namespace
 
@@ -107,22 +33,6 @@ Result<void> learn_plugin_ops(const Config& config, const std::string& worker_pa
   return {};
 }
 
-std::vector<std::string> python_worker_command(const PythonPoolConfig& py) {
-  return {py.interpreter, "-c",
-          "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
-          "from gpuq._worker import main; sys.exit(main())"};
-}
-
-std::vector<std::string> python_environment(const PythonPoolConfig& py) {
-  std::vector<std::string> drop = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NOTIFY_SOCKET",
-                                   "PYTHONUNBUFFERED"};
-  for (const auto& [name, value] : py.env) drop.push_back(name);
-  std::vector<std::string> env = environment_without(drop);
-  for (const auto& [name, value] : py.env) env.push_back(name + "=" + value);
-  env.emplace_back("PYTHONUNBUFFERED=1");  // a traceback reaches the log as it is printed
-  return env;
-}
-
 void learn_python_ops(Config& c, PoolPlan& plan) {
   uint32_t first_worker = 0;
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
@@ -132,42 +42,22 @@ void learn_python_ops(Config& c, PoolPlan& plan) {
       first_worker += workers;
       continue;
     }
-    std::string traceback;
-    Result<std::vector<ListedOp>> ops = Error(ErrorCode::kInvalidArgument, "");
-    const std::string found = find_executable(pool.python->interpreter);
-    if (found.empty()) {
-      ops = Error(ErrorCode::kInvalidArgument,
-                  "python.interpreter: '" + pool.python->interpreter +
-                      "' is not an executable (an absolute path, or a name in PATH)");
-    } else {
-      pool.python->interpreter = found;
-      ops = list_python_ops(pool, p, &traceback);
-    }
-    std::vector<ListedOp> listed;
-    if (ops) listed = std::move(*ops);
-    listed.insert(listed.begin(),
-                  {kPythonCallOp, "runs a client's pickled callable (gpuq.Executor)", {}});
-    for (const auto& [name, summary, batching] : listed) {
-      if (!ops) break;
-      if (auto id = add_python_op(name, summary, p, std::nullopt, batching); !id) {
-        ops = Error(ErrorCode::kInvalidArgument, id.error().message());
-      } else {
-        GPUQ_LOG_INFO("pool %s: python op %s (id %u)", pool.name.c_str(), name.c_str(), *id);
-      }
-    }
+    PythonListingDetail detail;
+    auto ops = learn_python_pool(pool, p, &detail);
     if (ops) {
+      for (const ListedPythonOp& op : *ops) {
+        GPUQ_LOG_INFO("pool %s: python op %s (id %u)", pool.name.c_str(), op.name.c_str(), op.id);
+      }
       first_worker += workers;
       continue;
     }
-    // Unavailable, not fatal: the other pools serve. No op is this pool's, not even those
-    // registered before the one that failed.
-    forget_python_pool(p);
+    // Unavailable, not fatal: the other pools serve.
     PoolState& st = plan.pools[p];
     st.available = false;
     st.reason = "python: " + ops.error().message();
-    st.start_error = traceback;
+    st.start_error = detail.stderr_text;
     GPUQ_LOG_ERROR("pool %s is unavailable: %s%s%s", pool.name.c_str(), st.reason.c_str(),
-                   traceback.empty() ? "" : "\n", traceback.c_str());
+                   st.start_error.empty() ? "" : "\n", st.start_error.c_str());
     plan.placements.erase(plan.placements.begin() + first_worker,
                           plan.placements.begin() + first_worker + workers);
     pool.workers = 0;

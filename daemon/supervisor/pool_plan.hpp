@@ -10,6 +10,7 @@
 #include "config.hpp"
 #include "gpu_discovery.hpp"
 #include "gpuq/error.hpp"
+#include "python_pool.hpp"
 #include "test_hooks.hpp"
 #include "worker_program.hpp"
 
@@ -53,20 +54,12 @@ Result<PoolPlan> plan_pools(Config& config, const WorkerExecutables& found, cons
 // the workers). Errors: the plug-in that could not be listed, or a clash of op names.
 Result<void> learn_plugin_ops(const Config& config, const std::string& worker_path);
 
-// The Python pools' ops, from a child per pool (the interpreter running gpuq._worker --list-ops,
-// with the GPU hidden): registers them (add_python_op, after the plug-in ops). A pool whose
+// The Python pools' ops, from a child per pool (learn_python_pool, python_pool.hpp: the
+// interpreter running gpuq._worker --list-ops, with the GPU hidden): registers them
+// (add_python_op, after the plug-in ops). A pool whose
 // interpreter is not found or whose listing fails (an import error, a bad op) is unavailable,
 // with the traceback in `plan` (PoolState::start_error); the other pools serve. Resolves each
 // pool's interpreter to an absolute path (PATH). Call after plan_pools, single-threaded.
 void learn_python_ops(Config& config, PoolPlan& plan);
-
-// The command that starts a Python pool's process (its listing child, its workers): the
-// interpreter running gpuq._worker's main, with the current directory left off sys.path
-// (`python -m` would put it first, and gpuqd's working directory is no place to import from).
-std::vector<std::string> python_worker_command(const PythonPoolConfig& py);
-
-// The environment of a Python pool's processes (the listing child and its workers): this
-// process's, less the CUDA variables, plus the pool's `python.env` and PYTHONUNBUFFERED=1.
-std::vector<std::string> python_environment(const PythonPoolConfig& py);
 
 }  // namespace gpuq::daemon
