@@ -1,8 +1,16 @@
 // Integration: gpuqctl against a real daemon: `submit --time-limit-ms` (checked, and a job past
 // it failing TimedOut), `submit --timeout-ms` cancelling the job it gives up on, and `status`
-// showing the job a busy worker runs and its pool's time limit.
+// showing the job a busy worker runs and its pool's time limit; `ready --wait` for a daemon
+// started after it.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <fstream>
 #include <string>
+#include <thread>
 
 #include "integration/integration_support.hpp"
 
@@ -191,6 +199,93 @@ TEST_CASE("gpuqctl status shows a worker stuck on a job past its limit, then its
   CHECK(!contains(after.output, "plugin_spin"));
 }
 #endif
+
+// gpuqctl in the background with --runtime-dir `dir`: its result once joined.
+struct BackgroundCommand {
+  CommandResult result;
+  std::thread thread;
+  BackgroundCommand(const std::string& dir, const std::string& args)
+      : thread([this, dir, args] {
+          result = run_command(std::string("'") + gpuqctl_path() + "' --runtime-dir '" + dir +
+                               "' " + args + " 2>&1");
+        }) {}
+  CommandResult join() {
+    thread.join();
+    return result;
+  }
+};
+
+TEST_CASE("gpuqctl ready --wait: waits for a daemon started after it, and gives up with why") {
+  char tmpl[] = "/tmp/gpuq-ready-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string base = tmpl;
+  const std::string dir = base + "/run";
+
+  // Nothing there: --wait gives up after its time, with the last reason.
+  const auto start = std::chrono::steady_clock::now();
+  const CommandResult none = run_command(std::string("'") + gpuqctl_path() + "' --runtime-dir '" +
+                                         dir + "' ready --wait 0.3 2>&1");
+  CHECK(std::chrono::steady_clock::now() - start >= 300ms);
+  CHECK(none.exit_code == 1);
+  CHECK_MESSAGE(contains(none.output,
+                         "gpuqctl: not ready within 0.3 s: Disconnected: no gpuqd "
+                         "is listening at " +
+                             dir + "/gpuqd.sock"),
+                none.output);
+
+  // The waiter first; then a daemon whose worker takes a second to start: the waiter sees no
+  // daemon, then one still starting, then ready.
+  BackgroundCommand waiter(dir, "ready --wait 60");
+  std::this_thread::sleep_for(300ms);
+  std::ofstream(base + "/config.json") << one_pool_config(1) << "\n";
+  const std::string gpuqd = gpuqd_path();
+  const std::string config = base + "/config.json";
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setenv("GPUQ_TEST_HOOKS", "1", 1);
+    ::setenv("GPUQ_TEST_WORKER_START_DELAY_MS", "1000", 1);
+    ::execl(gpuqd.c_str(), "gpuqd", "--config", config.c_str(), "--runtime-dir", dir.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const CommandResult while_starting = run_command(
+      std::string("'") + gpuqctl_path() + "' --runtime-dir '" + dir + "' ready --wait 0.2 2>&1");
+  const CommandResult waited = waiter.join();
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  run_command("rm -rf '" + base + "'");
+
+  CHECK_MESSAGE(waited.exit_code == 0, waited.output);
+  CHECK(waited.output == "ready\n");
+  // Meanwhile a short wait gave up, with no daemon yet or its pool not ready yet.
+  CHECK(while_starting.exit_code == 1);
+  CHECK_MESSAGE((contains(while_starting.output,
+                          "not ready within 0.2 s: pool 'cpu' has no ready "
+                          "worker") ||
+                 contains(while_starting.output, "not ready within 0.2 s: Disconnected")),
+                while_starting.output);
+}
+
+TEST_CASE("gpuqctl ready --wait: a bad number of seconds is a usage error naming it") {
+  struct Case {
+    const char* arg;
+    const char* says;
+  };
+  for (const Case& c : {Case{"--wait abc", "--wait 'abc' is not a number of seconds"},
+                        Case{"--wait -1", "--wait is -1, must be in [0, 86400] seconds"},
+                        Case{"--wait 1e9", "--wait is 1e9, must be in [0, 86400] seconds"},
+                        Case{"--wait inf", "--wait 'inf' is not a number of seconds"},
+                        Case{"--wait", "option --wait needs a value"},
+                        Case{"--later", "unknown argument '--later' for ready"}}) {
+    const CommandResult r = run_command(std::string("'") + gpuqctl_path() +
+                                        "' --runtime-dir /nonexistent ready " + c.arg + " 2>&1");
+    INFO(c.arg << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, c.says));
+  }
+}
 
 }  // namespace
 }  // namespace gpuq::test

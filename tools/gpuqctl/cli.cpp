@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <charconv>
+#include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -19,9 +20,12 @@ const char* const kUsage = R"(usage: gpuqctl [--runtime-dir DIR] COMMAND [ARGS]
 Commands:
   status [--json]         show the daemon's pools and workers, and the job each busy worker
                           runs (--json: the status document)
-  ready                   readiness probe: exit 0 if the daemon accepts jobs and every available
+  ready [--wait S]        readiness probe: exit 0 if the daemon accepts jobs and every available
                           pool has a live, ready worker (an unavailable gpu pool, one with no
-                          GPU, does not count); else print why and exit 1
+                          GPU, does not count); else print why and exit 1. --wait S: keep
+                          trying for up to S seconds (0 to 86400; no daemon yet, a daemon
+                          still starting, pools not ready yet), then exit 1 with the last
+                          reason
   submit OP [OPTIONS]     run one job (or --count N jobs) and report the result; OP is a
                           built-in op (echo, checksum...) or a tensor op (conv2d, activation,
                           softmax, pool2d, batchnorm, gemm: see "Tensor ops" below)
@@ -159,6 +163,23 @@ std::optional<uint64_t> parse_count(std::string_view name, const std::string& te
       value > max) {
     error = std::string(name) + " is " + text + ", must be in [" + std::to_string(min) + ", " +
             std::to_string(max) + "]";
+    return std::nullopt;
+  }
+  return value;
+}
+
+std::optional<double> parse_seconds(std::string_view name, const std::string& text, double min,
+                                    double max, std::string& error) {
+  double value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() ||
+      !std::isfinite(value)) {
+    error = std::string(name) + " '" + text + "' is not a number of seconds";
+    return std::nullopt;
+  }
+  if (value < min || value > max) {
+    error = std::string(name) + " is " + text + ", must be in [" + strf("%g", min) + ", " +
+            strf("%g", max) + "] seconds";
     return std::nullopt;
   }
   return value;

@@ -67,6 +67,10 @@ class ArgCursor {
 std::optional<uint64_t> parse_count(std::string_view name, const std::string& text, uint64_t min,
                                     uint64_t max, std::string& error);
 
+// Parses a number of seconds (decimals allowed: "0.5") in [min, max] for option `name`.
+std::optional<double> parse_seconds(std::string_view name, const std::string& text, double min,
+                                    double max, std::string& error);
+
 // Parses the arguments of a command that takes none besides --runtime-dir (and --help). Returns
 // the exit status to end with (after --help or a bad argument), or nullopt to run the command.
 std::optional<int> parse_no_arguments(ArgCursor& cursor, std::string& runtime_dir,

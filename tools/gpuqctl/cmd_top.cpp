@@ -351,23 +351,6 @@ int run_top(const std::string& runtime_dir, const TopOptions& options) {
   return kExitOk;
 }
 
-// A number of seconds for --interval in [kMinIntervalS, kMaxIntervalS].
-std::optional<double> parse_interval(const std::string& text, std::string& error) {
-  double value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() ||
-      !std::isfinite(value)) {
-    error = "--interval '" + text + "' is not a number of seconds";
-    return std::nullopt;
-  }
-  if (value < kMinIntervalS || value > kMaxIntervalS) {
-    error = "--interval is " + text + ", must be in [" + strf("%g", kMinIntervalS) + ", " +
-            strf("%g", kMaxIntervalS) + "] seconds";
-    return std::nullopt;
-  }
-  return value;
-}
-
 }  // namespace
 
 int cmd_top(ArgCursor& cursor, std::string& runtime_dir) {
@@ -385,7 +368,7 @@ int cmd_top(ArgCursor& cursor, std::string& runtime_dir) {
       cursor.next();
     } else if (cursor.take_value("--interval", value, error)) {
       if (!error.empty()) return usage_error(error);
-      auto interval = parse_interval(value, error);
+      auto interval = parse_seconds("--interval", value, kMinIntervalS, kMaxIntervalS, error);
       if (!interval) return usage_error(error);
       options.interval_s = *interval;
     } else if (cursor.take_value("--count", value, error)) {
