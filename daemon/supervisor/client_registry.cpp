@@ -244,8 +244,13 @@ Result<void> ClientRegistry::admit(Client& client, const std::string& hello_body
   client.keep_running_jobs = hello->keep_running_jobs;
   const uint64_t arena = hello->arena_bytes != 0 ? hello->arena_bytes : c.client_segment_bytes;
   if (registered_ >= c.max_clients) {
-    return Error(ErrorCode::kTooManyClients, "the daemon already serves max_clients = " +
-                                                 std::to_string(c.max_clients) + " clients");
+    return Error(ErrorCode::kTooManyClients,
+                 "the daemon already serves max_clients = " + std::to_string(c.max_clients) +
+                     " clients; raise \"max_clients\" in its config (at most " +
+                     std::to_string(kMaxClients - 1) + "; its default, \"auto\", is 8 per CPU, " +
+                     "at least " + std::to_string(kMinDefaultMaxClients) +
+                     "), or have fewer processes connect (one client per process, shared by "
+                     "its threads)");
   }
   uint32_t index = c.max_clients;
   for (uint32_t k = 0; k < c.max_clients; ++k) {

@@ -460,7 +460,19 @@ Key uint_key(const char* name, T Config::*field, uint64_t min, uint64_t max) {
 const std::vector<Key>& key_table() {
   static const std::vector<Key> kKeys = {
       uint_key("queue_factor", &Config::queue_factor, 1, 1024),
-      uint_key("max_clients", &Config::max_clients, 1, kMaxClients - 1),
+      {"max_clients",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         // "auto": the default, already set from the CPUs (parse_config).
+         if (v.is_string() && v.get<std::string>() == "auto") return {};
+         if (!v.is_number_integer()) {
+           return bad(p, "must be \"auto\" or an integer in [1, " +
+                             std::to_string(kMaxClients - 1) + "], got " + v.dump());
+         }
+         auto x = read_uint(v, p, 1, kMaxClients - 1);
+         if (!x) return x.error();
+         c.max_clients = static_cast<uint32_t>(*x);
+         return {};
+       }},
       uint_key("max_jobs_per_client", &Config::max_jobs_per_client, 1, kMaxSlotsPerClient),
       {"client_queue_share",
        [](Config& c, const json& v, const std::string& p) -> Result<void> {
@@ -607,6 +619,7 @@ Result<Config> parse_config(const std::string& json_text, const std::vector<int>
   }
   if (!doc.is_object()) return bad("(top level)", "must be a JSON object");
   Config c;
+  c.max_clients = default_max_clients(available_cpus.size());
   bool have_pools = false;
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string& key = it.key();

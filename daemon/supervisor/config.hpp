@@ -82,9 +82,21 @@ struct PoolConfig {
 // between one job and the next, and a worker asleep by then costs each call a wakeup.
 inline constexpr uint32_t kPythonPoolSpinUs = 300;
 
+// The default of max_clients ("auto"): 8 per CPU the daemon may use (a Pool() or n_jobs=-1 starts
+// a process per core, each a client; several such programs at once), at least
+// kMinDefaultMaxClients, at most kMaxClients - 1 (a JobRef's 10 bits of client index).
+inline constexpr uint32_t kMinDefaultMaxClients = 256;
+inline constexpr uint32_t kMaxClientsPerCpu = 8;
+inline uint32_t default_max_clients(size_t available_cpus) {
+  const uint64_t by_cpus = uint64_t{kMaxClientsPerCpu} * available_cpus;
+  return static_cast<uint32_t>(
+      std::min<uint64_t>(std::max<uint64_t>(by_cpus, kMinDefaultMaxClients), kMaxClients - 1));
+}
+
 struct Config {
-  uint32_t queue_factor = 10;                      // ring capacity = queue_factor x workers
-  uint32_t max_clients = 64;                       // connected clients at once
+  uint32_t queue_factor = 10;  // ring capacity = queue_factor x workers
+  // Connected clients at once; parse_config sets default_max_clients() of the daemon's CPUs.
+  uint32_t max_clients = kMinDefaultMaxClients;
   uint32_t max_jobs_per_client = 64;               // job slots (jobs in flight) per client
   double client_queue_share = 0.5;                 // fraction of a ring one client may fill
   uint64_t client_segment_bytes = 64ull << 20;     // default payload arena per client

@@ -119,7 +119,9 @@ def test_no_device():
 def test_too_many_clients():
     with gpuq.testing.Daemon({"max_clients": 1, "pools": [{"name": "cpu", "workers": 1}]}) as d:
         with gpuq.connect(d.runtime_dir):
-            with pytest.raises(gpuq.TooManyClients):
+            with pytest.raises(gpuq.TooManyClients, match=r'max_clients = 1 clients; raise '
+                                                          r'"max_clients" in its config \(at most '
+                                                          r'1022'):
                 gpuq.connect(d.runtime_dir)
 
 

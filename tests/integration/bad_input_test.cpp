@@ -318,6 +318,31 @@ int lowest_free_descriptor(pid_t pid) {
   return n;
 }
 
+TEST_CASE("one client past max_clients is refused, naming the key, its value and the maximum") {
+  DaemonProcess daemon(one_pool_config(1, {{"max_clients", 2}}));
+  Client first = connect_client(daemon);
+  Client second = connect_client(daemon);
+  auto refused = Client::connect(connect_options(daemon.runtime_dir()));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().code() == ErrorCode::kTooManyClients);
+  const std::string m = refused.error().message();
+  CHECK_MESSAGE(m.find("the daemon already serves max_clients = 2 clients; raise \"max_clients\" "
+                       "in its config (at most 1022") != std::string::npos,
+                m);
+  check_echo_works(first);
+}
+
+TEST_CASE("max_clients defaults to 8 per CPU, at least 256") {
+  DaemonProcess daemon(one_pool_config(1));
+  auto text = daemon_metrics_text(daemon.runtime_dir());
+  REQUIRE(text.ok());
+  const size_t cpus = affinity_cpus().size();
+  const size_t expected = std::min<size_t>(std::max<size_t>(8 * cpus, 256), 1022);
+  CHECK_MESSAGE(
+      text->find("\ngpuq_clients_max " + std::to_string(expected) + "\n") != std::string::npos,
+      *text);
+}
+
 TEST_CASE("a daemon out of file descriptors refuses new clients with a reason, serves the rest") {
   DaemonProcess daemon(one_pool_config(1));
   Client client = connect_client(daemon);
