@@ -164,9 +164,11 @@ def main():
           f"({total_rows / wall:,.0f} rows/s), then checked against numpy; served by "
           + ", ".join(f"worker {w} ({n} jobs)" for w, n in sorted(served.items())))
     if info["gpus"]:
+        given = info["memory_limit_mib"]
         print(f"one worker's GPU memory: {info['peak_allocated'] / 2**20:.1f} MiB at peak "
-              f"allocated, TensorFlow given {info['memory_limit_mib'] or 'no limit'} MiB with "
-              f"memory growth {'on' if info['memory_growth'] else 'off'}; the clients hold none")
+              f"allocated, of the {given[0] if given else 'unlimited'} MiB TensorFlow was "
+              f"given, memory growth {'on' if info['memory_growth'] else 'off'}; the clients "
+              "hold none")
     else:
         print(f"one worker's model: {info['model_bytes'] / 2**10:.0f} KiB of weights on the "
               "CPU; the clients load none")
