@@ -26,6 +26,13 @@
 #           every script of examples/python. Then the peers' own suites on gpuq's drop-ins
 #           (tests/compat/run.py: joblib's test_parallel.py, CPython's
 #           test_concurrent_futures.py; tests/compat/requirements.txt). docs/python.md
+#   tf      TensorFlow in Python pools: a venv of its own outside the tree (GPUQ_TF_VENV) with
+#           the pinned tests/tf/requirements.txt (tensorflow-cpu from PyPI, about 1.4 GB
+#           installed), made again only when that file or the interpreter changes (a hash in the
+#           venv); gpuq in it copied from the python stage's build when that stage ran before
+#           in this run, else pip install ./python; then pytest python/tests/test_tensorflow.py
+#           against the daemon of build/, which also runs the TensorFlow pattern examples
+#           (examples/python/patterns/tf_*.py). docs/testing.md
 #   web     web apps in front of gpuq (docs/web.md): a venv in build-web/venv with
 #           tests/web/requirements.txt (Flask, gunicorn, FastAPI, uvicorn, httpx, pinned) and
 #           ./python (pip, without build isolation: its CMake tree kept in build-web/cmake), each
@@ -52,7 +59,7 @@
 #
 # Environment:
 #   GPUQ_TEST_STAGES   stages to run, in this order (default "format fresh build tidy package
-#                      python web scaleout asan tsan fuzz");
+#                      python tf web scaleout asan tsan fuzz");
 #                      "sanitize" stands for "asan tsan", "all" for the default list
 #   GPUQ_BUILD_JOBS    parallel compile jobs (default: nproc)
 #   GPUQ_CTEST_JOBS    parallel tests (default: nproc)
@@ -62,6 +69,7 @@
 #   GPUQ_PYTHON        the interpreter the python stage makes its venv with (default
 #                      /usr/bin/python3, else python3 on PATH)
 #   GPUQ_PYTEST_ARGS   extra pytest arguments for the python stage, e.g. "-k fork"
+#   GPUQ_TF_VENV       the tf stage's venv (default ${XDG_CACHE_HOME:-~/.cache}/gpuq-tf/venv)
 #   GPUQ_FRESH_*       the fresh stage's settings (scripts/fresh.sh's header)
 #   CXX / CC           compilers, as CMake reads them (a build dir keeps its first choice)
 #   ASAN_OPTIONS, UBSAN_OPTIONS, TSAN_OPTIONS  appended to this script's defaults (later wins)
@@ -77,7 +85,7 @@ readonly BUILD_JOBS="${GPUQ_BUILD_JOBS:-$(nproc)}"
 readonly CTEST_JOBS="${GPUQ_CTEST_JOBS:-$(nproc)}"
 readonly CTEST_TIMEOUT="${GPUQ_CTEST_TIMEOUT:-900}"
 readonly SANITIZER_LABELS='^(unit|stress|integration)$'
-readonly DEFAULT_STAGES=(format fresh build tidy package python web scaleout asan tsan fuzz)
+readonly DEFAULT_STAGES=(format fresh build tidy package python tf web scaleout asan tsan fuzz)
 
 # ---- stage selection ---------------------------------------------------------------------------
 stages=()
@@ -85,11 +93,11 @@ for s in ${GPUQ_TEST_STAGES:-${DEFAULT_STAGES[*]}}; do
   case "${s}" in
     all) stages+=("${DEFAULT_STAGES[@]}") ;;
     sanitize) stages+=(asan tsan) ;;
-    format | fresh | build | tidy | package | python | web | scaleout | asan | tsan | fuzz | tidy-all)
+    format | fresh | build | tidy | package | python | tf | web | scaleout | asan | tsan | fuzz | tidy-all)
       stages+=("${s}")
       ;;
     *)
-      echo "test.sh: unknown stage '${s}' (known: format fresh build tidy package python web scaleout asan tsan fuzz tidy-all sanitize all)" >&2
+      echo "test.sh: unknown stage '${s}' (known: format fresh build tidy package python tf web scaleout asan tsan fuzz tidy-all sanitize all)" >&2
       exit 2
       ;;
   esac
@@ -360,6 +368,93 @@ stage_python() {
     -ra -p no:logging --junitxml="${compat_junit}" || rc=$?
   count_results "${compat_junit}"
   stage_counts="${counts} + compat ${stage_counts}"
+  return "${rc}"
+}
+
+# TensorFlow in Python pools (docs/python.md; python/tests/test_tensorflow.py, which the python
+# stage skips: its venv has no TensorFlow). tensorflow-cpu from PyPI, pinned in
+# tests/tf/requirements.txt, in a venv outside the tree (CI's fresh clone would download the
+# ~1.4 GB again on every run), made again only when that file or the interpreter changes: a
+# hash of both is the venv's gpuq-tf.stamp. gpuq in it: when the python stage ran before this
+# one in this run (so it passed), the files its `pip install ./python` installed into
+# build-python/venv (listed by their RECORD), copied: the build of this tree it just tested,
+# for the same interpreter; else `pip install ./python` here, a compile of about 3 minutes.
+stage_tf() {
+  [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
+  cmake --build build -j "${BUILD_JOBS}" --target gpuqd gpuq-worker
+  local py="${GPUQ_PYTHON:-}"
+  if [[ -z "${py}" ]]; then
+    if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=python3; fi
+  fi
+  local venv="${GPUQ_TF_VENV:-${XDG_CACHE_HOME:-${HOME:-/var/tmp}/.cache}/gpuq-tf/venv}"
+  local -a pip=("${venv}/bin/python" -m pip --disable-pip-version-check)
+  local hash t0=${SECONDS}
+  hash=$({
+    "${py}" -VV
+    readlink -f "$(command -v "${py}")"
+    cat "${ROOT}/tests/tf/requirements.txt"
+  } | sha256sum | cut -d' ' -f1)
+  if [[ ! -x "${venv}/bin/python" || "$(cat "${venv}/gpuq-tf.stamp" 2>/dev/null)" != "${hash}" ]]; then
+    echo "tf: making ${venv} (new, or tests/tf/requirements.txt or the interpreter changed)"
+    rm -rf "${venv}"
+    mkdir -p "$(dirname "${venv}")"
+    "${py}" -m venv "${venv}"
+    "${pip[@]}" install -q --upgrade pip
+    "${pip[@]}" install -q -r "${ROOT}/tests/tf/requirements.txt"
+    echo "${hash}" >"${venv}/gpuq-tf.stamp"
+    echo "tf: venv made in $((SECONDS - t0))s"
+  else
+    echo "tf: ${venv} is up to date (tests/tf/requirements.txt and the interpreter unchanged)"
+  fi
+  local s python_ran=0
+  for s in "${stages[@]}"; do
+    [[ "${s}" != tf ]] || break
+    [[ "${s}" != python ]] || python_ran=1
+  done
+  local from="${ROOT}/build-python/venv"
+  t0=${SECONDS}
+  "${venv}/bin/python" - "${venv}" <<'EOF'
+import glob, os, shutil, sys, sysconfig
+site = sysconfig.get_paths()["purelib"]
+for dist in glob.glob(os.path.join(site, "gpuq-*.dist-info")):  # an earlier run's gpuq
+    for line in open(os.path.join(dist, "RECORD")):
+        path = os.path.normpath(os.path.join(site, line.rsplit(",", 2)[0]))
+        if path.startswith(sys.argv[1] + os.sep) and os.path.isfile(path):
+            os.remove(path)
+    shutil.rmtree(dist, ignore_errors=True)
+shutil.rmtree(os.path.join(site, "gpuq"), ignore_errors=True)
+EOF
+  if ((python_ran)) && [[ -x "${from}/bin/python" ]] &&
+    [[ "$("${from}/bin/python" -VV)" == "$("${venv}/bin/python" -VV)" ]]; then
+    "${from}/bin/python" - "${venv}" <<'EOF'
+import glob, os, shutil, subprocess, sys, sysconfig
+src = sysconfig.get_paths()["purelib"]
+dst = subprocess.run([os.path.join(sys.argv[1], "bin", "python"), "-c",
+                      "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     capture_output=True, text=True, check=True).stdout.strip()
+(dist,) = glob.glob(os.path.join(src, "gpuq-*.dist-info"))
+n = 0
+for line in open(os.path.join(dist, "RECORD")):
+    rel = os.path.normpath(line.rsplit(",", 2)[0])
+    if rel.startswith(".."):  # console scripts: the tests do not use them
+        continue
+    os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
+    shutil.copy2(os.path.join(src, rel), os.path.join(dst, rel))
+    n += 1
+print(f"tf: gpuq from the python stage's build-python/venv: {n} files copied")
+EOF
+  else
+    echo "tf: the python stage did not run before this one: pip install ./python (compiles)"
+    CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" "${pip[@]}" install -q --no-deps "${ROOT}/python"
+  fi
+  echo "tf: gpuq installed in $((SECONDS - t0))s"
+  local junit="${ROOT}/build-python/tf-junit.xml"
+  mkdir -p "${ROOT}/build-python"
+  rm -f "${junit}"
+  local rc=0
+  GPUQ_GPUQD="${ROOT}/build/daemon/gpuqd" "${venv}/bin/python" -m pytest -ra -p no:cacheprovider \
+    --timeout 300 --junitxml="${junit}" "${ROOT}/python/tests/test_tensorflow.py" || rc=$?
+  count_results "${junit}"
   return "${rc}"
 }
 
