@@ -41,8 +41,8 @@ inline bool is_sticky_cuda_error(cudaError_t e) noexcept {
   }
 }
 
-// "gpu_backend.cpp:419": where a failed call is, without the build's directories, which would
-// take most of a job's 160-byte message (kMessageBytes) and push the cause off its end.
+// "gpu_backend.cpp:419": where a failed call is, without the build's directories, which say
+// nothing to a job's client and would only lengthen its message (kMessageBytes).
 inline std::string call_site(const char* file, int line) {
   const char* slash = std::strrchr(file, '/');
   return std::string(slash != nullptr ? slash + 1 : file) + ":" + std::to_string(line);

@@ -18,6 +18,7 @@
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/posix_call.hpp"
+#include "gpuq/common/shm_layout.hpp"
 #include "gpuq/common/unique_fd.hpp"
 #include "gpuq/plugin.h"
 
@@ -192,7 +193,10 @@ Result<std::vector<PluginOp>> list_plugin_ops_isolated(const std::string& worker
 Result<OpOutput> run_plugin_op(const OpInfo& op, void* fn, const OpContext& ctx, const void* input,
                                void* output, const PluginDeviceHandles& device) {
   JobState state{&ctx};
-  char message[256] = {0};
+  // What the op says when it fails, whole up to a job's message (kMessageBytes); written only
+  // then, so not cleared per job.
+  char message[kMessageBytes];
+  message[0] = '\0';
   gpuq_plugin_job job{};
   job.abi_version = GPUQ_PLUGIN_ABI_VERSION;
   job.op_id = op.id;

@@ -74,7 +74,7 @@ void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string&
       out.worker_id = worker;
       out.finished_stamp = read_stamp(job_clock_);
       if (stopped_for_it) out.started_stamp = forced->started_stamp;  // it ran until stopped
-      set_slot_message(slot, message.c_str());
+      set_slot_message(slot, message);
       std::memcpy(&slot.outcome, &out, sizeof out);
       const JobState end = stopped_for_it && forced->code == ErrorCode::kCancelled
                                ? JobState::kCancelled
@@ -125,7 +125,7 @@ uint32_t JobRecovery::fail_queued(uint32_t pool, const std::string& why) {
     JobOutcome out{};
     out.code = static_cast<int32_t>(ErrorCode::kPoolDown);
     out.finished_stamp = read_stamp(job_clock_);
-    set_slot_message(slot, why.c_str());
+    set_slot_message(slot, why);
     std::memcpy(&slot.outcome, &out, sizeof out);
     slot.state.store(SlotWord{sw.generation, JobState::kFailed, kSupervisorClaim}.pack(),
                      std::memory_order_release);

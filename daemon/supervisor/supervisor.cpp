@@ -271,7 +271,8 @@ void Supervisor::update_pools(uint64_t now) {
 }
 
 // "pool 'py' is down (no ready worker for 10000 ms): worker 1 exited with status 1 before it was
-// ready: RuntimeError: cannot load model". Short, the cause last: a job's message holds 159 bytes.
+// ready: RuntimeError: cannot load model": the pool, then the cause, whole (a job's message and
+// the pool's down_reason hold kMessageBytes; a longer one keeps its beginning and its end).
 std::string Supervisor::down_message(uint32_t pool) const {
   const std::string last = workers_->last_exit_of_pool(pool);
   return "pool '" + options_.config.pools[pool].name + "' is down (no ready worker for " +

@@ -434,7 +434,7 @@ class Worker {
     }
     out.finished_stamp = read_stamp(options_.job_clock);
     went_on_ = out.finished_stamp;
-    if (out.code != 0) set_slot_message(slot, error_message_.c_str());
+    if (out.code != 0) set_slot_message(slot, error_message_);
     std::memcpy(&slot.outcome, &out, sizeof out);
     GPUQ_FAULT_POINT("worker.before_complete");
     const SlotWord done{sw.generation, final_state, options_.worker_id + 1};
@@ -627,7 +627,7 @@ class Worker {
     JobSlot& slot = *c.slot;
     c.out.finished_stamp = read_stamp(options_.job_clock);
     went_on_ = c.out.finished_stamp;
-    if (c.out.code != 0) set_slot_message(slot, c.message.c_str());
+    if (c.out.code != 0) set_slot_message(slot, c.message);
     std::memcpy(&slot.outcome, &c.out, sizeof c.out);
     GPUQ_FAULT_POINT("worker.before_complete");
     const SlotWord done{c.generation, c.final_state, options_.worker_id + 1};

@@ -257,11 +257,41 @@ gpuq_status_t to_cpp(const gpuq_job_spec_t& spec, gpuq::JobSpec& out) {
   return GPUQ_OK;
 }
 
-void copy_message(const std::string& message, char (&out)[GPUQ_MESSAGE_BYTES]) {
-  const size_t n =
-      message.size() < GPUQ_MESSAGE_BYTES - 1 ? message.size() : GPUQ_MESSAGE_BYTES - 1;
+// Copies `message` into `out` (`N` bytes), truncated, NUL-padded.
+template <size_t N>
+void copy_message(const std::string& message, char (&out)[N]) {
+  const size_t n = message.size() < N - 1 ? message.size() : N - 1;
   std::memcpy(out, message.data(), n);
-  std::memset(out + n, 0, GPUQ_MESSAGE_BYTES - n);
+  std::memset(out + n, 0, N - n);
+}
+
+// Revision 1 of gpuq_job_result_t, as programs built against it still pass it: the fields of
+// revision 2 with a 256-byte message.
+struct gpuq_job_result_v1 {
+  uint32_t version;
+  gpuq_job_status_t status;
+  gpuq_status_t code;
+  char message[256];
+  uint64_t output_size;
+  uint64_t value;
+  uint32_t worker_id;
+  uint64_t queued_ns;
+  uint64_t run_ns;
+};
+static_assert(sizeof(gpuq_job_result_v1) == (GPUQ_JOB_RESULT_VERSION1 & 0xFFFFFFu),
+              "GPUQ_JOB_RESULT_VERSION1 must name revision 1's size");
+
+// Fills a result struct of either revision from `r`.
+template <typename Out>
+void fill_result(const gpuq::JobResult& r, Out* out) {
+  out->status = static_cast<gpuq_job_status_t>(r.status);
+  out->code = static_cast<gpuq_status_t>(r.code);
+  copy_message(r.message, out->message);
+  out->output_size = r.output_size;
+  out->value = r.value;
+  out->worker_id = r.worker_id;
+  out->queued_ns = r.queued_ns;
+  out->run_ns = r.run_ns;
 }
 
 // Shared body of gpuq_submit() and gpuq_try_submit().
@@ -622,21 +652,18 @@ gpuq_status_t gpuq_job_wait(gpuq_job_t* job, int64_t timeout_ns, gpuq_job_result
     if (job == nullptr) return invalid("job is NULL");
     if (out == nullptr) return invalid("out is NULL");
     gpuq_status_t status = GPUQ_OK;
-    if (!check_version(out->version, GPUQ_JOB_RESULT_VERSION, "gpuq_job_result_t",
-                       "GPUQ_JOB_RESULT_VERSION", status)) {
+    const bool revision1 = out->version == GPUQ_JOB_RESULT_VERSION1;
+    if (!revision1 && !check_version(out->version, GPUQ_JOB_RESULT_VERSION, "gpuq_job_result_t",
+                                     "GPUQ_JOB_RESULT_VERSION", status)) {
       return status;
     }
     gpuq::Result<gpuq::JobResult> result = job->job.wait(std::chrono::nanoseconds(timeout_ns));
     if (!result) return fail(result.error());
-    const gpuq::JobResult& r = result.value();
-    out->status = static_cast<gpuq_job_status_t>(r.status);
-    out->code = static_cast<gpuq_status_t>(r.code);
-    copy_message(r.message, out->message);
-    out->output_size = r.output_size;
-    out->value = r.value;
-    out->worker_id = r.worker_id;
-    out->queued_ns = r.queued_ns;
-    out->run_ns = r.run_ns;
+    if (revision1) {
+      fill_result(result.value(), reinterpret_cast<gpuq_job_result_v1*>(out));
+    } else {
+      fill_result(result.value(), out);
+    }
     return GPUQ_OK;
   });
 }

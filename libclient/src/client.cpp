@@ -712,9 +712,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   JobResult read_result(const JobSlot& js, const SlotWord& w) const {
     JobOutcome out;
     std::memcpy(&out, &js.outcome, sizeof out);
-    char message[kMessageBytes] = "";
-    if (out.code != 0) std::memcpy(message, js.message, sizeof message);
     JobResult r;
+    // The message only for a job that failed (a successful job's is never written): read up to
+    // its NUL, and never past the slot's buffer (the memory is the client's to scribble on).
+    if (out.code != 0) r.message.assign(js.message, ::strnlen(js.message, kMessageBytes - 1));
     switch (w.state) {
       case JobState::kDone:
         r.status = JobStatus::kDone;
@@ -733,8 +734,6 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     if (code < 0 || code > kMaxErrorCode) code = static_cast<int32_t>(ErrorCode::kInternal);
     r.code = static_cast<ErrorCode>(code);
     if (r.status == JobStatus::kFailed && r.code == ErrorCode::kOk) r.code = ErrorCode::kInternal;
-    message[sizeof message - 1] = '\0';
-    if (message[0] != '\0') r.message = message;
     r.output_size = out.output_bytes;
     r.value = out.value;
     r.worker_id = out.worker_id;

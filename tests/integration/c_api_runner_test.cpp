@@ -32,6 +32,19 @@ TEST_CASE("the C ABI: a job past its time_limit_ms is stopped and ends GPUQ_TIME
   check_echo_works(client);
 }
 
+#ifdef GPUQ_TEST_PLUGIN
+TEST_CASE("the C ABI: a 2000-byte failure message arrives whole, and cut in a revision-1 result") {
+  nlohmann::json config = nlohmann::json::parse(one_pool_config(1));
+  config["plugins"] = nlohmann::json::array({GPUQ_TEST_PLUGIN});
+  DaemonProcess daemon(config.dump());
+  const CommandResult run = run_command(std::string("'") + GPUQ_TEST_C_API_CLIENT + "' '" +
+                                        daemon.runtime_dir() + "' long-message 2>&1");
+  INFO("c_api_test long-message output:\n" << run.output);
+  CHECK(run.exit_code == 0);
+  CHECK(run.output.find(" 0 failed") != std::string::npos);
+}
+#endif
+
 TEST_CASE("the C ABI test program fails cleanly without a daemon") {
   // A directory with no daemon: the program must report the failure, not pass or hang.
   char dir[] = "/tmp/gpuqt-XXXXXX";

@@ -1,12 +1,14 @@
 /* Integration test of the C ABI (gpuq/gpuq.h), as a plain C99 program.
  *
- *   c_api_test RUNTIME_DIR [time-limit]
+ *   c_api_test RUNTIME_DIR [time-limit | long-message]
  *
  * Connects to the daemon serving RUNTIME_DIR, runs an echo job and a checksum job and checks
  * their outputs (the checksum against a CRC32C computed here), checks that an unknown op fails
  * with GPUQ_UNKNOWN_OP, and exercises the argument checks of the C layer and the older revisions
  * of its versioned structs. With "time-limit", it runs only the checks of
- * gpuq_job_spec_t.time_limit_ms (jobs stopped at their limit end GPUQ_TIMED_OUT). Prints
+ * gpuq_job_spec_t.time_limit_ms (jobs stopped at their limit end GPUQ_TIMED_OUT); with
+ * "long-message", those of a 2000-byte failure message (the daemon must load the test plug-in:
+ * op plugin_fail), whole in a gpuq_job_result_t and cut to 255 bytes in a revision-1 one. Prints
  * "c_api: N passed, M failed"; exits 0 when nothing failed, 1 otherwise, 2 on bad usage.
  */
 #include <stdint.h>
@@ -325,6 +327,66 @@ static void test_time_limit(gpuq_client_t* client) {
   CHECK(result.value == 300000);
 }
 
+/* gpuq_job_result_t as revision 1 declared it: what a program built against it passes. */
+typedef struct {
+  uint32_t version;
+  gpuq_job_status_t status;
+  gpuq_status_t code;
+  char message[256];
+  uint64_t output_size;
+  uint64_t value;
+  uint32_t worker_id;
+  uint64_t queued_ns;
+  uint64_t run_ns;
+} result_v1_t;
+
+/* Submits plugin_fail with `bytes` (its message: "<bytes>:" and digits) and waits with `result`,
+ * a gpuq_job_result_t of either revision. */
+static gpuq_status_t run_plugin_fail(gpuq_client_t* client, int64_t bytes, void* result) {
+  gpuq_param_t param;
+  gpuq_job_spec_t spec = new_spec("plugin_fail");
+  memset(&param, 0, sizeof param);
+  param.key = "bytes";
+  param.type = GPUQ_PARAM_INT;
+  param.i = bytes;
+  spec.params = &param;
+  spec.param_count = 1;
+  return run_job(client, &spec, (gpuq_job_result_t*)result);
+}
+
+/* A job's failure message of 2000 bytes (plus the op's name) arrives whole in the current
+ * gpuq_job_result_t, and cut to 255 bytes, NUL-terminated, in a revision-1 struct, whose size
+ * the library does not write past. */
+static void test_long_message(gpuq_client_t* client) {
+  const char* const expected_head = "plugin_fail: 2000:";
+  gpuq_job_result_t result = new_result();
+  struct {
+    result_v1_t v1;
+    unsigned char after[64];
+  } old;
+  size_t i;
+  int intact = 1;
+
+  CHECK(sizeof(result_v1_t) == (GPUQ_JOB_RESULT_VERSION1 & 0xFFFFFFu));
+  CHECK(run_plugin_fail(client, 2000, &result) == GPUQ_OK);
+  CHECK(result.status == GPUQ_JOB_FAILED);
+  CHECK(result.code == GPUQ_OP_FAILED);
+  CHECK(strlen(result.message) == strlen("plugin_fail: ") + 2000);
+  CHECK(strncmp(result.message, expected_head, strlen(expected_head)) == 0);
+  CHECK(result.message[strlen(result.message) - 1] == '0' + 1999 % 10); /* the last byte */
+
+  memset(&old, 0xAB, sizeof old);
+  old.v1.version = GPUQ_JOB_RESULT_VERSION1;
+  CHECK(run_plugin_fail(client, 2000, &old.v1) == GPUQ_OK);
+  CHECK(old.v1.status == GPUQ_JOB_FAILED);
+  CHECK(old.v1.code == GPUQ_OP_FAILED);
+  CHECK(strlen(old.v1.message) == 255);
+  CHECK(strncmp(old.v1.message, expected_head, strlen(expected_head)) == 0);
+  CHECK(old.v1.run_ns < UINT64_C(30000000000));
+  for (i = 0; i < sizeof old.after; ++i) intact = intact && old.after[i] == 0xAB;
+  CHECK(intact);
+}
+
 static gpuq_tensor_t new_tensor(gpuq_buffer_t buffer, uint32_t rank, const int64_t* dims) {
   gpuq_tensor_t t;
   uint32_t i;
@@ -583,8 +645,9 @@ int main(int argc, char** argv) {
   gpuq_client_t* client = NULL;
   gpuq_status_t s;
 
-  if (argc != 2 && !(argc == 3 && strcmp(argv[2], "time-limit") == 0)) {
-    fprintf(stderr, "usage: %s RUNTIME_DIR [time-limit]\n", argv[0]);
+  if (argc != 2 && !(argc == 3 && (strcmp(argv[2], "time-limit") == 0 ||
+                                    strcmp(argv[2], "long-message") == 0))) {
+    fprintf(stderr, "usage: %s RUNTIME_DIR [time-limit | long-message]\n", argv[0]);
     return 2;
   }
   memset(&options, 0, sizeof options);
@@ -598,8 +661,11 @@ int main(int argc, char** argv) {
   if (s != GPUQ_OK) {
     fprintf(stderr, "c_api: cannot connect to the daemon in %s: %s: %s\n", argv[1],
             gpuq_status_name(s), gpuq_last_error_message());
-  } else if (argc == 3) {
+  } else if (argc == 3 && strcmp(argv[2], "time-limit") == 0) {
     test_time_limit(client);
+    CHECK(gpuq_disconnect(client) == GPUQ_OK);
+  } else if (argc == 3) {
+    test_long_message(client);
     CHECK(gpuq_disconnect(client) == GPUQ_OK);
   } else {
     test_argument_checks(client);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gpuq/common/shm_layout.hpp"
 #include "integration/integration_support.hpp"
 
 namespace gpuq::test {
@@ -113,6 +114,40 @@ TEST_CASE("the example plug-in's saxpy is in the op table and runs on the cpu po
     CHECK(read_proc_file(workers[0], "maps").find("gpuq_example_plugin") != std::string::npos);
   }
   CHECK(daemon.terminate().ok());
+}
+
+// What plugin_fail says for `bytes` (test_plugin.cpp): "<bytes>:" and then the digits 0-9.
+std::string plugin_fail_text(size_t bytes) {
+  std::string text = std::to_string(bytes) + ":";
+  for (size_t i = text.size(); i < bytes; ++i) text.push_back(static_cast<char>('0' + i % 10));
+  return text;
+}
+
+TEST_CASE("a job's failure message arrives whole up to 2 KiB, and longer keeps both its ends") {
+  DaemonProcess daemon(plugins_config({GPUQ_TEST_PLUGIN}));
+  Client client = connect_client(daemon);
+  const auto fail_with = [&](int64_t bytes) {
+    JobSpec spec = job_spec("plugin_fail");
+    spec.params.push_back(JobParam::integer("bytes", bytes));
+    Job job = submit_ok(client, spec);
+    const JobResult r = wait_result(job);
+    CHECK(r.status == JobStatus::kFailed);
+    CHECK(r.code == ErrorCode::kOpFailed);
+    return r.message;
+  };
+  for (size_t bytes : {size_t{160}, size_t{2000}, size_t{kMessageBytes - 1 - 13}}) {
+    CAPTURE(bytes);
+    CHECK(fail_with(static_cast<int64_t>(bytes)) == "plugin_fail: " + plugin_fail_text(bytes));
+  }
+  // Past a job's message: the plug-in's buffer holds 2047 bytes of it, and the message, with
+  // the op's name before it, keeps its beginning and its end.
+  const std::string cut = fail_with(3000);
+  const std::string whole = "plugin_fail: " + plugin_fail_text(kMessageBytes - 1);
+  CHECK(cut.size() == kMessageBytes - 1);
+  CHECK(cut.rfind("plugin_fail: 3000:5678", 0) == 0);
+  CHECK(cut.find(" ... ") != std::string::npos);
+  CHECK(cut.substr(cut.size() - 100) == whole.substr(whole.size() - 100));
+  check_echo_works(client);
 }
 
 TEST_CASE("--check-config lists the plug-in ops") {

@@ -2,7 +2,9 @@
 // - gpuq_test_plugin: op plugin_gpu_only (a gpu function only: a job for it on a cpu pool fails
 //   UnknownOp); ops plugin_spin (spins forever and never looks at its cancel flag; on a GPU, a
 //   kernel that never ends) and plugin_block (sleeps in a blocking system call forever), for
-//   the time-limit tests; and, with CUDA, op plugin_oob_write (a kernel that writes far out of
+//   the time-limit tests; plugin_fail (fails OpFailed with a message of exactly `bytes` bytes
+//   (int param): "<bytes>:" and then the digits 0-9 over and over, so that a cut shows); and, with
+//   CUDA, op plugin_oob_write (a kernel that writes far out of
 //   bounds: a real sticky CUDA error, for the worker-replacement test).
 // - gpuq_test_plugin_bad_register (GPUQ_TEST_PLUGIN_FAIL=1): gpuq_plugin_register returns an
 //   error.
@@ -14,6 +16,9 @@
 #endif
 
 #include <poll.h>
+
+#include <cstdio>
+#include <cstring>
 
 #if GPUQ_TEST_PLUGIN_HAVE_CUDA
 int gpuq_test_plugin_oob_write(gpuq_plugin_job* job);    // test_plugin_fault.cu
@@ -37,6 +42,24 @@ namespace {
 // A hung op in the kernel: a blocking call that never returns (no descriptor, no timeout).
 [[maybe_unused]] int block_forever(gpuq_plugin_job*) {
   for (;;) (void)::poll(nullptr, 0, -1);
+}
+
+// Fails with a message of `bytes` bytes (at most the capacity the worker gives, less its NUL).
+[[maybe_unused]] int fail_with_message(gpuq_plugin_job* job) {
+  int64_t bytes = 0;
+  if (job->get_int(job, "bytes", &bytes) != GPUQ_PLUGIN_PARAM_FOUND || bytes < 8) {
+    std::snprintf(job->error_message, job->error_message_capacity, "param bytes (int >= 8)");
+    return GPUQ_INVALID_ARGUMENT;
+  }
+  const size_t n = static_cast<size_t>(bytes) < job->error_message_capacity - 1
+                       ? static_cast<size_t>(bytes)
+                       : job->error_message_capacity - 1;
+  const int head = std::snprintf(job->error_message, n + 1, "%lld:", static_cast<long long>(bytes));
+  for (size_t i = static_cast<size_t>(head); i < n; ++i) {
+    job->error_message[i] = static_cast<char>('0' + i % 10);
+  }
+  job->error_message[n] = '\0';
+  return GPUQ_OP_FAILED;
 }
 
 }  // namespace
@@ -67,6 +90,12 @@ extern "C" GPUQ_PLUGIN_EXPORT int gpuq_plugin_register(gpuq_plugin_registrar* re
   if (int r =
           registrar->add_op(registrar, "plugin_block", "test only: blocks in a system call forever",
                             block_forever, block_forever);
+      r != 0) {
+    return r;
+  }
+  if (int r = registrar->add_op(registrar, "plugin_fail",
+                                "test only: fails with a message of `bytes` bytes",
+                                fail_with_message, fail_with_message);
       r != 0) {
     return r;
   }

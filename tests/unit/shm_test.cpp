@@ -211,6 +211,44 @@ TEST_CASE("A default QueueSegment maps nothing") {
 
 // ---- Packed words -------------------------------------------------------------------------------
 
+TEST_CASE("fit_message: whole when it fits, else its beginning and its end") {
+  char out[32];
+  CHECK(fit_message(out, sizeof out, "short") == 5);
+  CHECK(std::string(out) == "short");
+  const std::string exact(31, 'x');
+  CHECK(fit_message(out, sizeof out, exact) == 31);
+  CHECK(std::string(out) == exact);
+  CHECK(fit_message(out, sizeof out, "pool 'p' is down: worker 1 exited: RuntimeError: no model") ==
+        31);
+  CHECK(std::string(out) == "pool 'p' is d ... ror: no model");
+  CHECK(fit_message(out, 1, "anything") == 0);
+  CHECK(out[0] == '\0');
+}
+
+TEST_CASE("a job slot's message holds 2047 bytes; a longer one keeps both ends") {
+  static JobSlot slot;  // 2 KiB and more: not on the stack
+  std::string text(2000, 'm');
+  text += "the cause";
+  set_slot_message(slot, text);
+  CHECK(std::string(slot.message) == text);
+  text = "what failed: " + std::string(5000, '.') + " the cause";
+  set_slot_message(slot, text);
+  const std::string kept(slot.message);
+  CHECK(kept.size() == kMessageBytes - 1);
+  CHECK(kept.rfind("what failed: ", 0) == 0);
+  CHECK(kept.substr(kept.size() - 10) == " the cause");
+}
+
+TEST_CASE("a pool's down_reason holds a message of kMessageBytes, read back whole") {
+  static PoolShm pool;
+  const std::string reason =
+      "pool 'py' is down (no ready worker for 10000 ms): worker 1 exited "
+      "with status 1 before it was ready: " +
+      std::string(1500, 'e') + " FileNotFoundError: /models/x.pt";
+  set_pool_down_reason(pool, reason);
+  CHECK(pool_down_reason(pool) == reason);
+}
+
 TEST_CASE("JobRef packs into 32 bits and unpacks to the same fields") {
   for (uint32_t client : {0u, 1u, 511u, kMaxClients - 1}) {
     for (uint32_t slot : {0u, 1u, 128u, kMaxSlotsPerClient - 1}) {

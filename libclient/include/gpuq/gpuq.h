@@ -189,7 +189,9 @@ typedef struct gpuq_job_spec {
 /* gpuq_job_spec_t.flags */
 #define GPUQ_JOB_RETRYABLE 0x1u /* if its worker dies while running it, run it again (once) */
 
-#define GPUQ_MESSAGE_BYTES 256
+/* A job's failure message, NUL included: a worker's whole message (revision 1 of
+ * gpuq_job_result_t had 256 bytes; the library still fills such a struct, truncated). */
+#define GPUQ_MESSAGE_BYTES 2048
 
 /* The outcome of a finished job. */
 typedef struct gpuq_job_result {
@@ -204,8 +206,10 @@ typedef struct gpuq_job_result {
   uint64_t queued_ns;               /* OUT: submission -> start */
   uint64_t run_ns;                  /* OUT: start -> finish */
 } gpuq_job_result_t;
-#define GPUQ_JOB_RESULT_VERSION1 GPUQ_STRUCT_VERSION(gpuq_job_result_t, 1)
-#define GPUQ_JOB_RESULT_VERSION GPUQ_JOB_RESULT_VERSION1
+/* Revision 1: the same fields with a 256-byte message (312 bytes in all). */
+#define GPUQ_JOB_RESULT_VERSION1 ((uint32_t)(312u | (1u << 24)))
+#define GPUQ_JOB_RESULT_VERSION2 GPUQ_STRUCT_VERSION(gpuq_job_result_t, 2)
+#define GPUQ_JOB_RESULT_VERSION GPUQ_JOB_RESULT_VERSION2
 
 /* ---- Connection ------------------------------------------------------------------------------ */
 

@@ -97,7 +97,8 @@ struct gpuq_plugin_job {
    * Read it with a relaxed atomic load (it is a std::atomic<uint32_t> in the worker). */
   const volatile uint32_t* cancel_requested;
 
-  /* OUT: the reason of a failure, NUL-terminated; the worker truncates at capacity. */
+  /* OUT: the reason of a failure, NUL-terminated, at most capacity - 1 bytes (2047: a job's
+   * whole message). */
   char* error_message;
   size_t error_message_capacity;
 

@@ -33,7 +33,9 @@ namespace gpuq {
 
 inline constexpr uint64_t kQueueMagic = 0x314D485355515047ull;   // "GPQUSHM1"
 inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
-inline constexpr uint32_t kLayoutVersion = 11;                   // 11: ClientEvents
+// 11: ClientEvents; 12: JobSlot::message and PoolShm::down_reason of kMessageBytes (2048, was
+// 160 and 256), so that a failure's cause reaches its client whole.
+inline constexpr uint32_t kLayoutVersion = 12;
 
 inline constexpr uint32_t kMaxPools = 8;
 inline constexpr uint32_t kMaxWorkers = 1024;
@@ -41,7 +43,9 @@ inline constexpr uint32_t kMaxClients = 1023;        // 10 bits; index 1023 is n
 inline constexpr uint32_t kMaxSlotsPerClient = 256;  // 8 bits
 inline constexpr uint32_t kPoolNameBytes = 32;
 inline constexpr uint32_t kMaxParamBytes = 192;
-inline constexpr uint32_t kMessageBytes = 160;
+// A job's failure message, NUL included (JobSlot::message; a down pool's reason too). Written
+// and read only when a job fails: its size costs memory (slots x clients), never time per job.
+inline constexpr uint32_t kMessageBytes = 2048;
 
 // ---- Job references: what the rings carry ------------------------------------------------------
 
@@ -160,10 +164,32 @@ static_assert(offsetof(JobSlot, desc) == 64);
 inline constexpr uint32_t kCancelByClient = 1u << 0;
 inline constexpr uint32_t kCancelByTimeLimit = 1u << 1;
 
-// Sets `slot`'s message (truncated to fit). Call before the terminal state store.
-inline void set_slot_message(JobSlot& slot, const char* text) noexcept {
-  std::strncpy(slot.message, text, kMessageBytes - 1);
-  slot.message[kMessageBytes - 1] = '\0';
+// Copies `text` into `out` (`capacity` bytes, NUL-terminated); returns the length copied. A text
+// that does not fit keeps its beginning and its end, with " ... " between: a message names what
+// failed first and its cause last, and both matter.
+inline size_t fit_message(char* out, size_t capacity, std::string_view text) noexcept {
+  if (capacity == 0) return 0;
+  size_t n = text.size();
+  constexpr std::string_view kCut = " ... ";
+  if (n < capacity || capacity <= kCut.size() + 2) {
+    n = std::min(n, capacity - 1);  // fits, or too small a room to cut in: its beginning
+    std::memcpy(out, text.data(), n);
+  } else {
+    n = capacity - 1;
+    const size_t head = (n - kCut.size()) / 2;
+    const size_t tail = n - kCut.size() - head;
+    std::memcpy(out, text.data(), head);
+    std::memcpy(out + head, kCut.data(), kCut.size());
+    std::memcpy(out + head + kCut.size(), text.data() + text.size() - tail, tail);
+  }
+  out[n] = '\0';
+  return n;
+}
+
+// Sets `slot`'s message (fit_message). Call before the terminal state store, and only for a job
+// that failed: a successful job's message is never written nor read.
+inline void set_slot_message(JobSlot& slot, std::string_view text) noexcept {
+  fit_message(slot.message, kMessageBytes, text);
 }
 static_assert(std::is_trivially_destructible_v<JobSlot>);
 static_assert(sizeof(JobSlot) % 64 == 0);
@@ -252,7 +278,7 @@ inline constexpr uint32_t kPoolAccepting = 1;
 // No ready worker for pool_down_fail_ms: a submit fails with PoolDown and `down_reason`
 // (docs/design/faults.md, "A pool that cannot serve").
 inline constexpr uint32_t kPoolDown = 2;
-inline constexpr uint32_t kPoolDownReasonBytes = 256;
+inline constexpr uint32_t kPoolDownReasonBytes = kMessageBytes;
 
 struct alignas(64) PoolShm {
   char name[kPoolNameBytes];
@@ -282,16 +308,15 @@ struct alignas(64) PoolShm {
 static_assert(std::atomic_ref<char>::is_always_lock_free);
 static_assert(std::atomic_ref<int32_t>::is_always_lock_free);  // WorkerShm::cpu
 
-// The supervisor's side of PoolShm::down_reason (truncated to fit). Not thread-safe: one
-// writer.
+// The supervisor's side of PoolShm::down_reason (fit_message). Not thread-safe: one writer.
 inline void set_pool_down_reason(PoolShm& p, std::string_view text) noexcept {
+  char fitted[kPoolDownReasonBytes];
+  const size_t n = fit_message(fitted, sizeof fitted, text);
   const uint32_t seq = p.down_seq.load(std::memory_order_relaxed);
   p.down_seq.store(seq | 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  const size_t n = std::min<size_t>(text.size(), kPoolDownReasonBytes - 1);
   for (size_t i = 0; i <= n; ++i) {
-    std::atomic_ref<char>(p.down_reason[i])
-        .store(i < n ? text[i] : '\0', std::memory_order_relaxed);
+    std::atomic_ref<char>(p.down_reason[i]).store(fitted[i], std::memory_order_relaxed);
   }
   p.down_seq.store((seq | 1) + 1, std::memory_order_release);
 }
