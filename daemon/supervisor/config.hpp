@@ -64,10 +64,11 @@ struct PoolConfig {
   uint32_t workers_per_gpu = 1;
   PoolFallback fallback = PoolFallback::kNone;
   int fallback_pool = -1;  // with fallback "cpu": index of the first cpu pool; else -1
-  // Each worker's device memory budget ("memory_limit"): bytes (an integer, at least 1 MiB),
-  // else a fraction of the device's memory (a non-integer number in (0, 1]; default 0.9).
+  // The pool's device memory budget on each of its GPUs ("memory_limit"), shared by its workers
+  // there (memory_budget.hpp): bytes (an integer, at least 1 MiB), else a fraction of the
+  // device's memory (a non-integer number in (0, 1]). Both 0: not set (a share of 0.9).
   uint64_t memory_limit_bytes = 0;
-  double memory_limit_fraction = 0.9;
+  double memory_limit_fraction = 0;
   // The longest a job of this pool may run (0: no limit); a job's own time limit may shorten
   // it (docs/design/faults.md, "Jobs that do not end").
   uint32_t job_time_limit_ms = 0;

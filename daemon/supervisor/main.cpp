@@ -9,12 +9,14 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "config.hpp"
 #include "gpu_discovery.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/posix_call.hpp"
 #include "gpuq/common/runtime_dir.hpp"
+#include "memory_budget.hpp"
 #include "plugins.hpp"
 #include "python_pool.hpp"
 #include "service_notifier.hpp"
@@ -147,7 +149,21 @@ int check_config(const gpuq::daemon::Config& config) {
                   g.name.c_str(), found.source.c_str());
     }
   }
-  for (const PoolConfig& p : config.pools) {
+  // Each gpu pool's GPUs as the supervisor chooses them, then their memory budgets on each.
+  std::vector<gpuq::Result<std::vector<uint32_t>>> chosen;
+  std::vector<std::vector<uint32_t>> pool_gpus(config.pools.size());
+  for (size_t i = 0; i < config.pools.size(); ++i) {
+    const PoolConfig& p = config.pools[i];
+    chosen.push_back(std::vector<uint32_t>{});
+    if (p.kind == gpuq::PoolKind::kCpu) continue;
+    chosen[i] = gpuq::daemon::select_gpus(p, found);
+    const auto program = gpuq::daemon::worker_program(p, executables, cpu_backend);
+    if (chosen[i] && !program) chosen[i] = program.error();
+    if (chosen[i]) pool_gpus[i] = *chosen[i];
+  }
+  auto budgets = gpuq::daemon::plan_memory_budgets(config.pools, pool_gpus, found.gpus);
+  for (size_t i = 0; i < config.pools.size(); ++i) {
+    const PoolConfig& p = config.pools[i];
     if (p.kind == gpuq::PoolKind::kCpu) {
       std::printf("pool %s: %u workers%s on %zu cpus, ring capacity %u\n", p.name.c_str(),
                   p.workers, spares_text(p).c_str(), p.cpus.size(),
@@ -161,27 +177,34 @@ int check_config(const gpuq::daemon::Config& config) {
     }
     const std::string fallback =
         p.fallback_pool >= 0 ? "pool " + config.pools[p.fallback_pool].name : "none";
-    char limit[64];
-    if (p.memory_limit_bytes > 0) {
-      std::snprintf(limit, sizeof limit, "%llu MiB",
-                    static_cast<unsigned long long>(p.memory_limit_bytes >> 20));
-    } else {
-      std::snprintf(limit, sizeof limit, "%g of the device", p.memory_limit_fraction);
-    }
+    const std::string limit =
+        p.memory_limit_bytes > 0 || p.memory_limit_fraction > 0
+            ? gpuq::daemon::MemoryShare{p.memory_limit_bytes, p.memory_limit_fraction}.text() +
+                  " per GPU"
+            : "not set (a share of 0.9 of each GPU)";
     std::printf("pool %s: gpu, gpus %s, %u workers per GPU, memory_limit %s, fallback %s: ",
-                p.name.c_str(), gpus.c_str(), p.workers_per_gpu, limit, fallback.c_str());
-    auto chosen = gpuq::daemon::select_gpus(p, found);
-    const auto program = gpuq::daemon::worker_program(p, executables, cpu_backend);
-    if (chosen && !program) chosen = program.error();
-    if (chosen) {
-      PoolConfig sized = p;
-      sized.workers = static_cast<uint32_t>(chosen->size()) * p.workers_per_gpu;
-      std::printf("%u workers%s on %zu GPUs, ring capacity %u\n", sized.workers,
-                  spares_text(p).c_str(), chosen->size(),
-                  gpuq::daemon::ring_capacity(config, sized));
-    } else {
-      std::printf("unavailable: %s\n", chosen.error().message().c_str());
+                p.name.c_str(), gpus.c_str(), p.workers_per_gpu, limit.c_str(), fallback.c_str());
+    if (!chosen[i]) {
+      std::printf("unavailable: %s\n", chosen[i].error().message().c_str());
+      continue;
     }
+    PoolConfig sized = p;
+    sized.workers = static_cast<uint32_t>(chosen[i]->size()) * p.workers_per_gpu;
+    std::printf("%u workers%s on %zu GPUs, ring capacity %u\n", sized.workers,
+                spares_text(p).c_str(), chosen[i]->size(),
+                gpuq::daemon::ring_capacity(config, sized));
+    if (!budgets) continue;
+    for (const auto& b : (*budgets)[i]) {
+      const uint64_t device = found.gpus[b.gpu].memory_bytes;
+      std::printf("  on GPU %u: budget %s%s, %u workers (spares included): %s each\n",
+                  found.gpus[b.gpu].index, b.pool.text(device).c_str(),
+                  b.by_default ? " (its share of the default 0.9)" : "", b.workers,
+                  b.worker.text(device).c_str());
+    }
+  }
+  if (!budgets) {
+    std::fprintf(stderr, "gpuqd: %s\n", budgets.error().message().c_str());
+    return 2;
   }
   // Plug-in ops, learnt as the daemon would (a child lists them; this process never loads one).
   for (const std::string& path : config.plugins) {

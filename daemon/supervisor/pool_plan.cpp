@@ -94,19 +94,14 @@ Result<PoolPlan> plan_pools(Config& c, const WorkerExecutables& found, const Tes
                     g.numa_node);
     }
   }
-  const std::vector<int> allowed = allowed_cpus();
+  // Which GPUs each gpu pool gets (none: unavailable), then their memory budgets on each, then
+  // where every worker runs.
+  std::vector<std::vector<uint32_t>> pool_gpus(c.pools.size());
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     PoolConfig& pool = c.pools[p];
     Result<WorkerProgram> program = worker_program(pool, found, cpu_backend);
     if (program) plan.pools[p].program = *program;
-    if (pool.kind == PoolKind::kCpu) {
-      // The spares (after the active workers) go on round robin: each idles on the CPU of an
-      // active worker it may replace, with as many threads as a worker with one CPU starts.
-      for (uint32_t i = 0; i < pool.entries(); ++i) {
-        plan.placements.push_back({{pool.cpus[i % pool.cpus.size()]}, "-1", -1});
-      }
-      continue;
-    }
+    if (pool.kind == PoolKind::kCpu) continue;
     Result<std::vector<uint32_t>> chosen = select_gpus(pool, plan.discovery);
     if (chosen && !program) chosen = program.error();
     if (!chosen) {
@@ -122,9 +117,27 @@ Result<PoolPlan> plan_pools(Config& c, const WorkerExecutables& found, const Tes
                         : "its jobs fail with NoDevice");
       continue;
     }
+    pool_gpus[p] = *chosen;
     plan.pools[p].gpus = *chosen;
-    std::vector<WorkerPlacement> on_gpu;  // one per GPU, in the order of `chosen`
-    for (uint32_t g : *chosen) {
+  }
+  auto budgets = plan_memory_budgets(c.pools, pool_gpus, plan.discovery.gpus);
+  if (!budgets) return budgets.error();
+  const std::vector<int> allowed = allowed_cpus();
+  for (uint32_t p = 0; p < c.pools.size(); ++p) {
+    PoolConfig& pool = c.pools[p];
+    if (pool.kind == PoolKind::kCpu) {
+      // The spares (after the active workers) go on round robin: each idles on the CPU of an
+      // active worker it may replace, with as many threads as a worker with one CPU starts.
+      for (uint32_t i = 0; i < pool.entries(); ++i) {
+        plan.placements.push_back({{pool.cpus[i % pool.cpus.size()]}, "-1", -1, {}});
+      }
+      continue;
+    }
+    if (!plan.pools[p].available) continue;
+    plan.pools[p].memory = (*budgets)[p];
+    std::vector<WorkerPlacement> on_gpu;  // one per GPU, in the order of its GPUs
+    for (const PoolGpuBudget& budget : (*budgets)[p]) {
+      const uint32_t g = budget.gpu;
       const GpuInfo& gpu = plan.discovery.gpus[g];
       // The GPU's local CPUs that this daemon may use; all of its CPUs when the two sets do not
       // meet (a cgroup or taskset that keeps it off the GPU's node) or locality is unknown.
@@ -140,20 +153,23 @@ Result<PoolPlan> plan_pools(Config& c, const WorkerExecutables& found, const Tes
         }
         cpus = allowed;
       }
+      GPUQ_LOG_INFO("pool %s on GPU %u: memory budget %s%s, %u workers (spares included): %s each",
+                    pool.name.c_str(), gpu.index, budget.pool.text(gpu.memory_bytes).c_str(),
+                    budget.by_default ? " (its share of the default)" : "", budget.workers,
+                    budget.worker.text(gpu.memory_bytes).c_str());
       // Without a UUID (a driver that hides it from this user) the index in PCI bus order
       // names the same GPU, given CUDA_DEVICE_ORDER=PCI_BUS_ID.
       const std::string visible = gpu.uuid.empty() ? std::to_string(gpu.index) : gpu.uuid;
-      for (uint32_t k = 0; k < pool.workers_per_gpu; ++k) {
-        plan.placements.push_back({cpus, visible, static_cast<int>(g)});
-      }
-      on_gpu.push_back({cpus, visible, static_cast<int>(g)});
+      const WorkerPlacement here{cpus, visible, static_cast<int>(g), budget.worker};
+      for (uint32_t k = 0; k < pool.workers_per_gpu; ++k) plan.placements.push_back(here);
+      on_gpu.push_back(here);
     }
-    // Spares after the active workers, spread over the GPUs: a spare takes the place of a
-    // worker on its own GPU only (SparePool).
+    // Spares after the active workers, spread over the GPUs as workers_on_gpus counts them: a
+    // spare takes the place of a worker on its own GPU only (SparePool).
     for (uint32_t k = 0; k < pool.spare_workers; ++k) {
       plan.placements.push_back(on_gpu[k % on_gpu.size()]);
     }
-    pool.workers = static_cast<uint32_t>(chosen->size()) * pool.workers_per_gpu;
+    pool.workers = static_cast<uint32_t>(on_gpu.size()) * pool.workers_per_gpu;
   }
   if (auto r = check_pool_sizes(c); !r) {
     return Error(r.error().code(), r.error().message() + " (with the GPUs found)");

@@ -10,6 +10,7 @@
 #include "config.hpp"
 #include "gpu_discovery.hpp"
 #include "gpuq/error.hpp"
+#include "memory_budget.hpp"
 #include "python_pool.hpp"
 #include "test_hooks.hpp"
 #include "worker_program.hpp"
@@ -21,6 +22,7 @@ struct WorkerPlacement {
   std::vector<int> cpus;        // its CPU affinity
   std::string visible_devices;  // CUDA_VISIBLE_DEVICES: "-1" (cpu pool), else the GPU's UUID
   int gpu = -1;                 // index into PoolPlan::discovery.gpus; -1 in a cpu pool
+  MemoryShare memory;           // a gpu pool's worker: its device memory budget (memory_budget)
 };
 
 // A pool at run time (PoolPlan::pools[pool]).
@@ -31,6 +33,8 @@ struct PoolState {
   std::string start_error;
   std::vector<uint32_t> gpus;  // a gpu pool's GPUs, indexes into PoolPlan::discovery.gpus
   WorkerProgram program;       // what its workers run (worker_program.hpp)
+  // A gpu pool's memory budget on each of its GPUs, in the order of `gpus` (memory_budget.hpp).
+  std::vector<PoolGpuBudget> memory;
 };
 
 struct PoolPlan {
@@ -46,7 +50,8 @@ struct PoolPlan {
 // pool with no GPU (or a C++ gpu pool without gpuq-gpu-worker: `found.gpu_worker` empty) is
 // unavailable, not an error. `hooks`: the test hooks (fake GPUs, GPUQ_TEST_GPU_WORKER). Call
 // while the process is single-threaded (discovery may fork). Errors: InvalidArgument when the
-// GPUs found make a pool too large (check_pool_sizes).
+// GPUs found make a pool too large (check_pool_sizes), or the memory budgets of the pools on a
+// GPU add up to more than it (plan_memory_budgets).
 Result<PoolPlan> plan_pools(Config& config, const WorkerExecutables& found, const TestHooks& hooks);
 
 // The plug-ins' ops, from a child per plug-in (`worker_path --list-plugin-ops`): the supervisor

@@ -130,12 +130,14 @@ LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
     for (const std::string& plugin : c.plugins)
       spec.argv.insert(spec.argv.end(), {"--plugin", plugin});
   }
-  if (gpu_worker && pool.memory_limit_bytes > 0) {
-    spec.argv.insert(spec.argv.end(),
-                     {"--memory-limit-bytes", std::to_string(pool.memory_limit_bytes)});
+  // Its share of the pool's budget on its GPU (memory_budget.hpp), from its placement: a spare
+  // promoted in another's place takes that place's, the same on the same GPU.
+  const MemoryShare& memory = w.placement.memory;
+  if (gpu_worker && memory.bytes > 0) {
+    spec.argv.insert(spec.argv.end(), {"--memory-limit-bytes", std::to_string(memory.bytes)});
   } else if (gpu_worker) {
     char fraction[32];
-    std::snprintf(fraction, sizeof fraction, "%.17g", pool.memory_limit_fraction);
+    std::snprintf(fraction, sizeof fraction, "%.17g", memory.fraction);
     spec.argv.insert(spec.argv.end(), {"--memory-limit-fraction", fraction});
   }
   spec.env =

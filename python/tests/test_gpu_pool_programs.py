@@ -4,9 +4,10 @@ gpuqd and gpuq-worker copied to a folder of their own without gpuq-gpu-worker (a
 CUDA, or a pip install without the gpu extra, has them), a fake GPU (a /proc + /sys tree read
 under the test hook GPUQ_TEST_GPU_ROOT) and the hook GPUQ_TEST_GPU_WORKER=real, under which each
 gpu pool runs what it would run on a real GPU (docs/service.md, "Test hooks"): the Python pool its
-interpreter with --gpu, which answers a numpy op (no framework is imported, so no CUDA is
-touched); the C++ pool gpuq-gpu-worker, which is missing: unavailable, with where gpuqd looked
-and how to install it, in the status and in `gpuqd --check-config`."""
+interpreter with --gpu (and its share of the pool's memory budget), which answers a numpy op
+(no framework is imported, so no CUDA is touched); the C++ pool gpuq-gpu-worker, which is
+missing: unavailable, with where gpuqd looked and how to install it, in the status and in
+`gpuqd --check-config`."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def bare_gpuqd(tmp_path, monkeypatch):
 
 
 CONFIG = {"pools": [
-    {"name": "pygpu", "kind": "gpu", "python": {
+    {"name": "pygpu", "kind": "gpu", "workers_per_gpu": 2, "spare_workers": 1, "python": {
         "interpreter": sys.executable, "modules": ["pyops_mod"], "path": [OPS_DIR]}},
     {"name": "cxxgpu", "kind": "gpu"}]}
 
@@ -76,10 +77,15 @@ def test_python_gpu_pool_serves_without_gpuq_gpu_worker(bare_gpuqd):
                                           np.arange(4.0) * 2)
             with pytest.raises(gpuq.NoDevice, match="gpuq-gpu-worker"):
                 c.submit("noop", pool="cxxgpu")
-        # Its workers run the interpreter with --gpu, on the fake GPU.
-        pid = pools["pygpu"]["workers"][0]["pid"]
-        argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        assert argv[0] == sys.executable.encode() and b"--gpu" in argv, argv
+        # Its workers (the spare too) run the interpreter with --gpu, on the fake GPU, each with
+        # a third of the pool's default budget there (0.9: the unavailable pool takes none).
+        workers = pools["pygpu"]["workers"]
+        assert len(workers) == 3
+        for w in workers:
+            argv = pathlib.Path(f"/proc/{w['pid']}/cmdline").read_bytes().split(b"\0")
+            assert argv[0] == sys.executable.encode() and b"--gpu" in argv, argv
+            share = float(argv[argv.index(b"--memory-limit-fraction") + 1])
+            assert share == pytest.approx(0.3), argv
 
 
 def test_check_config_says_the_same(bare_gpuqd, tmp_path):

@@ -70,7 +70,10 @@ def test_device_stream_and_pinned_segment(gc):
 
 
 def test_memory_budget(gc):
+    # The pool's budget on its GPU is shared by its two workers: BUDGET / 2 each.
     assert gc.call("gpu_alloc", BUDGET // 4, pool="pygpu") == BUDGET // 4
+    with pytest.raises(gpuq.OutOfMemory):
+        gc.call("gpu_alloc", BUDGET * 3 // 4, pool="pygpu")
     with pytest.raises(gpuq.OutOfMemory, match="^gpu_alloc: OutOfMemoryError: CUDA out of "
                                                "memory"):
         gc.call("gpu_alloc", 2 * BUDGET, pool="pygpu")

@@ -341,6 +341,53 @@ TEST_CASE(
   CHECK(daemon.terminate().ok());
 }
 
+TEST_CASE("memory budgets: shares per worker in --check-config; a GPU over-promised is refused") {
+  FakeGpuTree tree;
+  tree.add_gpu({"0000:3b:00.0", "NVIDIA H100 80GB HBM3", kUuidA, "", "-1", false});
+  const std::string path = tree.root() + "/gpuqd.json";
+  std::string env;
+  for (const std::string& e : fake_gpu_env(tree)) env += "'" + e + "' ";
+  const auto check = [&](const std::string& config) {
+    FakeGpuTree::write(path, config);
+    return run_command("env " + env + "'" + gpuqd_path() + "' --check-config --config '" + path +
+                       "' 2>&1");
+  };
+
+  // Two pools on GPU 0 without memory_limit share 0.9; a pool's share is divided among its
+  // workers and spares there.
+  const CommandResult shared = check(R"({"pools":[
+      {"name":"a","kind":"gpu","gpus":[0],"workers_per_gpu":2,"spare_workers":1},
+      {"name":"b","kind":"gpu","gpus":[0]},
+      {"name":"c","kind":"gpu","gpus":[0],"memory_limit":0.1}]})");
+  INFO(shared.output);
+  CHECK(shared.exit_code == 0);
+  CHECK(contains(shared.output, "pool a: gpu, gpus 0, 2 workers per GPU, memory_limit not set"));
+  CHECK(contains(shared.output,
+                 "  on GPU 0: budget 0.4 of the device (its share of the default 0.9), 3 workers "
+                 "(spares included): 0.1333 of the device each"));
+  CHECK(contains(shared.output,
+                 "  on GPU 0: budget 0.4 of the device (its share of the default 0.9), 1 workers "
+                 "(spares included): 0.4 of the device each"));
+  CHECK(contains(shared.output, "memory_limit 0.1 of the device per GPU"));
+  CHECK(contains(shared.output, "  on GPU 0: budget 0.1 of the device, 1 workers"));
+
+  // Over the device: --check-config and the daemon itself refuse it, naming GPU, pools and sum.
+  const std::string over = R"({"pools":[
+      {"name":"a","kind":"gpu","gpus":[0],"memory_limit":0.6},
+      {"name":"b","kind":"gpu","gpus":"all","memory_limit":0.5}]})";
+  const std::string says = "config: GPU 0 (" + std::string(kUuidA) +
+                           "): the memory_limit of pools a (0.6 of the device), b (0.5 of the "
+                           "device) adds up to 1.1 of the device, more than all of it";
+  const CommandResult refused = check(over);
+  CHECK(refused.exit_code == 2);
+  CHECK_MESSAGE(contains(refused.output, says), refused.output);
+  const CommandResult start =
+      run_command("env " + env + "timeout 30 '" + gpuqd_path() + "' --config '" + path +
+                  "' --runtime-dir '" + tree.root() + "/run' 2>&1");
+  CHECK(start.exit_code == 1);
+  CHECK_MESSAGE(contains(start.output, "cannot start: InvalidArgument: " + says), start.output);
+}
+
 TEST_CASE("bad gpu pool values stop gpuqd with an error naming the key") {
   struct Case {
     const char* pools;

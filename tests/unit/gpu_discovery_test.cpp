@@ -306,9 +306,9 @@ TEST_CASE("config: a gpu pool's keys and their defaults") {
   CHECK(g2.workers == 6);
   CHECK(g2.fallback == PoolFallback::kCpu);
   CHECK(g2.fallback_pool == 0);
-  CHECK(ring_capacity(*c, gpu) == 1);  // no workers yet: a ring of one cell
-  CHECK(gpu.memory_limit_bytes == 0);  // default: 0.9 of the device
-  CHECK(gpu.memory_limit_fraction == doctest::Approx(0.9));
+  CHECK(ring_capacity(*c, gpu) == 1);     // no workers yet: a ring of one cell
+  CHECK(gpu.memory_limit_bytes == 0);     // not set: a share of 0.9 of the device
+  CHECK(gpu.memory_limit_fraction == 0);  // (memory_budget.hpp)
 }
 
 TEST_CASE("config: a gpu pool's memory_limit is bytes (an integer) or a fraction (a number)") {
