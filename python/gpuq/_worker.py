@@ -456,8 +456,6 @@ class Runtime:
                 n = 0
         if n == 0:
             n = _pyops.write_error(out, kind, str(e), tb, **extra)
-        if len(msg) > 150:  # the job's message (a slot holds 159 bytes); the record has it all
-            msg = msg[:147] + "..."
         return (_errors.OutOfMemory.code if oom else _errors.OpFailed.code, msg, n, 0)
 
     def _check_device(self, e: BaseException) -> None:
