@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _args, _errors, _native, _pyops, _room, _spill
 from ._backlog import Backlog
-from ._future import Continue, Future, JobInfo
+from ._future import DONE, Continue, Future, JobInfo
 
 _OUTPUT_SLACK = 64 << 10  # room for the answer's header and small results
 
@@ -136,19 +136,27 @@ def _late(pool: str, w: Waiting, now: float) -> Optional[BaseException]:
 
 
 def _in_flight(conn: Any) -> List[Any]:
-    """Jobs of this connection that may give room back when they end (at most 64: the
-    feeder's wait_any)."""
+    """Unfinished jobs of this connection, which give room back when they end (at most 64: the
+    feeder's wait_any). Not the ended ones whose futures nobody has read: a wait on those
+    would return at once, every time."""
     jobs: List[Any] = []
     try:
         for f in conn.holders:
             job = f._job
-            if job is not None:
+            if job is not None and _unfinished(job):
                 jobs.append(job)
                 if len(jobs) >= 64:
                     break
     except RuntimeError:  # the set changed meanwhile (another thread's submit): try later
         pass
     return jobs
+
+
+def _unfinished(job: Any) -> bool:
+    try:
+        return job.poll() < DONE
+    except _errors.Error:  # a connection gone: nothing to wait for
+        return False
 
 
 def _backlog(client: Any, conn: Any, pool: str) -> Backlog:

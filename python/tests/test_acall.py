@@ -276,3 +276,32 @@ def test_after_fork_the_child_connects_anew(client):
         except BaseException:  # noqa: BLE001
             os._exit(2)
     assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_waiting_calls_burn_little_cpu_beside_unread_ended_calls(daemon, full_ring):
+    """The feeder sleeps on this client's unfinished jobs: ended calls nobody has read (their
+    futures still hold their jobs) must not wake it at once, over and over."""
+    with gpuq.connect(daemon.runtime_dir, name="pytest-acall-cpu") as c:
+        full_ring.release()
+        unread = [c.submit_call("scale", np.ones(4), pool="py") for _ in range(3)]
+        deadline = time.monotonic() + 30
+        while not all(f._job.poll() >= 2 for f in unread):  # DONE, unread
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        ring = FullRing(daemon)
+        try:
+            async def main():
+                calls = [asyncio.ensure_future(c.acall("scale", np.ones(2), pool="py"))
+                         for _ in range(5)]
+                await asyncio.sleep(0.2)
+                cpu0 = time.process_time()
+                await asyncio.sleep(1.0)
+                used = time.process_time() - cpu0
+                ring.release()
+                await asyncio.wait_for(asyncio.gather(*calls), 30)
+                return used
+
+            assert asyncio.run(main()) < 0.3  # a spinning feeder takes the whole second
+        finally:
+            ring.close()
+        assert all(list(f.result()) == [2.0] * 4 for f in unread)
