@@ -3,7 +3,7 @@ out). Only the gpuq pool's workers import this module (model_ops.py); the web wo
 they send rows and get answers.
 
 Two sizes: "small" (64 -> 256 -> 10, 68 KB of weights: CI) and "large" (2048 -> 8192 -> 8192
--> 1000, 352 MB of float32 weights: bench/python/bench_web_memory.py, a model of a realistic
+-> 1000, 368 MB of float32 weights: bench/python/bench_web_memory.py, a model of a realistic
 size). The weights are made from a seed, as a stand-in for loading a checkpoint (np.load,
 torch.load): either way they end up in the process's private memory.
 """
