@@ -342,7 +342,8 @@ bench() {
 }
 stage bench bench
 
-# ---- python: the gpu Python pool tests (python/tests/test_python_gpu.py, torch) and the gpu
+# ---- python: the gpu Python pool tests (python/tests/test_python_gpu.py, torch), gpuq serve on
+# every GPU (test_serve.py) and the gpu
 # pool's metrics (test_metrics_gpu.py: worker memory, NVML figures from the sampler) -----------
 # The gpuq package built into a venv that sees the machine's own packages (torch, nanobind,
 # scikit-build-core; no internet), against the bundle's headers, then pytest -m gpu against the
@@ -375,7 +376,8 @@ print("\n".join(dict.fromkeys([p["purelib"], p["platlib"], *site.getsitepackages
   lim="$(limit "${TEST_TIMEOUT}")"
   GPUQ_GPUQD="${BUILD}/daemon/gpuqd" timeout -k 10 "${lim}" "${venv}/bin/python" -m pytest -v \
     -m gpu -p no:cacheprovider --junitxml="${OUT}/python-gpu.xml" \
-    "${ROOT}/python/tests/test_python_gpu.py" "${ROOT}/python/tests/test_metrics_gpu.py"
+    "${ROOT}/python/tests/test_python_gpu.py" "${ROOT}/python/tests/test_metrics_gpu.py" \
+    "${ROOT}/python/tests/test_serve.py"
 }
 stage python python_gpu
 

@@ -141,3 +141,31 @@ def test_serve_fails_naming_a_module_that_does_not_import(tmp_path):
     assert "pool default is unavailable" in err, err
     assert "this module fails to import on purpose" in err, err
     assert "Ctrl-C drains" not in out
+
+
+@pytest.mark.gpu
+def test_serve_runs_a_torch_op_on_every_gpu(tmp_path):
+    """The README's first path on a GPU machine: gpuq serve with --gpus all, a torch op on cuda.
+    Skipped without torch or a CUDA device (scripts/device_check.sh runs it on one)."""
+    torch = pytest.importorskip("torch", reason="no torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    proc, runtime_dir = start_serve(tmp_path, "pyops_serve_gpu", "--gpus", "all", "--path",
+                                    OPS_DIR)
+    try:
+        out = []
+        for line in proc.stdout:
+            out.append(line)
+            if "Ctrl-C drains" in line:
+                break
+        text = "".join(out)
+        assert "workers ready on GPU" in text, text + proc.stderr.read()
+        with gpuq.connect(runtime_dir) as c:
+            r = c.call("where_am_i", np.ones(8, np.float32), timeout=120)
+        assert r["device"].startswith("cuda") and r["sum"] == 8.0, r
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
