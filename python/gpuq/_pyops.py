@@ -4,9 +4,9 @@ wire format, shared by the client (gpuq.Client.call, gpuq.Executor) and the work
 
 The format itself (a binary call header in the job's input span, at the params ``py.h`` and
 ``py.n``; a binary answer at the start of its output buffer) is encoded and decoded by one C++
-codec, python/src/call_codec.hpp, in gpuq._native; what lives here is what it asks of Python
-(dtypes and JSON values as text, and back) and the conversion of results it leaves to Python
-(framework tensors, str and dict).
+codec, python/src/call_codec.hpp, in gpuq._native; what it asks of Python (dtypes and JSON
+values as text, and back) is gpuq._wire's, and what lives here is the conversion of results it
+leaves to Python (framework tensors, str and dict).
 
 Named ops never exchange pickles: a client may not make a worker unpickle (run) its bytes
 unless the pool allows callables, and a worker's answer to a named op is arrays and JSON only."""
@@ -14,17 +14,16 @@ unless the pool allows callables, and a worker's answer to a named op is arrays 
 from __future__ import annotations
 
 import json
-import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _native
+from ._wire import is_array, json_text
 
 __all__ = ["op", "on_start", "cancelled", "context", "WorkerContext"]
 
 CALL_OP = "python_call"  # the op gpuq.Executor's jobs name (daemon: kPythonCallOp)
-ALIGN = 64
 
 # ---- registration (in a worker, or in the daemon's listing child) -----------------------------
 
@@ -157,79 +156,7 @@ def cancelled() -> bool:
     limit passed). An op that loops should look now and then and return (or raise
     :class:`gpuq.Cancelled`); one that does not is stopped by killing its worker after the
     daemon's ``cancel_grace_ms``."""
-    from . import _native
     return bool(_native.job_cancelled())
-
-
-# ---- dtypes and JSON values (what the native codec asks of Python) ----------------------------
-
-
-def dtype_spec(dt: np.dtype) -> Any:
-    if dt.hasobject:
-        raise TypeError(f"arrays of dtype {dt} (Python objects) cannot be shared")
-    return dt.str if dt.fields is None else dt.descr
-
-
-def dtype_from(spec: Any) -> np.dtype:
-    """A dtype from dtype_spec's form: a string, or a structured dtype's descr as JSON lists
-    (nested ones included)."""
-    def fields(descr: Any) -> Any:
-        if isinstance(descr, str):
-            return descr
-        if not isinstance(descr, list):
-            raise ValueError(f"not a dtype: {descr!r}")
-        return [(f[0], fields(f[1])) if len(f) < 3 else (f[0], fields(f[1]), tuple(f[2]))
-                for f in descr]
-
-    return np.dtype(fields(spec))
-
-
-def dtype_text(dt: np.dtype) -> str:
-    """An array's dtype as the wire format writes it: numpy's ``dtype.str``, or a structured
-    dtype's descr as JSON. TypeError for dtypes holding Python objects."""
-    spec = dtype_spec(dt)
-    return spec if isinstance(spec, str) else json.dumps(spec)
-
-
-def dtype_of_text(text: str) -> np.dtype:
-    """dtype_text's inverse, for what a peer wrote: ValueError when it is not a dtype, or one
-    holding Python objects (an array of those over shared bytes would be pointers from
-    another process)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a deprecated alias is refused too
-            dt = dtype_from(json.loads(text)) if text.startswith("[") else np.dtype(text)
-    except (TypeError, ValueError, Warning) as e:
-        raise ValueError(f"{text[:80]!r} is not a dtype ({e})") from None
-    if dt.hasobject:
-        raise ValueError(f"dtype {text[:80]!r} holds Python objects, which cannot be shared")
-    return dt
-
-
-def json_text(v: Any, what: str) -> str:
-    """A value that is neither an array nor a plain scalar, as JSON text; TypeError naming
-    ``what`` when it is not JSON-able."""
-    try:
-        return json.dumps(v, allow_nan=True)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{what}: {type(v).__name__} is neither an array nor JSON-able "
-                        f"({e}); pass numpy arrays, numbers, strings, lists or dicts") from None
-
-
-MAX_HEADER_BYTES = 4 << 20  # a job's header (its JSON arguments): larger data goes in arrays
-
-
-def align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def _json_value(v: Any, what: str) -> Any:
-    json_text(v, what)
-    return v
-
-
-def is_array(v: Any) -> bool:
-    return isinstance(v, (np.ndarray, np.generic))
 
 
 # ---- the worker's side ------------------------------------------------------------------------
@@ -321,7 +248,8 @@ def _result_arrays(result: Any) -> Tuple[str, List[np.ndarray], Any]:
         if all(a is not None for a in arrays):
             return "tuple", arrays, None  # type: ignore[return-value]
     if isinstance(result, (str, dict)):
-        return "json", [], _json_value(result, "the op's result")
+        json_text(result, "the op's result")  # TypeError when it is not JSON-able
+        return "json", [], result
     raise TypeError(f"the op returned {type(result).__name__}; return a numpy array (or a "
                     "torch/CuPy/JAX/TensorFlow array), a tuple of them, a scalar, a str or "
                     "dict, or None")
@@ -403,8 +331,3 @@ def read_answer(out: np.ndarray, nbytes: int) -> Dict[str, Any]:
     header["kind"] = kind
     header["arrays"] = views
     return header
-
-
-def result_value(out: np.ndarray, nbytes: int) -> Any:
-    """A named op's result from its answer (native: arrays as views of ``out``)."""
-    return _native.answer_value(out, nbytes)
