@@ -25,7 +25,9 @@
 #           (gpuqd and gpuq-worker built here if the build stage did not run); the tests also run
 #           every script of examples/python. Then the peers' own suites on gpuq's drop-ins
 #           (tests/compat/run.py: joblib's test_parallel.py, CPython's
-#           test_concurrent_futures.py; tests/compat/requirements.txt). docs/python.md
+#           test_concurrent_futures.py; tests/compat/requirements.txt). Before the tests, ruff
+#           check and ruff format --check on python/gpuq (python/lint-requirements.txt, pinned).
+#           docs/python.md
 #   tf      TensorFlow in Python pools: a venv of its own outside the tree (GPUQ_TF_VENV) with
 #           the pinned tests/tf/requirements.txt (tensorflow-cpu from PyPI, about 1.4 GB
 #           installed), made again only when that file or the interpreter changes (a hash in the
@@ -349,6 +351,11 @@ stage_python() {
   local -a pip=("${venv}/bin/python" -m pip --disable-pip-version-check)
   "${pip[@]}" install -q --upgrade pip
   CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" "${pip[@]}" install "${ROOT}/python[test]"
+  # The package's lint and format (python/pyproject.toml [tool.ruff]; ruff pinned in
+  # python/lint-requirements.txt): a finding fails the stage before its tests run.
+  "${pip[@]}" install -q -r "${ROOT}/python/lint-requirements.txt"
+  (cd "${ROOT}/python" && "${venv}/bin/ruff" check gpuq && "${venv}/bin/ruff" format --check gpuq) ||
+    return 1
   local junit="${ROOT}/build-python/pytest-junit.xml"
   rm -f "${junit}"
   local -a extra=()

@@ -27,7 +27,7 @@ import numpy as np
 from . import _native
 from ._client import Client, default_runtime_dir, metrics, status
 from ._errors import *  # noqa: F401,F403 - the exception classes
-from ._errors import SystemError  # noqa: A004 - gpuq.SystemError, by the code's name
+from ._errors import SystemError  # noqa: F401, A004 - gpuq.SystemError, by the code's name
 from ._errors import __all__ as _error_names
 from ._calls import RemoteTraceback
 from ._executor import Executor
@@ -74,15 +74,24 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def connect(runtime_dir: Optional[str] = None, segment_bytes: int = 0,
-            name: Optional[str] = None, keep_running_jobs: bool = False,
-            wait: float = 0.0) -> Client:
+def connect(
+    runtime_dir: Optional[str] = None,
+    segment_bytes: int = 0,
+    name: Optional[str] = None,
+    keep_running_jobs: bool = False,
+    wait: float = 0.0,
+) -> Client:
     """A new :class:`Client` (a context manager: ``with gpuq.connect() as client:``).
     ``keep_running_jobs``: jobs still running when the connection ends (the process exits) run
     to their end; by default the daemon cancels them. ``wait``: seconds to keep trying while no
     daemon answers (one that is still starting); by default :class:`Disconnected` at once."""
-    return Client(runtime_dir=runtime_dir, segment_bytes=segment_bytes, name=name,
-                  keep_running_jobs=keep_running_jobs, wait=wait)
+    return Client(
+        runtime_dir=runtime_dir,
+        segment_bytes=segment_bytes,
+        name=name,
+        keep_running_jobs=keep_running_jobs,
+        wait=wait,
+    )
 
 
 def default_client() -> Client:

@@ -1,7 +1,7 @@
 """``python -m gpuq`` (the ``gpuq`` command): ``serve`` starts a daemon with one Python pool.
 
-    gpuq serve app.ops [--gpus all|none|0,1] [--workers N] ...   (gpuq serve --help)
-    gpuq version
+gpuq serve app.ops [--gpus all|none|0,1] [--workers N] ...   (gpuq serve --help)
+gpuq version
 """
 
 from __future__ import annotations

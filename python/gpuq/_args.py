@@ -25,10 +25,15 @@ def time_limit_ms(value: Optional[float]) -> int:
     """``time_limit`` in seconds as whole milliseconds, rounded up (0: none)."""
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
-            or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or value < 0
+    ):
         raise _errors.InvalidArgument(
-            f"time_limit: must be a number of seconds >= 0 (0 or None: no limit), not {value!r}")
+            f"time_limit: must be a number of seconds >= 0 (0 or None: no limit), not {value!r}"
+        )
     if value == 0 or math.isinf(value):
         return 0
     # Rounded to the nanosecond first, so that 1.1 s is 1100 ms and not 1101.
@@ -36,5 +41,6 @@ def time_limit_ms(value: Optional[float]) -> int:
     if ms > MAX_TIME_LIMIT_MS:
         raise _errors.InvalidArgument(
             f"time_limit: {value!r} s is more than the most a job may be given, "
-            f"{MAX_TIME_LIMIT_MS} ms (about 49.7 days); None: no limit")
+            f"{MAX_TIME_LIMIT_MS} ms (about 49.7 days); None: no limit"
+        )
     return ms

@@ -42,10 +42,14 @@ class Backlog:
     ``now`` being ``time.monotonic()``), or None; ``name`` names the feeder thread.
     Thread-safe."""
 
-    def __init__(self, send: Callable[[Any, Any], None], at_cap: Callable[[], bool],
-                 in_flight: Callable[[], List[Any]],
-                 late: Optional[Callable[[Any, float], Optional[BaseException]]] = None,
-                 name: str = "gpuq-executor-feeder") -> None:
+    def __init__(
+        self,
+        send: Callable[[Any, Any], None],
+        at_cap: Callable[[], bool],
+        in_flight: Callable[[], List[Any]],
+        late: Optional[Callable[[Any, float], Optional[BaseException]]] = None,
+        name: str = "gpuq-executor-feeder",
+    ) -> None:
         self._send = send
         self._name = name
         self._at_cap = at_cap
@@ -84,8 +88,12 @@ class Backlog:
                     break
             else:
                 return False
-        future._end("CANCELLED_AND_NOTIFIED", None,
-                    _errors.Cancelled("cancelled before it reached the daemon"), None)
+        future._end(
+            "CANCELLED_AND_NOTIFIED",
+            None,
+            _errors.Cancelled("cancelled before it reached the daemon"),
+            None,
+        )
         return True
 
     def cancel_all(self) -> int:
@@ -95,8 +103,12 @@ class Backlog:
             self._tasks.clear()
             self._idle.notify_all()
         for f, _ in tasks:
-            f._end("CANCELLED_AND_NOTIFIED", None,
-                   _errors.Cancelled("cancelled at the executor's shutdown"), None)
+            f._end(
+                "CANCELLED_AND_NOTIFIED",
+                None,
+                _errors.Cancelled("cancelled at the executor's shutdown"),
+                None,
+            )
         return len(tasks)
 
     def wait_empty(self) -> None:

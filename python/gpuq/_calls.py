@@ -34,12 +34,24 @@ class RemoteTraceback(_StdlibRemoteTraceback):
         return f'\n"""\n{self.tb}"""'
 
 
-def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]],
-                  pool: Optional[str], output_bytes: Optional[int], timeout: Optional[float],
-                  expire_after: Optional[float], retryable: bool, time_limit: Optional[float],
-                  try_only: bool, callable_job: bool, flags: int = 0,
-                  future: Optional[Future] = None, on_error: Any = None,
-                  origin: Optional[Tuple[Any, Optional[str]]] = None) -> Future:
+def submit_python(
+    client: Any,
+    op: str,
+    args: Tuple[Any, ...],
+    kwargs: Optional[Dict[str, Any]],
+    pool: Optional[str],
+    output_bytes: Optional[int],
+    timeout: Optional[float],
+    expire_after: Optional[float],
+    retryable: bool,
+    time_limit: Optional[float],
+    try_only: bool,
+    callable_job: bool,
+    flags: int = 0,
+    future: Optional[Future] = None,
+    on_error: Any = None,
+    origin: Optional[Tuple[Any, Optional[str]]] = None,
+) -> Future:
     """Submits a Python op's job: the native codec lays ``args`` and ``kwargs`` out in one block
     of the segment (call_codec.hpp), with the room for the answer after them. ``callable_job``:
     gpuq.Executor's (its arrays copied, which the worker may change in place). ``future``: a
@@ -52,8 +64,22 @@ def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[
     conn = client._c()
     timeout_ns = -1 if timeout is None else _args.seconds_to_ns(timeout, "timeout")
     expire_ns = -1 if expire_after is None else _args.seconds_to_ns(expire_after, "expire_after")
-    job, out, kept = _lay_out(conn, op, pool, args, kwargs, output_bytes, flags, callable_job,
-                              expire_ns, retryable, limit_ms, timeout_ns, try_only, timeout)
+    job, out, kept = _lay_out(
+        conn,
+        op,
+        pool,
+        args,
+        kwargs,
+        output_bytes,
+        flags,
+        callable_job,
+        expire_ns,
+        retryable,
+        limit_ms,
+        timeout_ns,
+        try_only,
+        timeout,
+    )
     # The future keeps the block (its header, copies and answer room: `out` owns it) and the
     # arrays passed in place until the job has ended, also when it is dropped before.
     keep = out if kept is None else (out, kept)
@@ -74,17 +100,21 @@ def submit_python(client: Any, op: str, args: Tuple[Any, ...], kwargs: Optional[
     return f
 
 
-def _output_bytes(args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]],
-                  output_bytes: Optional[int]) -> int:
+def _output_bytes(
+    args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]], output_bytes: Optional[int]
+) -> int:
     """The answer's room: ``output_bytes`` checked, or by default the arguments' array bytes
     plus 64 KiB."""
     if output_bytes is None:
-        return _OUTPUT_SLACK + sum(
-            a.nbytes for a in args if isinstance(a, np.ndarray)) + (sum(
-                a.nbytes for a in kwargs.values() if isinstance(a, np.ndarray)) if kwargs else 0)
+        return (
+            _OUTPUT_SLACK
+            + sum(a.nbytes for a in args if isinstance(a, np.ndarray))
+            + (sum(a.nbytes for a in kwargs.values() if isinstance(a, np.ndarray)) if kwargs else 0)
+        )
     if type(output_bytes) is not int or output_bytes < 64:
-        raise _errors.InvalidArgument(f"output_bytes: must be an int of at least 64, not "
-                                      f"{output_bytes!r}")
+        raise _errors.InvalidArgument(
+            f"output_bytes: must be an int of at least 64, not {output_bytes!r}"
+        )
     return output_bytes
 
 
@@ -105,13 +135,30 @@ class Waiting:
     """A call waiting in the client for room (asubmit_call): submit_python's arguments, and
     when the call was made (its ``timeout`` and ``expire_after`` count from then)."""
 
-    __slots__ = ("op", "args", "kwargs", "output_bytes", "timeout", "expire_after", "retryable",
-                 "time_limit", "start")
+    __slots__ = (
+        "op",
+        "args",
+        "kwargs",
+        "output_bytes",
+        "timeout",
+        "expire_after",
+        "retryable",
+        "time_limit",
+        "start",
+    )
 
-    def __init__(self, op: str, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]],
-                 output_bytes: Optional[int], timeout: Optional[float],
-                 expire_after: Optional[float], retryable: bool,
-                 time_limit: Optional[float], start: float) -> None:
+    def __init__(
+        self,
+        op: str,
+        args: Tuple[Any, ...],
+        kwargs: Optional[Dict[str, Any]],
+        output_bytes: Optional[int],
+        timeout: Optional[float],
+        expire_after: Optional[float],
+        retryable: bool,
+        time_limit: Optional[float],
+        start: float,
+    ) -> None:
         self.op = op
         self.args = args
         self.kwargs = kwargs
@@ -127,11 +174,15 @@ def _late(pool: str, w: Waiting, now: float) -> Optional[BaseException]:
     """Why ``w`` may not wait any longer, or None."""
     waited = now - w.start
     if w.timeout is not None and waited >= w.timeout:
-        return _errors.Timeout(f"pool {pool!r} had no room for the call within {w.timeout:.3g} s "
-                               "(timeout); it was not sent")
+        return _errors.Timeout(
+            f"pool {pool!r} had no room for the call within {w.timeout:.3g} s "
+            "(timeout); it was not sent"
+        )
     if w.expire_after is not None and waited >= w.expire_after:
-        return _errors.Expired(f"{w.op}: expire_after ({w.expire_after} s) passed while the call "
-                               f"waited for room in pool {pool!r}; it was not sent")
+        return _errors.Expired(
+            f"{w.op}: expire_after ({w.expire_after} s) passed while the call "
+            f"waited for room in pool {pool!r}; it was not sent"
+        )
     return None
 
 
@@ -175,18 +226,44 @@ def _backlog(client: Any, conn: Any, pool: str) -> Backlog:
         if error is not None:
             raise error
         expire = None if w.expire_after is None else max(1e-9, w.expire_after - (now - w.start))
-        submit_python(c, w.op, w.args, w.kwargs, pool, w.output_bytes, 0.0, expire, w.retryable,
-                      w.time_limit, True, False, future=future)
+        submit_python(
+            c,
+            w.op,
+            w.args,
+            w.kwargs,
+            pool,
+            w.output_bytes,
+            0.0,
+            expire,
+            w.retryable,
+            w.time_limit,
+            True,
+            False,
+            future=future,
+        )
 
-    made = Backlog(send, lambda: False, lambda: _in_flight(conn),
-                   late=lambda w, now: _late(pool, w, now), name="gpuq-call-feeder")
+    made = Backlog(
+        send,
+        lambda: False,
+        lambda: _in_flight(conn),
+        late=lambda w, now: _late(pool, w, now),
+        name="gpuq-call-feeder",
+    )
     return conn.backlogs.setdefault(pool, made)  # atomic: one backlog per pool, whoever wins
 
 
-def submit_nowait(client: Any, op: str, args: Tuple[Any, ...],
-                  kwargs: Optional[Dict[str, Any]], pool: str, output_bytes: Optional[int],
-                  timeout: Optional[float], expire_after: Optional[float], retryable: bool,
-                  time_limit: Optional[float]) -> Future:
+def submit_nowait(
+    client: Any,
+    op: str,
+    args: Tuple[Any, ...],
+    kwargs: Optional[Dict[str, Any]],
+    pool: str,
+    output_bytes: Optional[int],
+    timeout: Optional[float],
+    expire_after: Optional[float],
+    retryable: bool,
+    time_limit: Optional[float],
+) -> Future:
     """Client.asubmit_call: a named op's call that never waits in this thread (see above).
     Arguments are checked here, so a malformed call raises from the call either way."""
     start = time.monotonic()
@@ -197,8 +274,20 @@ def submit_nowait(client: Any, op: str, args: Tuple[Any, ...],
     if backlog is None or not len(backlog):
         # Nothing waits before it: try now. Only a lack of room sends it to the backlog.
         try:
-            return submit_python(client, op, args, kwargs, pool, output_bytes, 0.0, expire_after,
-                                 retryable, time_limit, True, False)
+            return submit_python(
+                client,
+                op,
+                args,
+                kwargs,
+                pool,
+                output_bytes,
+                0.0,
+                expire_after,
+                retryable,
+                time_limit,
+                True,
+                False,
+            )
         except (_errors.QueueFull, _errors.OutOfMemory):
             pass
     else:
@@ -206,31 +295,76 @@ def submit_nowait(client: Any, op: str, args: Tuple[Any, ...],
         _args.time_limit_ms(time_limit)
         if expire_after is not None:
             _args.seconds_to_ns(expire_after, "expire_after")
-        conn.native.call_block_bytes(args, kwargs, _output_bytes(args, kwargs, output_bytes), 0,
-                                     False)
+        conn.native.call_block_bytes(
+            args, kwargs, _output_bytes(args, kwargs, output_bytes), 0, False
+        )
     f = Future(None, None, None, conn.watcher)
-    _backlog(client, conn, pool).add(f, Waiting(op, args, kwargs, output_bytes, timeout,
-                                                expire_after, retryable, time_limit, start))
+    _backlog(client, conn, pool).add(
+        f,
+        Waiting(
+            op, args, kwargs, output_bytes, timeout, expire_after, retryable, time_limit, start
+        ),
+    )
     return f
 
 
-def _lay_out(conn: Any, op: str, pool: Optional[str], args: Tuple[Any, ...],
-             kwargs: Optional[Dict[str, Any]], output_bytes: int, flags: int, callable_job: bool,
-             expire_ns: int, retryable: bool, limit_ms: int, timeout_ns: int, try_only: bool,
-             timeout: Optional[float]) -> Tuple[Any, Any, Any]:
+def _lay_out(
+    conn: Any,
+    op: str,
+    pool: Optional[str],
+    args: Tuple[Any, ...],
+    kwargs: Optional[Dict[str, Any]],
+    output_bytes: int,
+    flags: int,
+    callable_job: bool,
+    expire_ns: int,
+    retryable: bool,
+    limit_ms: int,
+    timeout_ns: int,
+    try_only: bool,
+    timeout: Optional[float],
+) -> Tuple[Any, Any, Any]:
     """The native submit of a Python call: (job, answer room, arrays passed in place)."""
     submit = conn.native.submit_call
     named = not callable_job
     try:
-        return submit(op, pool or "", args, kwargs, output_bytes, flags, callable_job, named,
-                      expire_ns, retryable, limit_ms, timeout_ns, try_only, None)
+        return submit(
+            op,
+            pool or "",
+            args,
+            kwargs,
+            output_bytes,
+            flags,
+            callable_job,
+            named,
+            expire_ns,
+            retryable,
+            limit_ms,
+            timeout_ns,
+            try_only,
+            None,
+        )
     except _errors.OutOfMemory:
         # No room: make some (finished calls give their blocks back, or wait for pending ones),
         # then lay the call out in the block made.
         need = conn.native.call_block_bytes(args, kwargs, output_bytes, flags, callable_job)
         block = _room.allocate(conn, need, timeout)
-        return submit(op, pool or "", args, kwargs, output_bytes, flags, callable_job, named,
-                      expire_ns, retryable, limit_ms, timeout_ns, try_only, block)
+        return submit(
+            op,
+            pool or "",
+            args,
+            kwargs,
+            output_bytes,
+            flags,
+            callable_job,
+            named,
+            expire_ns,
+            retryable,
+            limit_ms,
+            timeout_ns,
+            try_only,
+            block,
+        )
 
 
 def _fetch_next(fetch: _spill.Fetch, future: Future) -> None:
@@ -240,9 +374,22 @@ def _fetch_next(fetch: _spill.Fetch, future: Future) -> None:
     client, pool = future._origin
     offset, length, last = fetch.next_piece()
     conn = client._c()
-    job, out, kept = _lay_out(conn, _pyops.CALL_OP, pool, (fetch.token, offset, length, last),
-                              None, length + _OUTPUT_SLACK, _native.CALL_FLAG_FETCH_SPILLED, True,
-                              -1, False, 0, -1, False, None)
+    job, out, kept = _lay_out(
+        conn,
+        _pyops.CALL_OP,
+        pool,
+        (fetch.token, offset, length, last),
+        None,
+        length + _OUTPUT_SLACK,
+        _native.CALL_FLAG_FETCH_SPILLED,
+        True,
+        -1,
+        False,
+        0,
+        -1,
+        False,
+        None,
+    )
     convert = functools.partial(_fetched_piece, fetch)
     if future._attach(job, out if kept is None else (out, kept), convert, _callable_error, out):
         conn.holders.add(future)
@@ -276,8 +423,9 @@ def _callable_error(info: JobInfo, exc: BaseException, out: np.ndarray) -> BaseE
     return _remote_error(out, info, exc, True)
 
 
-def _remote_error(out: np.ndarray, info: JobInfo, exc: BaseException,
-                  callable_job: bool) -> BaseException:
+def _remote_error(
+    out: np.ndarray, info: JobInfo, exc: BaseException, callable_job: bool
+) -> BaseException:
     """The exception a failed Python op raises: with its remote type and traceback; for a
     callable, the worker's exception itself when it could be pickled (a named op's answer is
     never unpickled: its worker may serve clients this one does not trust)."""
@@ -293,7 +441,8 @@ def _remote_error(out: np.ndarray, info: JobInfo, exc: BaseException,
         # As ProcessPoolExecutor says when a worker's initializer raised.
         broken = concurrent.futures.BrokenExecutor(
             f"a worker's initializer raised {rec.get('type')}: {rec.get('message')}; the "
-            "executor is broken: make a new one")
+            "executor is broken: make a new one"
+        )
         broken.__cause__ = RemoteTraceback(tb)
         return broken
     if callable_job and h.get("kind") == "exception" and h["arrays"]:
@@ -325,8 +474,14 @@ def python_pools(client: Any, refresh: bool = False) -> List[Dict[str, Any]]:
     # (its jobs fail at once, naming why).
     listed = [p for p in client.status().get("pools", []) if "python" in p]
     listed.sort(key=lambda p: p.get("status") == "unavailable")
-    pools = [{"name": p["name"], "ops": p["python"].get("ops", []),
-              "allow_callables": bool(p["python"].get("allow_callables"))} for p in listed]
+    pools = [
+        {
+            "name": p["name"],
+            "ops": p["python"].get("ops", []),
+            "allow_callables": bool(p["python"].get("allow_callables")),
+        }
+        for p in listed
+    ]
     client._py_pools = (time.monotonic(), pools)
     return pools
 
@@ -355,5 +510,7 @@ def cached_pool(client: Any, op: str) -> Tuple[Optional[str], bool]:
 
 
 def no_pool(op: str) -> BaseException:
-    return _errors.UnknownOp(f"no Python pool of this daemon has op {op!r} (a @gpuq.op function "
-                             "in one of its python.modules); gpuqctl status lists each pool's ops")
+    return _errors.UnknownOp(
+        f"no Python pool of this daemon has op {op!r} (a @gpuq.op function "
+        "in one of its python.modules); gpuqctl status lists each pool's ops"
+    )

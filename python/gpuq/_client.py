@@ -56,8 +56,7 @@ def _shape_tuple(shape: Shape) -> Tuple[int, ...]:
 class _Connection:
     """One native connection and what belongs to it (this process's only)."""
 
-    __slots__ = ("native", "base", "end", "watcher", "pools", "holders", "backlogs",
-                 "__weakref__")
+    __slots__ = ("native", "base", "end", "watcher", "pools", "holders", "backlogs", "__weakref__")
 
     def __init__(self, native: Any) -> None:
         self.native = native
@@ -90,9 +89,15 @@ class Client:
     one passed to a ``spawn``/``forkserver`` child connects anew there.
     """
 
-    def __init__(self, runtime_dir: Optional[str] = None, segment_bytes: int = 0,
-                 name: Optional[str] = None, spin_us: float = 50.0,
-                 keep_running_jobs: bool = False, wait: float = 0.0) -> None:
+    def __init__(
+        self,
+        runtime_dir: Optional[str] = None,
+        segment_bytes: int = 0,
+        name: Optional[str] = None,
+        spin_us: float = 50.0,
+        keep_running_jobs: bool = False,
+        wait: float = 0.0,
+    ) -> None:
         if segment_bytes < 0:
             raise _errors.InvalidArgument(f"segment_bytes: must be >= 0, not {segment_bytes}")
         if not isinstance(wait, (int, float)) or not wait >= 0:
@@ -118,9 +123,15 @@ class Client:
         _clients.add(self)
 
     def _connect(self) -> _Connection:
-        return _Connection(_native.Connection.connect(self._runtime_dir, self._segment_bytes,
-                                                      self._name, self._spin_ns,
-                                                      self._keep_running_jobs))
+        return _Connection(
+            _native.Connection.connect(
+                self._runtime_dir,
+                self._segment_bytes,
+                self._name,
+                self._spin_ns,
+                self._keep_running_jobs,
+            )
+        )
 
     def _c(self) -> _Connection:
         """This process's connection (a new one after a fork)."""
@@ -168,8 +179,16 @@ class Client:
             old.native.close()
 
     def __reduce__(self) -> Any:
-        return (Client, (self._runtime_dir or None, self._segment_bytes, self._name or None,
-                         self._spin_ns / 1000, self._keep_running_jobs))
+        return (
+            Client,
+            (
+                self._runtime_dir or None,
+                self._segment_bytes,
+                self._name or None,
+                self._spin_ns / 1000,
+                self._keep_running_jobs,
+            ),
+        )
 
     # ---- lifetime ------------------------------------------------------------------------------
 
@@ -205,8 +224,15 @@ class Client:
     def pools(self) -> List[Dict[str, Any]]:
         """The daemon's pools: name, kind, capacity, client_share, available, unavailable_reason
         and runs_on (gpuq::PoolInfo)."""
-        keys = ("name", "kind", "capacity", "client_share", "available", "unavailable_reason",
-                "runs_on")
+        keys = (
+            "name",
+            "kind",
+            "capacity",
+            "client_share",
+            "available",
+            "unavailable_reason",
+            "runs_on",
+        )
         return [dict(zip(keys, p)) for p in self._c().native.pools()]
 
     @property
@@ -244,8 +270,9 @@ class Client:
             raise _errors.InvalidArgument(f"shape: dimensions must be >= 0, not {shape_t}")
         dt = np.dtype(dtype)
         if dt.hasobject:
-            raise _errors.InvalidArgument(f"dtype: {dt} holds Python objects; gpuq arrays hold "
-                                          "plain numbers")
+            raise _errors.InvalidArgument(
+                f"dtype: {dt} holds Python objects; gpuq arrays hold plain numbers"
+            )
         nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
         raw = _room.allocate(self._c(), max(nbytes, 1), None)
         return raw[:nbytes].view(dt).reshape(shape_t)
@@ -279,8 +306,9 @@ class Client:
             return addr - conn.base
         return None
 
-    def _operand(self, conn: _Connection, a: Any, what: str, keep: list,
-                 dtype: Optional[np.dtype] = None) -> Tuple[int, np.ndarray]:
+    def _operand(
+        self, conn: _Connection, a: Any, what: str, keep: list, dtype: Optional[np.dtype] = None
+    ) -> Tuple[int, np.ndarray]:
         """(offset, array in the segment) for a job's input, copying it in if needed."""
         if not isinstance(a, np.ndarray):
             if isinstance(a, (bytes, bytearray, memoryview)):
@@ -289,12 +317,13 @@ class Client:
                 a = np.asarray(a, dtype=dtype)
         if dtype is not None and a.dtype != dtype:
             raise _errors.InvalidArgument(
-                f"{what}: dtype is {a.dtype}, must be {dtype} (the dtype of the op's first "
-                "operand)")
+                f"{what}: dtype is {a.dtype}, must be {dtype} (the dtype of the op's first operand)"
+            )
         if not a.flags.c_contiguous:
             raise _errors.InvalidArgument(
                 f"{what}: the array is not C-contiguous (strides {a.strides}); pass "
-                "numpy.ascontiguousarray(...) of it")
+                "numpy.ascontiguousarray(...) of it"
+            )
         off = self._offset(conn, a)
         if off is None:
             copy = self.empty(a.shape, a.dtype)
@@ -307,24 +336,33 @@ class Client:
 
     def _out(self, conn: _Connection, out: np.ndarray, what: str = "out") -> int:
         if not isinstance(out, np.ndarray):
-            raise _errors.InvalidArgument(f"{what}: must be a numpy array, not "
-                                          f"{type(out).__name__}")
+            raise _errors.InvalidArgument(
+                f"{what}: must be a numpy array, not {type(out).__name__}"
+            )
         if not out.flags.c_contiguous or not out.flags.writeable:
             raise _errors.InvalidArgument(f"{what}: must be a writeable C-contiguous array")
         off = self._offset(conn, out)
         if off is None:
             raise _errors.InvalidArgument(
                 f"{what}: the array is not in this client's segment (workers write outputs in "
-                "place); make it with client.empty(), zeros() or array()")
+                "place); make it with client.empty(), zeros() or array()"
+            )
         return off
 
     # ---- jobs ----------------------------------------------------------------------------------
 
-    def submit(self, op: str, *inputs: ArrayLike, out: Optional[np.ndarray] = None,
-               pool: Optional[str] = None, timeout: Optional[float] = None,
-               expire_after: Optional[float] = None, retryable: bool = False,
-               time_limit: Optional[float] = None,
-               **params: Union[int, float, str]) -> Future:
+    def submit(
+        self,
+        op: str,
+        *inputs: ArrayLike,
+        out: Optional[np.ndarray] = None,
+        pool: Optional[str] = None,
+        timeout: Optional[float] = None,
+        expire_after: Optional[float] = None,
+        retryable: bool = False,
+        time_limit: Optional[float] = None,
+        **params: Union[int, float, str],
+    ) -> Future:
         """Submits op ``op`` and returns its :class:`gpuq.Future`.
 
         ``inputs``: at most one array or bytes-like object, the job's input bytes (an array
@@ -340,30 +378,55 @@ class Client:
 
         The future's result is ``out`` when given, else the op's scalar ``value``.
         """
-        if inputs or out is not None or params or timeout is not None or \
-                expire_after is not None or time_limit is not None:
-            return self._submit(op, inputs, out, pool, timeout, expire_after, retryable,
-                                time_limit, params, False)
+        if (
+            inputs
+            or out is not None
+            or params
+            or timeout is not None
+            or expire_after is not None
+            or time_limit is not None
+        ):
+            return self._submit(
+                op, inputs, out, pool, timeout, expire_after, retryable, time_limit, params, False
+            )
         # No buffers, no params: the short path (a no-op's round trip is a few microseconds).
         conn = self._conn
         if conn is None or self._generation != _fork_generation:
             conn = self._c()
-        return Future(conn.native.submit_plain(op, pool or "", bool(retryable)), None, None,
-                      conn.watcher)
+        return Future(
+            conn.native.submit_plain(op, pool or "", bool(retryable)), None, None, conn.watcher
+        )
 
-    def try_submit(self, op: str, *inputs: ArrayLike, out: Optional[np.ndarray] = None,
-                   pool: Optional[str] = None, expire_after: Optional[float] = None,
-                   retryable: bool = False, time_limit: Optional[float] = None,
-                   **params: Union[int, float, str]) -> Future:
+    def try_submit(
+        self,
+        op: str,
+        *inputs: ArrayLike,
+        out: Optional[np.ndarray] = None,
+        pool: Optional[str] = None,
+        expire_after: Optional[float] = None,
+        retryable: bool = False,
+        time_limit: Optional[float] = None,
+        **params: Union[int, float, str],
+    ) -> Future:
         """Like :meth:`submit`, but raises :class:`gpuq.QueueFull` at once when the queue has
         no room, instead of waiting."""
-        return self._submit(op, inputs, out, pool, None, expire_after, retryable, time_limit,
-                            params, True)
+        return self._submit(
+            op, inputs, out, pool, None, expire_after, retryable, time_limit, params, True
+        )
 
-    def _submit(self, op: str, inputs: Tuple[Any, ...], out: Optional[np.ndarray],
-                pool: Optional[str], timeout: Optional[float], expire_after: Optional[float],
-                retryable: bool, time_limit: Optional[float], params: Dict[str, Any],
-                try_only: bool) -> Future:
+    def _submit(
+        self,
+        op: str,
+        inputs: Tuple[Any, ...],
+        out: Optional[np.ndarray],
+        pool: Optional[str],
+        timeout: Optional[float],
+        expire_after: Optional[float],
+        retryable: bool,
+        time_limit: Optional[float],
+        params: Dict[str, Any],
+        try_only: bool,
+    ) -> Future:
         limit_ms = _time_limit_ms(time_limit)  # checked before anything is copied in
         conn = self._c()
         keep: list = []
@@ -372,7 +435,8 @@ class Client:
             if len(inputs) > 1:
                 raise _errors.InvalidArgument(
                     f"submit: op {op!r} takes one input (the job's input bytes), not "
-                    f"{len(inputs)}; the tensor helpers (conv2d, gemm...) take several")
+                    f"{len(inputs)}; the tensor helpers (conv2d, gemm...) take several"
+                )
             in_off, a = self._operand(conn, inputs[0], "input", keep)
             in_len = a.nbytes
         if out is not None:
@@ -384,13 +448,25 @@ class Client:
             convert = None  # the op's value
         timeout_ns = -1 if timeout is None else _seconds_to_ns(timeout, "timeout")
         expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
-        job = conn.native.submit(op, in_off, in_len, out_off, out_len, pool or "",
-                                 list(params.items()) if params else [], expire_ns,
-                                 bool(retryable), limit_ms, timeout_ns, try_only)
+        job = conn.native.submit(
+            op,
+            in_off,
+            in_len,
+            out_off,
+            out_len,
+            pool or "",
+            list(params.items()) if params else [],
+            expire_ns,
+            bool(retryable),
+            limit_ms,
+            timeout_ns,
+            try_only,
+        )
         return Future(job, keep or None, convert, conn.watcher)
 
-    def run(self, op: str, *inputs: ArrayLike, timeout: Optional[float] = None,
-            **kwargs: Any) -> Any:
+    def run(
+        self, op: str, *inputs: ArrayLike, timeout: Optional[float] = None, **kwargs: Any
+    ) -> Any:
         """``submit(...)`` and wait for its result; ``timeout``: seconds for the whole call
         (waiting for room in the queue, then for the result)."""
         if timeout is None:
@@ -401,11 +477,19 @@ class Client:
 
     # ---- Python ops ----------------------------------------------------------------------------
 
-    def submit_call(self, op: str, *args: Any, pool: Optional[str] = None,
-                    output_bytes: Optional[int] = None, timeout: Optional[float] = None,
-                    expire_after: Optional[float] = None, retryable: bool = False,
-                    time_limit: Optional[float] = None,
-                    params: Optional[Dict[str, Any]] = None, **kwargs: Any) -> Future:
+    def submit_call(
+        self,
+        op: str,
+        *args: Any,
+        pool: Optional[str] = None,
+        output_bytes: Optional[int] = None,
+        timeout: Optional[float] = None,
+        expire_after: Optional[float] = None,
+        retryable: bool = False,
+        time_limit: Optional[float] = None,
+        params: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> Future:
         """Submits a job of the Python op ``op`` (a ``@gpuq.op`` function of a Python pool)
         and returns its :class:`gpuq.Future`; :meth:`call` waits for it.
 
@@ -425,12 +509,24 @@ class Client:
         if params:
             clash = set(params) & set(kwargs)
             if clash:
-                raise _errors.InvalidArgument(f"keyword {sorted(clash)[0]!r} given in params and "
-                                              "as a keyword")
+                raise _errors.InvalidArgument(
+                    f"keyword {sorted(clash)[0]!r} given in params and as a keyword"
+                )
             kwargs = dict(kwargs, **params)
-        return _calls.submit_python(self, op, args, kwargs, _calls.pool_for(self, op, pool),
-                                    output_bytes, timeout, expire_after, retryable, time_limit,
-                                    False, False)
+        return _calls.submit_python(
+            self,
+            op,
+            args,
+            kwargs,
+            _calls.pool_for(self, op, pool),
+            output_bytes,
+            timeout,
+            expire_after,
+            retryable,
+            time_limit,
+            False,
+            False,
+        )
 
     def call(self, op: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
         """:meth:`submit_call` and wait for its result; ``timeout``: seconds for the whole
@@ -443,11 +539,19 @@ class Client:
 
     # ---- Python ops from an event loop: never blocking ----------------------------------------
 
-    def asubmit_call(self, op: str, *args: Any, pool: Optional[str] = None,
-                     output_bytes: Optional[int] = None, timeout: Optional[float] = None,
-                     expire_after: Optional[float] = None, retryable: bool = False,
-                     time_limit: Optional[float] = None,
-                     params: Optional[Dict[str, Any]] = None, **kwargs: Any) -> Future:
+    def asubmit_call(
+        self,
+        op: str,
+        *args: Any,
+        pool: Optional[str] = None,
+        output_bytes: Optional[int] = None,
+        timeout: Optional[float] = None,
+        expire_after: Optional[float] = None,
+        retryable: bool = False,
+        time_limit: Optional[float] = None,
+        params: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> Future:
         """:meth:`submit_call` that never waits for room in the caller's thread: it returns at
         once, and the :class:`gpuq.Future` (awaitable) is submitted when there is room. For
         event loops (asyncio, uvicorn, FastAPI), where a submit that waits for room stops every
@@ -471,15 +575,26 @@ class Client:
         if params:
             clash = set(params) & set(kwargs)
             if clash:
-                raise _errors.InvalidArgument(f"keyword {sorted(clash)[0]!r} given in params and "
-                                              "as a keyword")
+                raise _errors.InvalidArgument(
+                    f"keyword {sorted(clash)[0]!r} given in params and as a keyword"
+                )
             kwargs = dict(kwargs, **params)
-        return _calls.submit_nowait(self, op, args, kwargs, _calls.pool_for(self, op, pool),
-                                    output_bytes, timeout, expire_after, bool(retryable),
-                                    time_limit)
+        return _calls.submit_nowait(
+            self,
+            op,
+            args,
+            kwargs,
+            _calls.pool_for(self, op, pool),
+            output_bytes,
+            timeout,
+            expire_after,
+            bool(retryable),
+            time_limit,
+        )
 
-    async def acall(self, op: str, *args: Any, timeout: Optional[float] = None,
-                    **kwargs: Any) -> Any:
+    async def acall(
+        self, op: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any
+    ) -> Any:
         """``await client.acall(op, *args, **kwargs)``: :meth:`call` for coroutines. Nothing
         it does blocks the event loop: the call is submitted with :meth:`asubmit_call` (it
         waits for room in this client, not in the loop), its end comes through the client's
@@ -518,18 +633,30 @@ class Client:
             return await asyncio.wait_for(f, left)
         except asyncio.TimeoutError:
             if f.cancelled() and f.info is None:  # taken out of the backlog: never sent
-                raise _errors.Timeout(f"pool {pool!r} had no room for the call within {timeout} "
-                                      "s (timeout); it was not sent") from None
+                raise _errors.Timeout(
+                    f"pool {pool!r} had no room for the call within {timeout} "
+                    "s (timeout); it was not sent"
+                ) from None
             raise
 
     _refreshing_pools = False
 
     # ---- tensor ops ----------------------------------------------------------------------------
 
-    def _tensor(self, op: str, named: Sequence[Tuple[str, Any]], y_shape_of: Any,
-                opts: Dict[str, Any], out: Optional[np.ndarray], pool: Optional[str],
-                timeout: Optional[float], expire_after: Optional[float], retryable: bool,
-                time_limit: Optional[float], try_only: bool) -> Future:
+    def _tensor(
+        self,
+        op: str,
+        named: Sequence[Tuple[str, Any]],
+        y_shape_of: Any,
+        opts: Dict[str, Any],
+        out: Optional[np.ndarray],
+        pool: Optional[str],
+        timeout: Optional[float],
+        expire_after: Optional[float],
+        retryable: bool,
+        time_limit: Optional[float],
+        try_only: bool,
+    ) -> Future:
         limit_ms = _time_limit_ms(time_limit)
         conn = self._c()
         keep: list = []
@@ -544,15 +671,16 @@ class Client:
                 dtype = a.dtype
                 if dtype not in _TENSOR_DTYPES:
                     raise _errors.InvalidArgument(
-                        f"{op}: {what}: dtype is {dtype}; the tensor ops take float32 or "
-                        "float16")
+                        f"{op}: {what}: dtype is {dtype}; the tensor ops take float32 or float16"
+                    )
             off, arr = self._operand(conn, a, f"{op}: {what}", keep, dtype)
             operands.append((off, arr.shape))
         assert dtype is not None
         if dtype == np.float16 and self._runs_on_kind(conn, pool) == "cpu":
             raise _errors.InvalidArgument(
                 f"{op}: dtype: f16 is not supported on cpu pools (f32 only); submit it to a gpu "
-                "pool")
+                "pool"
+            )
         shapes = [o[1] if o is not None else None for o in operands]
         y_shape = tuple(y_shape_of(shapes))
         if out is None:
@@ -562,14 +690,25 @@ class Client:
                 raise _errors.InvalidArgument(f"{op}: out: dtype is {out.dtype}, must be {dtype}")
             if tuple(out.shape) != y_shape:
                 raise _errors.InvalidArgument(
-                    f"{op}: out: shape is {tuple(out.shape)}, the result's is {y_shape}")
+                    f"{op}: out: shape is {tuple(out.shape)}, the result's is {y_shape}"
+                )
         y_off = self._out(conn, out, f"{op}: out")
         keep.append(out)
         timeout_ns = -1 if timeout is None else _seconds_to_ns(timeout, "timeout")
         expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
-        job = conn.native.tensor(op, operands, (y_off, y_shape), _TENSOR_DTYPES[dtype], opts,
-                                 pool or "", expire_ns, bool(retryable), limit_ms, timeout_ns,
-                                 try_only)
+        job = conn.native.tensor(
+            op,
+            operands,
+            (y_off, y_shape),
+            _TENSOR_DTYPES[dtype],
+            opts,
+            pool or "",
+            expire_ns,
+            bool(retryable),
+            limit_ms,
+            timeout_ns,
+            try_only,
+        )
         return Future(job, keep, lambda info, out=out: out, conn.watcher)
 
     @staticmethod
@@ -581,74 +720,210 @@ class Client:
             p = conn.pools.get(p[6])
         return p[1] if p is not None else None
 
-    def conv2d(self, x: ArrayLike, w: ArrayLike, b: Optional[ArrayLike] = None, *,
-               stride: Pair = 1, padding: Pair = 0, dilation: Pair = 1, groups: int = 1,
-               relu: bool = False, out: Optional[np.ndarray] = None, pool: Optional[str] = None,
-               timeout: Optional[float] = None, expire_after: Optional[float] = None,
-               retryable: bool = False, time_limit: Optional[float] = None,
-               try_only: bool = False) -> Future:
+    def conv2d(
+        self,
+        x: ArrayLike,
+        w: ArrayLike,
+        b: Optional[ArrayLike] = None,
+        *,
+        stride: Pair = 1,
+        padding: Pair = 0,
+        dilation: Pair = 1,
+        groups: int = 1,
+        relu: bool = False,
+        out: Optional[np.ndarray] = None,
+        pool: Optional[str] = None,
+        timeout: Optional[float] = None,
+        expire_after: Optional[float] = None,
+        retryable: bool = False,
+        time_limit: Optional[float] = None,
+        try_only: bool = False,
+    ) -> Future:
         """2-D convolution (NCHW): x N x C x H x W, w K x C/groups x R x S, b K. The future's
         result is y, N x K x OH x OW, a new array in the segment (or ``out``). docs/ops.md."""
-        opts = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
-                "relu": relu}
-        return self._tensor("conv2d", (("x", x), ("w", w), ("b", b)),
-                            lambda s: _native.conv2d_shape(s[0], s[1], opts), opts, out, pool,
-                            timeout, expire_after, retryable, time_limit, try_only)
+        opts = {
+            "stride": stride,
+            "padding": padding,
+            "dilation": dilation,
+            "groups": groups,
+            "relu": relu,
+        }
+        return self._tensor(
+            "conv2d",
+            (("x", x), ("w", w), ("b", b)),
+            lambda s: _native.conv2d_shape(s[0], s[1], opts),
+            opts,
+            out,
+            pool,
+            timeout,
+            expire_after,
+            retryable,
+            time_limit,
+            try_only,
+        )
 
-    def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-             trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
-             out: Optional[np.ndarray] = None, pool: Optional[str] = None,
-             timeout: Optional[float] = None, expire_after: Optional[float] = None,
-             retryable: bool = False, time_limit: Optional[float] = None,
-             try_only: bool = False) -> Future:
+    def gemm(
+        self,
+        a: ArrayLike,
+        b: ArrayLike,
+        c: Optional[ArrayLike] = None,
+        *,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        out: Optional[np.ndarray] = None,
+        pool: Optional[str] = None,
+        timeout: Optional[float] = None,
+        expire_after: Optional[float] = None,
+        retryable: bool = False,
+        time_limit: Optional[float] = None,
+        try_only: bool = False,
+    ) -> Future:
         """y = alpha op(a) op(b) + beta c (row-major; c only when beta != 0). Result: y, M x N."""
-        opts = {"trans_a": trans_a, "trans_b": trans_b, "alpha": float(alpha),
-                "beta": float(beta)}
-        return self._tensor("gemm", (("a", a), ("b", b), ("c", c)),
-                            lambda s: _native.gemm_shape(s[0], s[1], opts), opts, out, pool,
-                            timeout, expire_after, retryable, time_limit, try_only)
+        opts = {"trans_a": trans_a, "trans_b": trans_b, "alpha": float(alpha), "beta": float(beta)}
+        return self._tensor(
+            "gemm",
+            (("a", a), ("b", b), ("c", c)),
+            lambda s: _native.gemm_shape(s[0], s[1], opts),
+            opts,
+            out,
+            pool,
+            timeout,
+            expire_after,
+            retryable,
+            time_limit,
+            try_only,
+        )
 
-    def activation(self, x: ArrayLike, mode: str = "relu", *, out: Optional[np.ndarray] = None,
-                   pool: Optional[str] = None, timeout: Optional[float] = None,
-                   expire_after: Optional[float] = None, retryable: bool = False,
-                   time_limit: Optional[float] = None, try_only: bool = False) -> Future:
+    def activation(
+        self,
+        x: ArrayLike,
+        mode: str = "relu",
+        *,
+        out: Optional[np.ndarray] = None,
+        pool: Optional[str] = None,
+        timeout: Optional[float] = None,
+        expire_after: Optional[float] = None,
+        retryable: bool = False,
+        time_limit: Optional[float] = None,
+        try_only: bool = False,
+    ) -> Future:
         """Elementwise ``mode``: "relu", "sigmoid" or "tanh". Result: y, x's shape."""
-        return self._tensor("activation", (("x", x),), lambda s: s[0], {"mode": mode}, out, pool,
-                            timeout, expire_after, retryable, time_limit, try_only)
+        return self._tensor(
+            "activation",
+            (("x", x),),
+            lambda s: s[0],
+            {"mode": mode},
+            out,
+            pool,
+            timeout,
+            expire_after,
+            retryable,
+            time_limit,
+            try_only,
+        )
 
-    def softmax(self, x: ArrayLike, *, log: bool = False, out: Optional[np.ndarray] = None,
-                pool: Optional[str] = None, timeout: Optional[float] = None,
-                expire_after: Optional[float] = None, retryable: bool = False,
-                time_limit: Optional[float] = None, try_only: bool = False) -> Future:
+    def softmax(
+        self,
+        x: ArrayLike,
+        *,
+        log: bool = False,
+        out: Optional[np.ndarray] = None,
+        pool: Optional[str] = None,
+        timeout: Optional[float] = None,
+        expire_after: Optional[float] = None,
+        retryable: bool = False,
+        time_limit: Optional[float] = None,
+        try_only: bool = False,
+    ) -> Future:
         """Softmax (or log-softmax) over dimension 1 of a 2-D to 4-D x. Result: x's shape."""
-        return self._tensor("softmax", (("x", x),), lambda s: s[0], {"log": log}, out, pool,
-                            timeout, expire_after, retryable, time_limit, try_only)
+        return self._tensor(
+            "softmax",
+            (("x", x),),
+            lambda s: s[0],
+            {"log": log},
+            out,
+            pool,
+            timeout,
+            expire_after,
+            retryable,
+            time_limit,
+            try_only,
+        )
 
-    def pool2d(self, x: ArrayLike, window: Pair, *, mode: str = "max",
-               stride: Optional[Pair] = None, padding: Pair = 0, count_pad: bool = False,
-               out: Optional[np.ndarray] = None, pool: Optional[str] = None,
-               timeout: Optional[float] = None, expire_after: Optional[float] = None,
-               retryable: bool = False, time_limit: Optional[float] = None,
-               try_only: bool = False) -> Future:
+    def pool2d(
+        self,
+        x: ArrayLike,
+        window: Pair,
+        *,
+        mode: str = "max",
+        stride: Optional[Pair] = None,
+        padding: Pair = 0,
+        count_pad: bool = False,
+        out: Optional[np.ndarray] = None,
+        pool: Optional[str] = None,
+        timeout: Optional[float] = None,
+        expire_after: Optional[float] = None,
+        retryable: bool = False,
+        time_limit: Optional[float] = None,
+        try_only: bool = False,
+    ) -> Future:
         """Max or average pooling (NCHW); ``stride`` defaults to the window. Result: y."""
-        opts = {"mode": mode, "window": window, "stride": stride, "padding": padding,
-                "count_pad": count_pad}
-        return self._tensor("pool2d", (("x", x),), lambda s: _native.pool2d_shape(s[0], opts),
-                            opts, out, pool, timeout, expire_after, retryable, time_limit,
-                            try_only)
+        opts = {
+            "mode": mode,
+            "window": window,
+            "stride": stride,
+            "padding": padding,
+            "count_pad": count_pad,
+        }
+        return self._tensor(
+            "pool2d",
+            (("x", x),),
+            lambda s: _native.pool2d_shape(s[0], opts),
+            opts,
+            out,
+            pool,
+            timeout,
+            expire_after,
+            retryable,
+            time_limit,
+            try_only,
+        )
 
-    def batchnorm(self, x: ArrayLike, scale: ArrayLike, bias: ArrayLike, mean: ArrayLike,
-                  var: ArrayLike, *, eps: float = 1e-5, relu: bool = False,
-                  out: Optional[np.ndarray] = None, pool: Optional[str] = None,
-                  timeout: Optional[float] = None, expire_after: Optional[float] = None,
-                  retryable: bool = False, time_limit: Optional[float] = None,
-                  try_only: bool = False) -> Future:
+    def batchnorm(
+        self,
+        x: ArrayLike,
+        scale: ArrayLike,
+        bias: ArrayLike,
+        mean: ArrayLike,
+        var: ArrayLike,
+        *,
+        eps: float = 1e-5,
+        relu: bool = False,
+        out: Optional[np.ndarray] = None,
+        pool: Optional[str] = None,
+        timeout: Optional[float] = None,
+        expire_after: Optional[float] = None,
+        retryable: bool = False,
+        time_limit: Optional[float] = None,
+        try_only: bool = False,
+    ) -> Future:
         """Inference batch norm per channel: scale (x - mean) / sqrt(var + eps) + bias."""
         opts = {"eps": float(eps), "relu": relu}
-        return self._tensor("batchnorm", (("x", x), ("scale", scale), ("bias", bias),
-                                          ("mean", mean), ("var", var)),
-                            lambda s: s[0], opts, out, pool, timeout, expire_after, retryable,
-                            time_limit, try_only)
+        return self._tensor(
+            "batchnorm",
+            (("x", x), ("scale", scale), ("bias", bias), ("mean", mean), ("var", var)),
+            lambda s: s[0],
+            opts,
+            out,
+            pool,
+            timeout,
+            expire_after,
+            retryable,
+            time_limit,
+            try_only,
+        )
 
 
 def status(runtime_dir: Optional[str] = None) -> Dict[str, Any]:

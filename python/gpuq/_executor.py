@@ -65,20 +65,31 @@ class Executor(concurrent.futures.Executor):
     :class:`gpuq.WorkerDied` (a ``BrokenProcessPool``), and the pool goes on.
     """
 
-    def __init__(self, max_workers: Optional[int] = None, mp_context: Any = None,
-                 initializer: Optional[Callable[..., Any]] = None, initargs: Tuple[Any, ...] = (),
-                 *, max_tasks_per_child: Optional[int] = None, pool: Optional[str] = None,
-                 client: Any = None, max_pending: Optional[int] = None,
-                 output_bytes: Optional[int] = None, time_limit: Optional[float] = None,
-                 wait_at_exit: bool = True) -> None:
+    def __init__(
+        self,
+        max_workers: Optional[int] = None,
+        mp_context: Any = None,
+        initializer: Optional[Callable[..., Any]] = None,
+        initargs: Tuple[Any, ...] = (),
+        *,
+        max_tasks_per_child: Optional[int] = None,
+        pool: Optional[str] = None,
+        client: Any = None,
+        max_pending: Optional[int] = None,
+        output_bytes: Optional[int] = None,
+        time_limit: Optional[float] = None,
+        wait_at_exit: bool = True,
+    ) -> None:
         if max_workers is not None and type(max_workers) is not int:
             raise TypeError(f"max_workers must be an int or None, not {max_workers!r}")
         if max_workers is not None and max_workers <= 0:
             raise ValueError("max_workers must be greater than 0")
         if max_tasks_per_child is not None:
-            raise ValueError("max_tasks_per_child: gpuq's workers are the daemon's and outlive "
-                             "this executor; they are not restarted after N tasks (give the "
-                             "pool's code what it must free, or restart the pool's workers)")
+            raise ValueError(
+                "max_tasks_per_child: gpuq's workers are the daemon's and outlive "
+                "this executor; they are not restarted after N tasks (give the "
+                "pool's code what it must free, or restart the pool's workers)"
+            )
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
         try:
@@ -92,9 +103,15 @@ class Executor(concurrent.futures.Executor):
         # initializer with its arguments, pickled apart: the worker unpickles them once the
         # authkey is set (a proxy among initargs connects as it is unpickled).
         self._context = cloudpickle.dumps(
-            (os.urandom(16), bytes(multiprocessing.current_process().authkey),
-             cloudpickle.dumps((initializer, tuple(initargs)), protocol=5)), protocol=5)
+            (
+                os.urandom(16),
+                bytes(multiprocessing.current_process().authkey),
+                cloudpickle.dumps((initializer, tuple(initargs)), protocol=5),
+            ),
+            protocol=5,
+        )
         from ._client import Client
+
         self._own_client = client is None
         self._client = Client() if client is None else client
         if pool is None:
@@ -105,7 +122,8 @@ class Executor(concurrent.futures.Executor):
                     self._client.close()
                 raise _errors.PermissionDenied(
                     "no pool of this daemon runs callables: give a Python pool "
-                    "\"python\": {\"allow_callables\": true} (docs/python.md) or pass pool=")
+                    '"python": {"allow_callables": true} (docs/python.md) or pass pool='
+                )
             pool = allowed[0]
         self.pool = pool
         # Inside a worker of the same pool (gpuq inside gpuq): tasks run here, at submit. A
@@ -175,8 +193,13 @@ class Executor(concurrent.futures.Executor):
             f.add_done_callback(self._release)
         return f
 
-    def map(self, fn: Callable[..., Any], *iterables: Any, timeout: Optional[float] = None,
-            chunksize: int = 1) -> Any:
+    def map(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Any,
+        timeout: Optional[float] = None,
+        chunksize: int = 1,
+    ) -> Any:
         """``concurrent.futures.Executor.map``; ``chunksize`` > 1 sends that many calls to a
         worker as one task (as ProcessPoolExecutor does), fewer round trips for small calls."""
         if chunksize < 1:
@@ -184,9 +207,12 @@ class Executor(concurrent.futures.Executor):
         if chunksize == 1:
             return super().map(fn, *iterables, timeout=timeout)
         from concurrent.futures import process
-        results = super().map(functools.partial(process._process_chunk, fn),
-                              process._get_chunks(*iterables, chunksize=chunksize),
-                              timeout=timeout)
+
+        results = super().map(
+            functools.partial(process._process_chunk, fn),
+            process._get_chunks(*iterables, chunksize=chunksize),
+            timeout=timeout,
+        )
         return process._chain_from_iterable_of_lists(results)
 
     def _run_here(self, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Any) -> Future:
@@ -202,15 +228,18 @@ class Executor(concurrent.futures.Executor):
     def _new_future(self) -> Future:
         return Future(None, None, None, self._client._c().watcher)
 
-    def _task(self, fn: Callable[..., Any], args: Tuple[Any, ...],
-              kwargs: Any) -> Tuple[Tuple[Any, ...], Any, int, int]:
+    def _task(
+        self, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Any
+    ) -> Tuple[Tuple[Any, ...], Any, int, int]:
         """(the call's positionals, its keywords, its flags, its output room): the function's
         pickle, made once while it stays the same (_pickles), the executor's context, and the
         arguments, plain ones (numbers, strings, None, numpy arrays) as themselves, anything
         else pickled."""
         blob, stable = self._pickles.get_stable(fn)
-        if all(type(a) in _PLAIN or (type(a) is np.ndarray and not a.dtype.hasobject)
-               for a in (args + tuple(kwargs.values()) if kwargs else args)):
+        if all(
+            type(a) in _PLAIN or (type(a) is np.ndarray and not a.dtype.hasobject)
+            for a in (args + tuple(kwargs.values()) if kwargs else args)
+        ):
             # The context goes along when the task may need it: an initializer to run, or a
             # pickle that may hold a multiprocessing proxy (the function's, when it is pickled
             # anew; plain arguments hold none).
@@ -220,12 +249,14 @@ class Executor(concurrent.futures.Executor):
             else:
                 call = (blob, self._context) + args
                 flags = _CONTEXT | (_REUSED if stable else 0)
-            data = sum(a.nbytes for a in args if type(a) is np.ndarray) + (sum(
-                a.nbytes for a in kwargs.values() if type(a) is np.ndarray) if kwargs else 0)
+            data = sum(a.nbytes for a in args if type(a) is np.ndarray) + (
+                sum(a.nbytes for a in kwargs.values() if type(a) is np.ndarray) if kwargs else 0
+            )
         else:
             buffers: List[pickle.PickleBuffer] = []
-            args_blob = self._pickle.dumps((args, kwargs), protocol=5,
-                                           buffer_callback=buffers.append)
+            args_blob = self._pickle.dumps(
+                (args, kwargs), protocol=5, buffer_callback=buffers.append
+            )
             call = (blob, self._context, args_blob, *buffers)
             kwargs = None
             flags = _CONTEXT | _PICKLED_ARGS | (_REUSED if stable else 0)
@@ -236,10 +267,24 @@ class Executor(concurrent.futures.Executor):
         """Hands one task to the daemon now (QueueFull or OutOfMemory when there is no room);
         ``future``: the backlog's, which gets the job."""
         call, kwargs, flags, output_bytes = task
-        f = _calls.submit_python(self._client, _calls._pyops.CALL_OP, call, kwargs, self.pool,
-                                 output_bytes, 0.0, None, False, self._time_limit, True, True,
-                                 flags, future=future, on_error=self._on_error,
-                                 origin=self._origin)
+        f = _calls.submit_python(
+            self._client,
+            _calls._pyops.CALL_OP,
+            call,
+            kwargs,
+            self.pool,
+            output_bytes,
+            0.0,
+            None,
+            False,
+            self._time_limit,
+            True,
+            True,
+            flags,
+            future=future,
+            on_error=self._on_error,
+            origin=self._origin,
+        )
         with self._lock:
             # For shutdown(): the job (a small handle) and the future, weakly (a future holds
             # its result, and that its block of the segment). Ended jobs are let go now and
@@ -272,7 +317,8 @@ class Executor(concurrent.futures.Executor):
             self._broken = str(e)
             cause = e.__cause__
             concurrent.futures._base.LOGGER.critical(
-                "Exception in initializer:\n%s", getattr(cause, "tb", "") or str(e))
+                "Exception in initializer:\n%s", getattr(cause, "tb", "") or str(e)
+            )
         return e
 
     def _release(self, f: Future) -> None:
@@ -347,4 +393,5 @@ if hasattr(threading, "_register_atexit"):
     threading._register_atexit(_exit_executors)  # type: ignore[attr-defined]
 else:  # pragma: no cover - Python < 3.9
     import atexit
+
     atexit.register(_exit_executors)

@@ -42,18 +42,36 @@ class JobInfo:
     "cancelled", "expired"), ``code`` and ``message`` of a failure, ``output_size`` (bytes
     written), ``value`` (the op's scalar result), ``worker_id``, ``queued_ns`` and ``run_ns``."""
 
-    __slots__ = ("status", "code", "message", "output_size", "value", "worker_id",
-                 "queued_ns", "run_ns")
+    __slots__ = (
+        "status",
+        "code",
+        "message",
+        "output_size",
+        "value",
+        "worker_id",
+        "queued_ns",
+        "run_ns",
+    )
 
     def __init__(self, t: Tuple[int, int, str, int, int, int, int, int]) -> None:
-        (status, self.code, self.message, self.output_size, self.value, self.worker_id,
-         self.queued_ns, self.run_ns) = t
+        (
+            status,
+            self.code,
+            self.message,
+            self.output_size,
+            self.value,
+            self.worker_id,
+            self.queued_ns,
+            self.run_ns,
+        ) = t
         self.status = _STATUS_NAMES[status]
 
     def __repr__(self) -> str:
-        return (f"JobInfo(status={self.status!r}, code={self.code}, message={self.message!r}, "
-                f"output_size={self.output_size}, value={self.value}, worker_id={self.worker_id}, "
-                f"queued_ns={self.queued_ns}, run_ns={self.run_ns})")
+        return (
+            f"JobInfo(status={self.status!r}, code={self.code}, message={self.message!r}, "
+            f"output_size={self.output_size}, value={self.value}, worker_id={self.worker_id}, "
+            f"queued_ns={self.queued_ns}, run_ns={self.run_ns})"
+        )
 
 
 class _Waiters(list):
@@ -160,8 +178,9 @@ class Future(concurrent.futures.Future):
     _queue: Any = None
 
     # Built in Client; never by users.
-    def __init__(self, job: Any, keep: Any, convert: Optional[Callable[[JobInfo], Any]],
-                 watcher: "Watcher") -> None:
+    def __init__(
+        self, job: Any, keep: Any, convert: Optional[Callable[[JobInfo], Any]], watcher: "Watcher"
+    ) -> None:
         # Not concurrent.futures.Future.__init__: its Condition alone would cost a microsecond.
         # What it sets is on the class above, or made on first use (_condition, _waiters).
         self._job = job
@@ -212,8 +231,9 @@ class Future(concurrent.futures.Future):
 
     # ---- finishing ---------------------------------------------------------------------------
 
-    def _finish(self, t: Tuple[int, int, str, int, int, int, int, int], job: Any,
-                copy_answer: bool = False) -> None:
+    def _finish(
+        self, t: Tuple[int, int, str, int, int, int, int, int], job: Any, copy_answer: bool = False
+    ) -> None:
         """Records the outcome ``t`` of ``job`` once; later calls, and calls for a job that is
         no longer this future's (one that continued: Continue), do nothing. ``copy_answer``:
         read a Python op's answer from a copy whatever its size (settle_finished)."""
@@ -226,7 +246,7 @@ class Future(concurrent.futures.Future):
         if self._job is not job:
             return
         if out is not None and (copy_answer or t[3] <= COPY_ANSWER_BYTES):
-            out = out[:t[3]].copy()  # the answer read from here: the block is let go
+            out = out[: t[3]].copy()  # the answer read from here: the block is let go
         if status == DONE:
             if convert is None:
                 result = t[4]
@@ -250,8 +270,11 @@ class Future(concurrent.futures.Future):
             on_error = self._on_error
             if on_error is not None:
                 try:
-                    exc = on_error(JobInfo(t), exc) if out is None else \
-                        on_error(JobInfo(t), exc, out=out)
+                    exc = (
+                        on_error(JobInfo(t), exc)
+                        if out is None
+                        else on_error(JobInfo(t), exc, out=out)
+                    )
                 except Exception:  # noqa: BLE001 - the plain error, then
                     pass
         self._end(_CANCELLED_AND_NOTIFIED if status == CANCELLED else _FINISHED, result, exc, t)
@@ -273,8 +296,13 @@ class Future(concurrent.futures.Future):
     def _fail(self, exc: BaseException) -> None:
         self._end(_FINISHED, None, exc, None)
 
-    def _end(self, state: str, result: Any, exc: Optional[BaseException],
-             t: Optional[Tuple[int, int, str, int, int, int, int, int]]) -> None:
+    def _end(
+        self,
+        state: str,
+        result: Any,
+        exc: Optional[BaseException],
+        t: Optional[Tuple[int, int, str, int, int, int, int, int]],
+    ) -> None:
         # The end happens under the future's condition when it has one, as in
         # concurrent.futures: wait() and as_completed() look at the state and add their waiter
         # under it, so a waiter is told of an end exactly when it saw the future pending.
@@ -468,8 +496,9 @@ class Future(concurrent.futures.Future):
             return self._state != _PENDING
         self._finish(t, job)
         if self._state == _PENDING:  # it went on with a next job (Continue): wait for that
-            return self._wait(timeout if not timeout else
-                              max(0.0, timeout - (time.monotonic() - start)))
+            return self._wait(
+                timeout if not timeout else max(0.0, timeout - (time.monotonic() - start))
+            )
         return True
 
     def _wait_queued(self, timeout: Optional[float]) -> bool:
@@ -510,8 +539,12 @@ class Future(concurrent.futures.Future):
                             # The end of a job with a scalar result, inline, when nothing
                             # else has come to watch this future (else: _finish).
                             with _finish_lock:
-                                if self._state == _PENDING and self._cond is None and \
-                                        self._w is None and self._done_callbacks is None:
+                                if (
+                                    self._state == _PENDING
+                                    and self._cond is None
+                                    and self._w is None
+                                    and self._done_callbacks is None
+                                ):
                                     self._result = t[4]
                                     self._t = t
                                     self._state = _FINISHED
@@ -706,8 +739,11 @@ class Watcher:
             with self._lock:
                 # Finished elsewhere (result() in the caller's thread) or by this pass.
                 ids = set(map(id, ended))
-                self._futures = [f for f in self._futures if id(f) not in ids and
-                                 f._state == _PENDING and f._job is not None]
+                self._futures = [
+                    f
+                    for f in self._futures
+                    if id(f) not in ids and f._state == _PENDING and f._job is not None
+                ]
                 if gone:
                     ids = set(map(id, gone))
                     self._orphans = [o for o in self._orphans if id(o) not in ids]

@@ -16,8 +16,12 @@ in_worker = _pyops.in_worker
 
 
 def _backend_class() -> Any:
-    from joblib._parallel_backends import (AutoBatchingMixin, FallbackToBackend,
-                                           ParallelBackendBase, SequentialBackend)
+    from joblib._parallel_backends import (
+        AutoBatchingMixin,
+        FallbackToBackend,
+        ParallelBackendBase,
+        SequentialBackend,
+    )
 
     class GpuqBackend(AutoBatchingMixin, ParallelBackendBase):
         """joblib's "gpuq" backend (see the module's docstring). ``pool``, ``client`` and
@@ -32,11 +36,18 @@ def _backend_class() -> Any:
         supports_timeout = True
         default_n_jobs = -1
 
-        def __init__(self, pool: Optional[str] = None, client: Any = None,
-                     output_bytes: Optional[int] = None, nesting_level: Optional[int] = None,
-                     inner_max_num_threads: Optional[int] = None, **kwargs: Any) -> None:
-            super().__init__(nesting_level=nesting_level,
-                             inner_max_num_threads=inner_max_num_threads, **kwargs)
+        def __init__(
+            self,
+            pool: Optional[str] = None,
+            client: Any = None,
+            output_bytes: Optional[int] = None,
+            nesting_level: Optional[int] = None,
+            inner_max_num_threads: Optional[int] = None,
+            **kwargs: Any,
+        ) -> None:
+            super().__init__(
+                nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads, **kwargs
+            )
             self._pool_name = pool
             self._client = client
             self._output_bytes = output_bytes
@@ -44,16 +55,19 @@ def _backend_class() -> Any:
             self._init: Any = (None, ())
 
         def _pool_size(self) -> int:
-            st = (self._workers.client if self._workers else None)
+            st = self._workers.client if self._workers else None
             try:
                 status = st.status() if st is not None else None
                 if status is None:
                     from ._client import status as daemon_status
+
                     status = daemon_status()
                 for p in status.get("pools", []):
                     if p["name"] == (self._workers.pool if self._workers else self._pool_name) or (
-                            self._pool_name is None and self._workers is None and
-                            p.get("python", {}).get("allow_callables")):
+                        self._pool_name is None
+                        and self._workers is None
+                        and p.get("python", {}).get("allow_callables")
+                    ):
                         return max(1, int(p.get("workers_total", 1)))
             except Exception:  # noqa: BLE001 - a guess is all joblib needs
                 pass
@@ -81,9 +95,13 @@ def _backend_class() -> Any:
                 self._workers.shutdown(wait=True)  # a new initializer: a new executor
                 self._workers = None
             if self._workers is None:
-                self._workers = Executor(initializer=init[0], initargs=init[1],
-                                          pool=self._pool_name, client=self._client,
-                                          output_bytes=self._output_bytes)
+                self._workers = Executor(
+                    initializer=init[0],
+                    initargs=init[1],
+                    pool=self._pool_name,
+                    client=self._client,
+                    output_bytes=self._output_bytes,
+                )
                 self._init = init
             return self.effective_n_jobs(n_jobs)
 
@@ -107,11 +125,15 @@ def _backend_class() -> Any:
             ex, self._workers = self._workers, None
             if ex is not None:
                 ex.shutdown(wait=False, cancel_futures=True)
-                threading.Thread(target=ex.shutdown, name="gpuq-executor-drain",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=ex.shutdown, name="gpuq-executor-drain", daemon=True
+                ).start()
             if ensure_ready:
-                self.configure(n_jobs=self.parallel.n_jobs, parallel=self.parallel,
-                               **self.parallel._backend_kwargs)
+                self.configure(
+                    n_jobs=self.parallel.n_jobs,
+                    parallel=self.parallel,
+                    **self.parallel._backend_kwargs,
+                )
 
         def terminate(self) -> None:
             if self._workers is not None:
@@ -125,4 +147,5 @@ def _backend_class() -> Any:
 def register() -> None:
     """Registers joblib's "gpuq" backend (``import gpuq`` does it when joblib is imported)."""
     import joblib
+
     joblib.register_parallel_backend("gpuq", _backend_class())

@@ -68,8 +68,11 @@ class _Snapshot:
                 except ValueError:  # an empty cell
                     now = _EMPTY
             else:
-                now = where.get(key, _EMPTY) if isinstance(where, dict) else \
-                    getattr(where, key, _EMPTY)
+                now = (
+                    where.get(key, _EMPTY)
+                    if isinstance(where, dict)
+                    else getattr(where, key, _EMPTY)
+                )
             if now is not held:
                 return False
         return True
@@ -101,8 +104,13 @@ def _function(fn: types.FunctionType, snap: _Snapshot, depth: int) -> bool:
     for attr in ("__code__", "__defaults__", "__kwdefaults__"):
         value = getattr(fn, attr)
         snap.checks.append((fn, attr, value))
-        if attr != "__code__" and value is not None and not _stable(
-                tuple(value.values()) if isinstance(value, dict) else value, snap, depth):
+        if (
+            attr != "__code__"
+            and value is not None
+            and not _stable(
+                tuple(value.values()) if isinstance(value, dict) else value, snap, depth
+            )
+        ):
             return False
     names: set = set()
     _code_names(fn.__code__, names)
@@ -142,20 +150,27 @@ class FunctionPickles:
         pickle holds only what cannot change, so no object of the caller's process, such as a
         multiprocessing proxy)."""
         entry = self._cache.get(id(fn))
-        if entry is not None and entry[0] is fn and (
-                entry[2].same() if entry[2] is not None else _by_reference(fn)):
+        if (
+            entry is not None
+            and entry[0] is fn
+            and (entry[2].same() if entry[2] is not None else _by_reference(fn))
+        ):
             return entry[1], True  # (by reference: still the object its module names)
         snap: Optional[_Snapshot] = None
-        if isinstance(fn, types.MethodType) and isinstance(fn.__self__, type) and \
-                _by_reference(fn.__self__):
+        if (
+            isinstance(fn, types.MethodType)
+            and isinstance(fn.__self__, type)
+            and _by_reference(fn.__self__)
+        ):
             # A class's method (a classmethod) of an importable class: pickled by reference
             # with the standard pickle, as ProcessPoolExecutor does (cloudpickle would send the
             # function's code by value, which the worker cannot show the source of).
             blob = pickle.dumps(fn, protocol=5)
             self.made += 1
             return blob, True
-        if _by_reference(fn) and isinstance(fn, (types.FunctionType, type,
-                                                 types.BuiltinFunctionType)):
+        if _by_reference(fn) and isinstance(
+            fn, (types.FunctionType, type, types.BuiltinFunctionType)
+        ):
             cacheable = True
         elif isinstance(fn, types.FunctionType):
             snap = _Snapshot()

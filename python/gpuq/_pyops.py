@@ -38,24 +38,36 @@ _on_start: List[Callable[[], Any]] = []
 
 
 def _valid_name(name: str) -> bool:
-    return (isinstance(name, str) and 1 <= len(name) <= 48 and
-            all(c.isdigit() or c == "_" or ("a" <= c <= "z") for c in name))
+    return (
+        isinstance(name, str)
+        and 1 <= len(name) <= 48
+        and all(c.isdigit() or c == "_" or ("a" <= c <= "z") for c in name)
+    )
 
 
 def _batching(name: str, max_batch_size: Any, max_queue_delay_us: Any) -> Tuple[int, int]:
     if type(max_batch_size) is not int or not 1 <= max_batch_size <= MAX_BATCH_SIZE:
-        raise ValueError(f"gpuq.op({name!r}): max_batch_size must be an int from 1 to "
-                         f"{MAX_BATCH_SIZE}, not {max_batch_size!r}")
+        raise ValueError(
+            f"gpuq.op({name!r}): max_batch_size must be an int from 1 to "
+            f"{MAX_BATCH_SIZE}, not {max_batch_size!r}"
+        )
     if max_queue_delay_us is None:
         max_queue_delay_us = DEFAULT_QUEUE_DELAY_US if max_batch_size > 1 else 0
     if type(max_queue_delay_us) is not int or not 0 <= max_queue_delay_us <= MAX_QUEUE_DELAY_US:
-        raise ValueError(f"gpuq.op({name!r}): max_queue_delay_us must be an int from 0 to "
-                         f"{MAX_QUEUE_DELAY_US}, not {max_queue_delay_us!r}")
+        raise ValueError(
+            f"gpuq.op({name!r}): max_queue_delay_us must be an int from 0 to "
+            f"{MAX_QUEUE_DELAY_US}, not {max_queue_delay_us!r}"
+        )
     return (max_batch_size, max_queue_delay_us if max_batch_size > 1 else 0)
 
 
-def op(name: str, summary: Optional[str] = None, *, max_batch_size: int = 1,
-       max_queue_delay_us: Optional[int] = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def op(
+    name: str,
+    summary: Optional[str] = None,
+    *,
+    max_batch_size: int = 1,
+    max_queue_delay_us: Optional[int] = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Registers the decorated function as the Python op ``name`` of the pools whose modules
     import it (1-48 characters of [a-z0-9_])::
 
@@ -76,8 +88,7 @@ def op(name: str, summary: Optional[str] = None, *, max_batch_size: int = 1,
     rows back."""
     batching = _batching(name, max_batch_size, max_queue_delay_us)
     if not _valid_name(name):
-        raise ValueError(f"gpuq.op: {name!r} is not a valid op name (1-48 characters of "
-                         "[a-z0-9_])")
+        raise ValueError(f"gpuq.op: {name!r} is not a valid op name (1-48 characters of [a-z0-9_])")
     if name == CALL_OP:
         raise ValueError(f"gpuq.op: {name!r} is reserved for gpuq.Executor's callables")
 
@@ -86,8 +97,9 @@ def op(name: str, summary: Optional[str] = None, *, max_batch_size: int = 1,
             raise TypeError(f"gpuq.op({name!r}) decorates a function, not {type(fn).__name__}")
         have = _ops.get(name)
         if have is not None and have[0] is not fn:
-            raise ValueError(f"gpuq.op: {name!r} is registered twice "
-                             f"({_qualname(have[0])} and {_qualname(fn)})")
+            raise ValueError(
+                f"gpuq.op: {name!r} is registered twice ({_qualname(have[0])} and {_qualname(fn)})"
+            )
         doc = summary if summary is not None else (fn.__doc__ or "").strip().split("\n")[0]
         _ops[name] = (fn, doc[:200], batching)
         return fn
@@ -134,8 +146,10 @@ class WorkerContext:
         return cancelled()
 
     def __repr__(self) -> str:
-        return (f"<gpuq.WorkerContext pool={self.pool_id} worker={self.worker_id} "
-                f"device={self.device} stream={self.stream!r}>")
+        return (
+            f"<gpuq.WorkerContext pool={self.pool_id} worker={self.worker_id} "
+            f"device={self.device} stream={self.stream!r}>"
+        )
 
 
 _context = WorkerContext()
@@ -168,8 +182,9 @@ def decode_call(buf: memoryview, params: Dict[str, Any]) -> Tuple[list, dict]:
     try:
         h, n = int(params["py.h"]), int(params["py.n"])
     except (KeyError, TypeError, ValueError):
-        raise ValueError("not a Python op job: its params lack py.h and py.n (submit it with "
-                         "gpuq.Client.call)") from None
+        raise ValueError(
+            "not a Python op job: its params lack py.h and py.n (submit it with gpuq.Client.call)"
+        ) from None
     if h < 0 or n < 0:
         raise ValueError(f"the header [{h}, +{n}) lies outside the job's {len(buf)}-byte input")
     _, args, kwargs = _native.decode_call(buf, h, n, False)
@@ -191,8 +206,11 @@ def batch_key(args: Sequence[Any], kwargs: Dict[str, Any]) -> Tuple[Any, int]:
                 alone = True
                 return None
             rows = v.shape[0]
-            return ("nd", v.dtype.str if v.dtype.fields is None else repr(v.dtype.descr),
-                    v.shape[1:])
+            return (
+                "nd",
+                v.dtype.str if v.dtype.fields is None else repr(v.dtype.descr),
+                v.shape[1:],
+            )
         return ("js", json.dumps(v, sort_keys=True, allow_nan=True))
 
     key = (tuple(part(a) for a in args), tuple((k, part(v)) for k, v in sorted(kwargs.items())))
@@ -214,16 +232,21 @@ def split_rows(name: str, result: Any, rows: Sequence[int]) -> Tuple[str, List[L
     TypeError when it is not an array or tuple of arrays with one row per input row."""
     total = sum(rows)
     kind, arrays, _ = _result_arrays(result)
-    if kind not in ("array", "tuple") or not arrays or any(
-            a.ndim == 0 or a.shape[0] != total for a in arrays):
+    if (
+        kind not in ("array", "tuple")
+        or not arrays
+        or any(a.ndim == 0 or a.shape[0] != total for a in arrays)
+    ):
         shapes = [tuple(a.shape) for a in arrays] if kind in ("array", "tuple") else kind
-        raise TypeError(f"{name} is batched: it must return an array, or a tuple of arrays, "
-                        f"with one row per input row; the call had {total} rows and returned "
-                        f"{shapes}")
+        raise TypeError(
+            f"{name} is batched: it must return an array, or a tuple of arrays, "
+            f"with one row per input row; the call had {total} rows and returned "
+            f"{shapes}"
+        )
     out = []
     at = 0
     for r in rows:
-        out.append([a[at:at + r] for a in arrays])
+        out.append([a[at : at + r] for a in arrays])
         at += r
     return kind, out
 
@@ -237,7 +260,8 @@ def _result_arrays(result: Any) -> Tuple[str, List[np.ndarray], Any]:
     if isinstance(result, (bool, int, float, complex)):
         return "scalar", [np.asarray(result)], None
     if isinstance(result, (tuple, list)) and all(
-            is_array(x) or isinstance(x, (bool, int, float, complex)) for x in result):
+        is_array(x) or isinstance(x, (bool, int, float, complex)) for x in result
+    ):
         return "tuple", [np.asarray(x) for x in result], None
     # A framework's tensor (torch, CuPy, JAX): to host memory, through numpy.
     conv = _to_numpy(result)
@@ -250,9 +274,11 @@ def _result_arrays(result: Any) -> Tuple[str, List[np.ndarray], Any]:
     if isinstance(result, (str, dict)):
         json_text(result, "the op's result")  # TypeError when it is not JSON-able
         return "json", [], result
-    raise TypeError(f"the op returned {type(result).__name__}; return a numpy array (or a "
-                    "torch/CuPy/JAX/TensorFlow array), a tuple of them, a scalar, a str or "
-                    "dict, or None")
+    raise TypeError(
+        f"the op returned {type(result).__name__}; return a numpy array (or a "
+        "torch/CuPy/JAX/TensorFlow array), a tuple of them, a scalar, a str or "
+        "dict, or None"
+    )
 
 
 def _to_numpy(x: Any) -> Optional[np.ndarray]:
@@ -278,8 +304,9 @@ def write_answer(out: memoryview, header: Dict[str, Any], arrays: Sequence[np.nd
     ResultTooLarge when they do not fit."""
     extra = {k: v for k, v in header.items() if k != "kind"}
     kind = header.get("kind", "error")
-    n = _native.write_answer(out, kind, [np.asarray(a) for a in arrays],
-                             json.dumps(extra) if extra else "")
+    n = _native.write_answer(
+        out, kind, [np.asarray(a) for a in arrays], json.dumps(extra) if extra else ""
+    )
     if n < 0:
         raise ResultTooLarge(-n, len(out))
     return n
@@ -301,8 +328,16 @@ def write_result(out: memoryview, result: Any) -> int:
 def write_error(out: memoryview, kind: str, message: str, tb: str, **extra: Any) -> int:
     """The failure record (type, message, traceback), trimmed to fit; 0 when none fits."""
     for limit in (len(tb), 16384, 2048, 0):
-        rec = {"error": dict({"type": kind, "message": message[:4096],
-                              "traceback": tb[-limit:] if limit else ""}, **extra)}
+        rec = {
+            "error": dict(
+                {
+                    "type": kind,
+                    "message": message[:4096],
+                    "traceback": tb[-limit:] if limit else "",
+                },
+                **extra,
+            )
+        }
         try:
             return write_answer(out, rec, [])
         except ResultTooLarge:
@@ -312,8 +347,10 @@ def write_error(out: memoryview, kind: str, message: str, tb: str, **extra: Any)
 
 class ResultTooLarge(Exception):
     def __init__(self, needed: int, capacity: int) -> None:
-        super().__init__(f"the result needs {needed} bytes, and the job's output buffer holds "
-                         f"{capacity}: pass output_bytes={needed} (or more)")
+        super().__init__(
+            f"the result needs {needed} bytes, and the job's output buffer holds "
+            f"{capacity}: pass output_bytes={needed} (or more)"
+        )
         self.needed = needed
         self.capacity = capacity
 

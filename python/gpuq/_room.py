@@ -61,8 +61,10 @@ def allocate(conn: Any, nbytes: int, timeout: Optional[float]) -> np.ndarray:
                 raise error
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                raise _errors.OutOfMemory(f"{error} (waited {timeout} s for {len(pending)} "
-                                          "pending calls to give room back)") from None
+                raise _errors.OutOfMemory(
+                    f"{error} (waited {timeout} s for {len(pending)} "
+                    "pending calls to give room back)"
+                ) from None
             job = pending[0]._job
             if job is not None:  # read again: another thread may have finished it meanwhile
                 job.wait(int((0.01 if left is None else min(0.01, left)) * 1e9))

@@ -45,7 +45,7 @@ class ServeOptions:
     """What ``gpuq serve`` was asked for, checked (:func:`parse_args`)."""
 
     modules: List[str]
-    gpus: Any = "auto"             # "auto", "all", "none" or a list of indexes and UUIDs
+    gpus: Any = "auto"  # "auto", "all", "none" or a list of indexes and UUIDs
     workers: Optional[int] = None  # per GPU on a gpu pool, in all on a cpu pool
     spares: int = 0
     path: List[str] = dataclasses.field(default_factory=list)  # absolute, in order
@@ -71,8 +71,10 @@ def _parse_gpus(text: str) -> Any:
         return t
     items = [s.strip() for s in t.split(",")]
     if not t or any(not s for s in items):
-        raise ValueError(f"--gpus {text!r}: give all, none, auto, or a comma-separated list of "
-                         "GPU indexes and UUIDs (0,1 or GPU-0b7e...)")
+        raise ValueError(
+            f"--gpus {text!r}: give all, none, auto, or a comma-separated list of "
+            "GPU indexes and UUIDs (0,1 or GPU-0b7e...)"
+        )
     out: List[Any] = []
     for s in items:
         if s.isdigit():
@@ -80,8 +82,10 @@ def _parse_gpus(text: str) -> Any:
         elif s.startswith(("GPU-", "MIG-")):
             out.append(s)
         else:
-            raise ValueError(f"--gpus {text!r}: {s!r} is neither a GPU index (0, 1, ...) nor a "
-                             "UUID as nvidia-smi -L prints it (GPU-...)")
+            raise ValueError(
+                f"--gpus {text!r}: {s!r} is neither a GPU index (0, 1, ...) nor a "
+                "UUID as nvidia-smi -L prints it (GPU-...)"
+            )
     return out
 
 
@@ -89,32 +93,68 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpuq serve",
         description="Start gpuqd with one Python pool running MODULE's @gpuq.op functions in "
-                    "this Python, and stay in the foreground (Ctrl-C drains and stops it).")
-    p.add_argument("modules", nargs="*", metavar="MODULE",
-                   help="modules to import in each worker, in order (app.ops); the current "
-                        "directory is on their path")
-    p.add_argument("--gpus", default="auto",
-                   help="auto (every GPU if the machine has an NVIDIA GPU, else the CPUs; the "
-                        "default), all, none (the CPUs), or a list: 0,1 or GPU UUIDs")
-    p.add_argument("--workers", type=int, default=None,
-                   help="workers on each GPU (default 1), or on the CPUs in all (default: one "
-                        "per CPU this process may run on)")
-    p.add_argument("--spares", type=int, default=0,
-                   help="ready spare workers that take a dead worker's place at once (0-64)")
-    p.add_argument("--path", action="append", default=[], metavar="DIR",
-                   help="a directory put in front of the modules' path (repeatable); the "
-                        "current directory always is")
-    p.add_argument("--runtime-dir", default=None, metavar="DIR",
-                   help="where gpuqd listens; default: where gpuq.connect() looks first "
-                        "($XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID)")
-    p.add_argument("--allow-callables", action="store_true",
-                   help="also run clients' pickled callables (gpuq.Executor, joblib's gpuq "
-                        "backend): code a client sends runs as this user")
+        "this Python, and stay in the foreground (Ctrl-C drains and stops it).",
+    )
+    p.add_argument(
+        "modules",
+        nargs="*",
+        metavar="MODULE",
+        help="modules to import in each worker, in order (app.ops); the current "
+        "directory is on their path",
+    )
+    p.add_argument(
+        "--gpus",
+        default="auto",
+        help="auto (every GPU if the machine has an NVIDIA GPU, else the CPUs; the "
+        "default), all, none (the CPUs), or a list: 0,1 or GPU UUIDs",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="workers on each GPU (default 1), or on the CPUs in all (default: one "
+        "per CPU this process may run on)",
+    )
+    p.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="ready spare workers that take a dead worker's place at once (0-64)",
+    )
+    p.add_argument(
+        "--path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory put in front of the modules' path (repeatable); the "
+        "current directory always is",
+    )
+    p.add_argument(
+        "--runtime-dir",
+        default=None,
+        metavar="DIR",
+        help="where gpuqd listens; default: where gpuq.connect() looks first "
+        "($XDG_RUNTIME_DIR/gpuq, else /tmp/gpuq-$UID)",
+    )
+    p.add_argument(
+        "--allow-callables",
+        action="store_true",
+        help="also run clients' pickled callables (gpuq.Executor, joblib's gpuq "
+        "backend): code a client sends runs as this user",
+    )
     p.add_argument("--pool", default="default", help="the pool's name (default: default)")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the equivalent gpuqd config (JSON) and exit")
-    p.add_argument("--start-timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="longest wait for the workers to be ready (default 600)")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the equivalent gpuqd config (JSON) and exit",
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="longest wait for the workers to be ready (default 600)",
+    )
     return p
 
 
@@ -128,12 +168,15 @@ def parse_args(argv: Sequence[str]) -> ServeOptions:
     except ValueError as e:
         parser.error(str(e))
     if not a.modules and not a.allow_callables:
-        parser.error("name at least one module with @gpuq.op functions (gpuq serve app.ops), or "
-                     "pass --allow-callables for a pool that runs clients' callables only")
+        parser.error(
+            "name at least one module with @gpuq.op functions (gpuq serve app.ops), or "
+            "pass --allow-callables for a pool that runs clients' callables only"
+        )
     for m in a.modules:
         if not all(part.isidentifier() for part in m.split(".")):
-            parser.error(f"{m!r} is not a module name (a dotted name, like app.ops; not a file "
-                         "path)")
+            parser.error(
+                f"{m!r} is not a module name (a dotted name, like app.ops; not a file path)"
+            )
     if a.workers is not None and not 1 <= a.workers <= (64 if gpus != "none" else 1024):
         parser.error(f"--workers {a.workers}: give 1 to 64 per GPU, or 1 to 1024 on the CPUs")
     if not 0 <= a.spares <= 64:
@@ -150,9 +193,18 @@ def parse_args(argv: Sequence[str]) -> ServeOptions:
     if cwd not in path:
         path.append(cwd)
     runtime_dir = os.path.abspath(a.runtime_dir) if a.runtime_dir else None
-    return ServeOptions(modules=list(a.modules), gpus=gpus, workers=a.workers, spares=a.spares,
-                        path=path, runtime_dir=runtime_dir, allow_callables=a.allow_callables,
-                        pool=a.pool, print_config=a.print_config, start_timeout=a.start_timeout)
+    return ServeOptions(
+        modules=list(a.modules),
+        gpus=gpus,
+        workers=a.workers,
+        spares=a.spares,
+        path=path,
+        runtime_dir=runtime_dir,
+        allow_callables=a.allow_callables,
+        pool=a.pool,
+        print_config=a.print_config,
+        start_timeout=a.start_timeout,
+    )
 
 
 def pool_config(o: ServeOptions) -> Dict[str, Any]:
@@ -160,8 +212,11 @@ def pool_config(o: ServeOptions) -> Dict[str, Any]:
     gpus = o.gpus
     if gpus == "auto":
         gpus = "all" if _machine_has_nvidia_gpu() else "none"
-    python: Dict[str, Any] = {"interpreter": sys.executable, "modules": list(o.modules),
-                              "path": list(o.path)}
+    python: Dict[str, Any] = {
+        "interpreter": sys.executable,
+        "modules": list(o.modules),
+        "path": list(o.path),
+    }
     if o.allow_callables:
         python["allow_callables"] = True
     pool: Dict[str, Any] = {"name": o.pool}
@@ -202,15 +257,21 @@ def _summary(doc: Dict[str, Any], o: ServeOptions, runtime_dir: str) -> str:
     else:
         where = "on the CPUs"
     spares = f" and {pool.get('spares_ready')} spares" if pool.get("spares_total") else ""
-    connect = ("gpuq.connect()" if o.runtime_dir is None else
-               f"gpuq.connect({runtime_dir!r}) or GPUQ_RUNTIME_DIR={runtime_dir}")
-    return "\n".join([
-        f"gpuq serve: pool {o.pool}: {pool.get('workers_ready')} of {pool.get('workers_total')} "
-        f"workers ready{spares} {where}",
-        f"gpuq serve: ops: {', '.join(ops) if ops else '(none)'}"
-        + (", and clients' callables (gpuq.Executor, joblib)" if o.allow_callables else ""),
-        f"gpuq serve: listening in {runtime_dir}; clients connect with {connect}",
-        "gpuq serve: Ctrl-C drains (queued and running jobs finish) and stops"])
+    connect = (
+        "gpuq.connect()"
+        if o.runtime_dir is None
+        else f"gpuq.connect({runtime_dir!r}) or GPUQ_RUNTIME_DIR={runtime_dir}"
+    )
+    return "\n".join(
+        [
+            f"gpuq serve: pool {o.pool}: {pool.get('workers_ready')} of {pool.get('workers_total')} "
+            f"workers ready{spares} {where}",
+            f"gpuq serve: ops: {', '.join(ops) if ops else '(none)'}"
+            + (", and clients' callables (gpuq.Executor, joblib)" if o.allow_callables else ""),
+            f"gpuq serve: listening in {runtime_dir}; clients connect with {connect}",
+            "gpuq serve: Ctrl-C drains (queued and running jobs finish) and stops",
+        ]
+    )
 
 
 def _unserved(doc: Dict[str, Any], name: str) -> Optional[str]:
@@ -237,14 +298,20 @@ def serve(o: ServeOptions) -> int:
     config_path = os.path.join(tmp, "gpuqd.json")
     with open(config_path, "w") as f:
         json.dump(config, f, indent=2)
-    proc = subprocess.Popen([gpuqd, "--config", config_path, "--runtime-dir", runtime_dir],
-                            env=daemon.daemon_environ(), preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        [gpuqd, "--config", config_path, "--runtime-dir", runtime_dir],
+        env=daemon.daemon_environ(),
+        preexec_fn=_die_with_parent,
+    )
     stopping = []
 
     def forward(signo: int, _frame: Any) -> None:
         if not stopping:
-            print("gpuq serve: draining (queued and running jobs finish; drain_timeout_ms bounds "
-                  "it)", file=sys.stderr, flush=True)
+            print(
+                "gpuq serve: draining (queued and running jobs finish; drain_timeout_ms bounds it)",
+                file=sys.stderr,
+                flush=True,
+            )
         stopping.append(signo)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -268,8 +335,12 @@ def serve(o: ServeOptions) -> int:
                     print(_summary(doc, o, runtime_dir), flush=True)
                     break
             if time.monotonic() > deadline:
-                print(f"gpuq serve: the workers were not ready within {o.start_timeout:g} s "
-                      "(--start-timeout); stopping", file=sys.stderr, flush=True)
+                print(
+                    f"gpuq serve: the workers were not ready within {o.start_timeout:g} s "
+                    "(--start-timeout); stopping",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 forward(signal.SIGTERM, None)
                 proc.wait()
                 return 1

@@ -35,8 +35,11 @@ _stores = 0
 def folder() -> str:
     """The spill folder of this user (made mode 0700 on first use; refused if someone else
     owns it or may enter it)."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
+    base = (
+        "/dev/shm"
+        if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
         else tempfile.gettempdir()
+    )
     path = os.path.join(base, f"gpuq-spill-{os.getuid()}")
     try:
         os.mkdir(path, 0o700)
@@ -44,8 +47,10 @@ def folder() -> str:
         pass
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise OSError(f"{path}: not a folder of this user's alone (mode {st.st_mode:o}); "
-                      "remove it and run again")
+        raise OSError(
+            f"{path}: not a folder of this user's alone (mode {st.st_mode:o}); "
+            "remove it and run again"
+        )
     return path
 
 
@@ -85,11 +90,14 @@ def read_piece(token: str, offset: int, length: int, last: bool) -> np.ndarray:
             f.seek(offset)
             data = f.read(length)
     except FileNotFoundError:
-        raise FileNotFoundError(f"the spilled result {token} is gone (fetched already, or "
-                                f"deleted after {STALE_S:.0f} s unfetched)") from None
+        raise FileNotFoundError(
+            f"the spilled result {token} is gone (fetched already, or "
+            f"deleted after {STALE_S:.0f} s unfetched)"
+        ) from None
     if len(data) != length:
-        raise ValueError(f"the spilled result {token} holds fewer bytes than asked "
-                         f"({offset} + {length})")
+        raise ValueError(
+            f"the spilled result {token} holds fewer bytes than asked ({offset} + {length})"
+        )
     if last:
         os.unlink(path)
     return np.frombuffer(data, dtype=np.uint8)
@@ -129,10 +137,15 @@ class Fetch:
 
     def __init__(self, header: Dict[str, Any]) -> None:
         token, sizes = header.get("spill"), header.get("sizes")
-        if not isinstance(token, str) or not isinstance(sizes, list) or not sizes or not all(
-                type(s) is int and s >= 0 for s in sizes):
-            raise ValueError("the worker's answer is malformed (a spilled result without its "
-                             "token or sizes)")
+        if (
+            not isinstance(token, str)
+            or not isinstance(sizes, list)
+            or not sizes
+            or not all(type(s) is int and s >= 0 for s in sizes)
+        ):
+            raise ValueError(
+                "the worker's answer is malformed (a spilled result without its token or sizes)"
+            )
         self.token = token
         self.sizes = sizes
         self.total = sum(sizes)
@@ -148,17 +161,20 @@ class Fetch:
         """Keeps a fetched piece; whether the result is whole."""
         n = int(piece.nbytes)
         if n != self.next_piece()[1]:
-            raise ValueError(f"a piece of the spilled result {self.token} has {n} bytes, not "
-                             f"{self.next_piece()[1]}")
-        self.data[self.offset:self.offset + n] = memoryview(piece).cast("B")
+            raise ValueError(
+                f"a piece of the spilled result {self.token} has {n} bytes, not "
+                f"{self.next_piece()[1]}"
+            )
+        self.data[self.offset : self.offset + n] = memoryview(piece).cast("B")
         self.offset += n
         return self.offset >= self.total
 
     def result(self) -> Any:
         import pickle
+
         view = memoryview(self.data)
         parts, at = [], 0
         for s in self.sizes:
-            parts.append(view[at:at + s])
+            parts.append(view[at : at + s])
             at += s
         return pickle.loads(parts[0], buffers=parts[1:])

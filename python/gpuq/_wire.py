@@ -23,13 +23,15 @@ def dtype_spec(dt: np.dtype) -> Any:
 def dtype_from(spec: Any) -> np.dtype:
     """A dtype from dtype_spec's form: a string, or a structured dtype's descr as JSON lists
     (nested ones included)."""
+
     def fields(descr: Any) -> Any:
         if isinstance(descr, str):
             return descr
         if not isinstance(descr, list):
             raise ValueError(f"not a dtype: {descr!r}")
-        return [(f[0], fields(f[1])) if len(f) < 3 else (f[0], fields(f[1]), tuple(f[2]))
-                for f in descr]
+        return [
+            (f[0], fields(f[1])) if len(f) < 3 else (f[0], fields(f[1]), tuple(f[2])) for f in descr
+        ]
 
     return np.dtype(fields(spec))
 
@@ -62,8 +64,10 @@ def json_text(v: Any, what: str) -> str:
     try:
         return json.dumps(v, allow_nan=True)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"{what}: {type(v).__name__} is neither an array nor JSON-able "
-                        f"({e}); pass numpy arrays, numbers, strings, lists or dicts") from None
+        raise TypeError(
+            f"{what}: {type(v).__name__} is neither an array nor JSON-able "
+            f"({e}); pass numpy arrays, numbers, strings, lists or dicts"
+        ) from None
 
 
 def is_array(v: Any) -> bool:

@@ -38,12 +38,13 @@ _PICKLED_ARGS = _native.CALL_FLAG_PICKLED_ARGS
 _EXECUTOR_CONTEXT = _native.CALL_FLAG_EXECUTOR_CONTEXT
 _FETCH_SPILLED = _native.CALL_FLAG_FETCH_SPILLED
 _FUNCTION_REUSED = _native.CALL_FLAG_FUNCTION_REUSED
-_NOT_A_CALL = ("not a Python op job: its params lack py.h and py.n (submit it with "
-               "gpuq.Client.call)")
+_NOT_A_CALL = "not a Python op job: its params lack py.h and py.n (submit it with gpuq.Client.call)"
 
-_USAGE = ("usage: python -m gpuq._worker [--module M]... [--path DIR]... "
-          "(--list-ops --pool-id N | --ops JSON [--allow-callables] [--gpu] WORKER-ARGS...)\n"
-          "gpuq._worker is started by gpuqd for a Python pool; it is not meant to be run by hand.")
+_USAGE = (
+    "usage: python -m gpuq._worker [--module M]... [--path DIR]... "
+    "(--list-ops --pool-id N | --ops JSON [--allow-callables] [--gpu] WORKER-ARGS...)\n"
+    "gpuq._worker is started by gpuqd for a Python pool; it is not meant to be run by hand."
+)
 
 
 def _import_modules(paths: List[str], modules: List[str]) -> None:
@@ -80,8 +81,11 @@ def _nvml_total_memory() -> Tuple[Optional[int], str]:
         return None, f"no NVML ({e})"
 
     class Memory(ctypes.Structure):  # nvmlMemory_t
-        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
-                    ("used", ctypes.c_ulonglong)]
+        _fields_ = [
+            ("total", ctypes.c_ulonglong),
+            ("free", ctypes.c_ulonglong),
+            ("used", ctypes.c_ulonglong),
+        ]
 
     try:
         rc = nvml.nvmlInit_v2()
@@ -90,8 +94,9 @@ def _nvml_total_memory() -> Tuple[Optional[int], str]:
         try:
             handle = ctypes.c_void_p()
             if visible.isdigit():
-                rc = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(visible)),
-                                                         ctypes.byref(handle))
+                rc = nvml.nvmlDeviceGetHandleByIndex_v2(
+                    ctypes.c_uint(int(visible)), ctypes.byref(handle)
+                )
             else:
                 rc = nvml.nvmlDeviceGetHandleByUUID(visible.encode(), ctypes.byref(handle))
             if rc != 0:
@@ -226,8 +231,10 @@ class Runtime:
             _log(f"tensorflow: cannot list its GPUs ({type(e).__name__}: {e}); not configured")
             return
         if not gpus:
-            _log("tensorflow sees no GPU (a CPU-only build such as tensorflow-cpu, or one "
-                 "built without this CUDA): its ops run on the CPU, with no memory budget")
+            _log(
+                "tensorflow sees no GPU (a CPU-only build such as tensorflow-cpu, or one "
+                "built without this CUDA): its ops run on the CPU, with no memory budget"
+            )
             return
         gpu = gpus[0]  # the worker sees its one GPU
         limit_bytes, fraction = self.memory_limit
@@ -238,32 +245,41 @@ class Runtime:
             limit_mib = int(total * fraction) >> 20 if total and fraction > 0 else 0
         try:
             if tf.config.get_logical_device_configuration(gpu):
-                _log("tensorflow: the pool's module gave its GPU logical devices itself; "
-                     "left as they are (no memory_limit from the pool)")
+                _log(
+                    "tensorflow: the pool's module gave its GPU logical devices itself; "
+                    "left as they are (no memory_limit from the pool)"
+                )
                 return
             # Growth first: TensorFlow refuses to change it once the device has a logical
             # configuration.
             tf.config.experimental.set_memory_growth(gpu, True)
             if limit_mib:
                 tf.config.set_logical_device_configuration(
-                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)])
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)]
+                )
         except (RuntimeError, ValueError) as e:
             # "Physical devices cannot be modified after being initialized"
-            _log(f"tensorflow had initialised its GPU before the worker could configure it "
-                 f"({e}): no memory growth and no memory_limit for it; import tensorflow at "
-                 "the top of the pool's module and use it only in on_start or in ops")
+            _log(
+                f"tensorflow had initialised its GPU before the worker could configure it "
+                f"({e}): no memory growth and no memory_limit for it; import tensorflow at "
+                "the top of the pool's module and use it only in on_start or in ops"
+            )
             return
         if limit_mib:
             _log(f"tensorflow: memory growth on, one logical GPU of {limit_mib} MiB")
         else:
-            _log(f"tensorflow: memory growth on, but no memory_limit: the GPU's total memory "
-                 f"is unknown ({why}), so the pool's fraction {fraction} cannot be made MiB")
+            _log(
+                f"tensorflow: memory growth on, but no memory_limit: the GPU's total memory "
+                f"is unknown ({why}), so the pool's fraction {fraction} cannot be made MiB"
+            )
 
     def describe(self) -> str:
         torch, cupy = _frameworks()
-        d: Dict[str, Any] = {"python": sys.version.split()[0],
-                             "ops": sorted(n for n in self.ops),
-                             "allow_callables": self.allow_callables}
+        d: Dict[str, Any] = {
+            "python": sys.version.split()[0],
+            "ops": sorted(n for n in self.ops),
+            "allow_callables": self.allow_callables,
+        }
         if torch is not None:
             d["torch"] = torch.__version__
         if cupy is not None:
@@ -301,8 +317,9 @@ class Runtime:
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def run(self, name: str, inp: memoryview, out: memoryview, h: int,
-            n: int) -> Tuple[int, str, int, int]:
+    def run(
+        self, name: str, inp: memoryview, out: memoryview, h: int, n: int
+    ) -> Tuple[int, str, int, int]:
         """One job: its call header at [h, h + n) of ``inp`` (-1: the job has no py.h/py.n)."""
         if self.gpu and len(self.configured) < len(_FRAMEWORKS):
             self._configure_frameworks()  # one the job's code has imported since
@@ -322,8 +339,9 @@ class Runtime:
         finally:
             del args, kwargs
 
-    def _call(self, name: str, fn: Any, args: list, kwargs: dict,
-              out: memoryview) -> Tuple[int, str, int, int]:
+    def _call(
+        self, name: str, fn: Any, args: list, kwargs: dict, out: memoryview
+    ) -> Tuple[int, str, int, int]:
         """One call of a named op for one job, its answer or failure written into ``out``."""
         try:
             result = fn(*args, **kwargs)
@@ -339,8 +357,9 @@ class Runtime:
         except BaseException as e:  # noqa: BLE001 - every failure is the job's, reported
             return self._failed(name, e, out)
 
-    def run_batch(self, name: str, ins: List[memoryview], outs: List[memoryview],
-                  params: List[Dict[str, Any]]) -> Tuple[List[Tuple[int, str, int, int]], List[int]]:
+    def run_batch(
+        self, name: str, ins: List[memoryview], outs: List[memoryview], params: List[Dict[str, Any]]
+    ) -> Tuple[List[Tuple[int, str, int, int]], List[int]]:
         """Jobs of a batched op the worker gathered (docs/python.md, "Dynamic batching"): each
         set of jobs whose arguments agree in one call, at most max_batch_size rows, with their
         arrays concatenated along axis 0. (each job's outcome, the rows of each call)."""
@@ -348,8 +367,9 @@ class Runtime:
             self._configure_frameworks()
         entry = self.ops.get(name)
         if entry is None:
-            return [(_errors.UnknownOp.code, f"{name}: not an op of this Python pool", 0, 0)] * \
-                len(ins), []
+            return [(_errors.UnknownOp.code, f"{name}: not an op of this Python pool", 0, 0)] * len(
+                ins
+            ), []
         fn, _, (max_rows, _) = entry
         results: List[Any] = [None] * len(ins)
         jobs: List[Any] = [None] * len(ins)
@@ -386,16 +406,24 @@ class Runtime:
         finally:
             jobs.clear()
 
-    def _call_batch(self, name: str, fn: Any, call: List[int], jobs: List[Any],
-                    outs: List[memoryview], results: List[Any]) -> None:
+    def _call_batch(
+        self,
+        name: str,
+        fn: Any,
+        call: List[int],
+        jobs: List[Any],
+        outs: List[memoryview],
+        results: List[Any],
+    ) -> None:
         if len(call) == 1:  # called as an unbatched op's job is, with its own arrays
             i = call[0]
             results[i] = self._call(name, fn, jobs[i][0], jobs[i][1], outs[i])
             return
         first_args, first_kwargs, _ = jobs[call[0]]
         try:
-            args = [_pyops.concat_rows([jobs[i][0][k] for i in call])
-                    for k in range(len(first_args))]
+            args = [
+                _pyops.concat_rows([jobs[i][0][k] for i in call]) for k in range(len(first_args))
+            ]
             kwargs = {k: _pyops.concat_rows([jobs[i][1][k] for i in call]) for k in first_kwargs}
             kind, parts = _pyops.split_rows(name, fn(*args, **kwargs), [jobs[i][2] for i in call])
         except BaseException as e:  # noqa: BLE001 - the call's failure is each of its jobs'
@@ -412,18 +440,27 @@ class Runtime:
                 n = _pyops.write_error(outs[i], "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
                 results[i] = (_errors.InvalidArgument.code, f"{name}: {e}", n, 0)
 
-    def _failed(self, name: str, e: BaseException, out: memoryview, pickled: bool = False,
-                initializer: bool = False) -> Tuple[int, str, int, int]:
+    def _failed(
+        self,
+        name: str,
+        e: BaseException,
+        out: memoryview,
+        pickled: bool = False,
+        initializer: bool = False,
+    ) -> Tuple[int, str, int, int]:
         """The failure record of a job (``pickled``: a callable's, with the exception itself;
         ``initializer``: its executor's initializer raised ``e`` in this worker)."""
-        if isinstance(e, (SystemExit, KeyboardInterrupt)) and not isinstance(e, Exception) \
-                and not pickled:
+        if (
+            isinstance(e, (SystemExit, KeyboardInterrupt))
+            and not isinstance(e, Exception)
+            and not pickled
+        ):
             # A named op asked the interpreter to exit: it does, as a crash would. (A callable's
             # SystemExit is its task's outcome, as in ProcessPoolExecutor, and the worker goes on.)
             os._exit(70)
         if isinstance(e, _errors.Cancelled) or (
-                _pyops.cancelled() and isinstance(e, _errors.Error) and
-                e.code == _errors.Cancelled.code):
+            _pyops.cancelled() and isinstance(e, _errors.Error) and e.code == _errors.Cancelled.code
+        ):
             return (_errors.Cancelled.code, f"{name}: cancelled while running", 0, 0)
         self._check_device(e)
         kind = f"{type(e).__module__}.{type(e).__qualname__}"
@@ -439,7 +476,7 @@ class Runtime:
             # "{{function_node ...}} " prefix. The record keeps the whole message.
             text = str(e)
             if text.startswith("{{") and "}} " in text:
-                text = text[text.index("}} ") + 3:]
+                text = text[text.index("}} ") + 3 :]
             msg = f"{name}: {type(e).__qualname__}: {text}"
         else:
             msg = f"{name}: {kind}: {e}"
@@ -449,9 +486,18 @@ class Runtime:
             try:
                 blob = pickle.dumps(e, protocol=5)
                 n = _pyops.write_answer(
-                    out, {"error": {"type": kind, "message": str(e)[:4096],
-                                    "traceback": tb[-16384:], **extra},
-                          "kind": "exception"}, [np.frombuffer(blob, dtype=np.uint8)])
+                    out,
+                    {
+                        "error": {
+                            "type": kind,
+                            "message": str(e)[:4096],
+                            "traceback": tb[-16384:],
+                            **extra,
+                        },
+                        "kind": "exception",
+                    },
+                    [np.frombuffer(blob, dtype=np.uint8)],
+                )
             except Exception:  # noqa: BLE001 - unpicklable: the record without it
                 n = 0
         if n == 0:
@@ -496,12 +542,17 @@ class Runtime:
             self.contexts[key] = ctx
         return ctx
 
-    def _run_callable(self, inp: memoryview, out: memoryview, h: int,
-                      n: int) -> Tuple[int, str, int, int]:
+    def _run_callable(
+        self, inp: memoryview, out: memoryview, h: int, n: int
+    ) -> Tuple[int, str, int, int]:
         if not self.allow_callables:
-            return (_errors.PermissionDenied.code,
-                    "this pool does not run callables: its config has python.allow_callables "
-                    "false (docs/python.md, \"gpuq.Executor\")", 0, 0)
+            return (
+                _errors.PermissionDenied.code,
+                "this pool does not run callables: its config has python.allow_callables "
+                'false (docs/python.md, "gpuq.Executor")',
+                0,
+                0,
+            )
         try:
             if h < 0 or n < 0:
                 raise ValueError(_NOT_A_CALL)
@@ -515,13 +566,12 @@ class Runtime:
                 first = 2
                 failure = self._context(parts[1]).enter()
                 if failure is not None:
-                    return self._failed("initializer", failure, out, pickled=True,
-                                        initializer=True)
+                    return self._failed("initializer", failure, out, pickled=True, initializer=True)
             # After the authkey: joblib's batches hold proxies. Kept only when the client
             # sends the same pickle again; a joblib batch holds its data and is used once.
             fn = self._function(parts[0]) if flags & _FUNCTION_REUSED else pickle.loads(parts[0])
             if flags & _PICKLED_ARGS:
-                args, kwargs = pickle.loads(parts[first], buffers=parts[first + 1:])
+                args, kwargs = pickle.loads(parts[first], buffers=parts[first + 1 :])
             else:
                 args = parts[first:]
             del parts
@@ -566,8 +616,14 @@ class Runtime:
 
     def _fetch_spilled(self, parts: List[Any], out: memoryview) -> Tuple[int, str, int, int]:
         try:
-            if len(parts) != 4 or type(parts[1]) is not int or type(parts[2]) is not int \
-                    or type(parts[3]) is not bool or parts[1] < 0 or parts[2] < 0:
+            if (
+                len(parts) != 4
+                or type(parts[1]) is not int
+                or type(parts[2]) is not int
+                or type(parts[3]) is not bool
+                or parts[1] < 0
+                or parts[2] < 0
+            ):
                 raise ValueError("a spilled result's fetch takes (token, offset, length, last)")
             piece = _spill.read_piece(parts[0], parts[1], parts[2], parts[3])
             return (0, "", _pyops.write_answer(out, {"kind": "pickle"}, [piece]), 0)
@@ -658,8 +714,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     # A traceback of a failing import or on_start is the start-up failure gpuqd reports.
     _import_modules(paths, modules)
     if listing is not None:
-        json.dump([{"name": n, "summary": s, "max_batch_size": b[0], "max_queue_delay_us": b[1]}
-                   for n, (_, s, b) in _pyops._ops.items()], listing)
+        json.dump(
+            [
+                {"name": n, "summary": s, "max_batch_size": b[0], "max_queue_delay_us": b[1]}
+                for n, (_, s, b) in _pyops._ops.items()
+            ],
+            listing,
+        )
         listing.write("\n")
         listing.close()
         return 0
@@ -668,14 +729,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     if have != set(expected):
         return _fail(
             f"the modules define ops {sorted(have - {CALL_OP})}, but gpuqd started with "
-            f"{sorted(set(expected) - {CALL_OP})}: did a module change since? restart gpuqd")
+            f"{sorted(set(expected) - {CALL_OP})}: did a module change since? restart gpuqd"
+        )
     # As gpuq's C++ workers: a terminal's Ctrl-C (sent to gpuqd's whole process group) ends the
     # worker, instead of raising KeyboardInterrupt in whatever job runs next.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     from . import _native
+
     batching = {n: b for n, (_, _, b) in _pyops._ops.items()}
-    _native.register_python_ops(pool_id, sorted(
-        (i, n) + batching.get(n, (1, 0)) for n, i in expected.items()))
+    _native.register_python_ops(
+        pool_id, sorted((i, n) + batching.get(n, (1, 0)) for n, i in expected.items())
+    )
     runtime = Runtime(dict(_pyops._ops), allow_callables, gpu)
     return int(_native.run_worker(["gpuq-python-worker"] + rest, runtime))
 

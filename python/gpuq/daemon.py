@@ -25,8 +25,17 @@ import os
 import sys
 from typing import Dict, List, Mapping, NoReturn, Optional
 
-__all__ = ["bin_dir", "executable", "find_binary", "find_gpuqd", "daemon_environ", "gpuqd_main", "worker_main",
-           "gpuqctl_main", "gpu_probe_main"]
+__all__ = [
+    "bin_dir",
+    "executable",
+    "find_binary",
+    "find_gpuqd",
+    "daemon_environ",
+    "gpuqd_main",
+    "worker_main",
+    "gpuqctl_main",
+    "gpu_probe_main",
+]
 
 
 def bin_dir() -> str:
@@ -72,7 +81,8 @@ def find_gpuqd(gpuqd: Optional[str] = None) -> str:
             f"gpuqd not found (given {gpuqd!r}, $GPUQ_GPUQD={os.environ.get('GPUQ_GPUQD')!r}, "
             f"none in {bin_dir()} (a client-only install) and none on PATH); install "
             "the wheel of scripts/build_wheel.sh, or build it (cmake --build build --target "
-            "gpuqd gpuq-worker) and set GPUQ_GPUQD=build/daemon/gpuqd")
+            "gpuqd gpuq-worker) and set GPUQ_GPUQD=build/daemon/gpuqd"
+        )
     return path
 
 
@@ -93,7 +103,8 @@ def _exec(name: str, argv: List[str], env: Optional[Dict[str, str]] = None) -> N
         sys.stderr.write(
             f"{name}: not in this gpuq install ({bin_dir()} has no {name}: it was built "
             "without the daemon, as `pip install ./python` is) and none on PATH; install the "
-            "wheel of scripts/build_wheel.sh, or build gpuq with CMake (README.md)\n")
+            "wheel of scripts/build_wheel.sh, or build gpuq with CMake (README.md)\n"
+        )
         sys.stderr.flush()
         os._exit(127)
     sys.stdout.flush()

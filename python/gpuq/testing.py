@@ -28,9 +28,14 @@ __all__ = ["Daemon", "find_gpuqd"]
 class Daemon:
     """A gpuqd process of this test's own (see the module's docstring)."""
 
-    def __init__(self, config: Optional[Dict[str, Any]] = None, gpuqd: Optional[str] = None,
-                 start_timeout: float = 60.0, stop_timeout: float = 30.0,
-                 wait_ready: bool = True) -> None:
+    def __init__(
+        self,
+        config: Optional[Dict[str, Any]] = None,
+        gpuqd: Optional[str] = None,
+        start_timeout: float = 60.0,
+        stop_timeout: float = 30.0,
+        wait_ready: bool = True,
+    ) -> None:
         self.gpuqd = find_gpuqd(gpuqd)
         # False: start() returns once the daemon answers status, ready or not (a pool whose
         # workers fail to start never is).
@@ -60,20 +65,26 @@ class Daemon:
         log = open(self.log_path, "wb")
         # As the gpuqd command starts it: this interpreter first on PATH, the default of a
         # Python pool's "interpreter" (gpuq.daemon).
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                     env=daemon.daemon_environ())
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=daemon.daemon_environ()
+        )
         log.close()
         deadline = time.monotonic() + self.start_timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"gpuqd exited with status {self.proc.returncode} before it "
-                                   f"answered; its log:\n{self.log()}")
+                raise RuntimeError(
+                    f"gpuqd exited with status {self.proc.returncode} before it "
+                    f"answered; its log:\n{self.log()}"
+                )
             try:
                 doc = json.loads(_native.status_json(self.runtime_dir))
                 # Every worker up (a gpu pool without a GPU stays "unavailable").
                 if not self.wait_ready or (
-                        doc.get("ready") and all(p.get("status") in ("ready", "unavailable")
-                                                 for p in doc.get("pools", []))):
+                    doc.get("ready")
+                    and all(
+                        p.get("status") in ("ready", "unavailable") for p in doc.get("pools", [])
+                    )
+                ):
                     return self
             except _errors.PermissionDenied:
                 return self  # it answers, but not to this user (its config says so)
@@ -81,8 +92,10 @@ class Daemon:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"gpuqd did not become ready within {self.start_timeout} s; "
-                                   f"its log:\n{self.log()}")
+                raise RuntimeError(
+                    f"gpuqd did not become ready within {self.start_timeout} s; "
+                    f"its log:\n{self.log()}"
+                )
             time.sleep(0.02)
 
     def status(self) -> Dict[str, Any]:
