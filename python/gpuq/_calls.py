@@ -325,46 +325,18 @@ def _lay_out(
     timeout: Optional[float],
 ) -> Tuple[Any, Any, Any]:
     """The native submit of a Python call: (job, answer room, arrays passed in place)."""
-    submit = conn.native.submit_call
-    named = not callable_job
+    # Everything but the block: the first try lays the call out where the segment has room, the
+    # second in the block made for it.
+    call = (op, pool or "", args, kwargs, output_bytes, flags, callable_job, not callable_job,
+            expire_ns, retryable, limit_ms, timeout_ns, try_only)  # fmt: skip
     try:
-        return submit(
-            op,
-            pool or "",
-            args,
-            kwargs,
-            output_bytes,
-            flags,
-            callable_job,
-            named,
-            expire_ns,
-            retryable,
-            limit_ms,
-            timeout_ns,
-            try_only,
-            None,
-        )
+        return conn.native.submit_call(*call, None)
     except _errors.OutOfMemory:
         # No room: make some (finished calls give their blocks back, or wait for pending ones),
         # then lay the call out in the block made.
         need = conn.native.call_block_bytes(args, kwargs, output_bytes, flags, callable_job)
         block = _room.allocate(conn, need, timeout)
-        return submit(
-            op,
-            pool or "",
-            args,
-            kwargs,
-            output_bytes,
-            flags,
-            callable_job,
-            named,
-            expire_ns,
-            retryable,
-            limit_ms,
-            timeout_ns,
-            try_only,
-            block,
-        )
+        return conn.native.submit_call(*call, block)
 
 
 def _fetch_next(fetch: _spill.Fetch, future: Future) -> None:
