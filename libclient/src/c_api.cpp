@@ -257,12 +257,13 @@ gpuq_status_t to_cpp(const gpuq_job_spec_t& spec, gpuq::JobSpec& out) {
   return GPUQ_OK;
 }
 
-// Copies `message` into `out` (`N` bytes), truncated, NUL-padded.
+// Copies `message` into `out` (`N` bytes), truncated and NUL-terminated; the bytes after the
+// NUL are left as they are (a successful job's empty message writes one byte, not N).
 template <size_t N>
 void copy_message(const std::string& message, char (&out)[N]) {
   const size_t n = message.size() < N - 1 ? message.size() : N - 1;
   std::memcpy(out, message.data(), n);
-  std::memset(out + n, 0, N - n);
+  out[n] = '\0';
 }
 
 // Revision 1 of gpuq_job_result_t, as programs built against it still pass it: the fields of
