@@ -31,14 +31,15 @@
 #   tf      TensorFlow in Python pools: a venv of its own outside the tree (GPUQ_TF_VENV) with
 #           the pinned tests/tf/requirements.txt (tensorflow-cpu from PyPI, about 1.4 GB
 #           installed), made again only when that file or the interpreter changes (a hash in the
-#           venv); gpuq in it copied from the python stage's build when that stage ran before
-#           in this run, else pip install ./python; then pytest python/tests/test_tensorflow.py
+#           venv); ./python in it (pip, without build isolation: its CMake tree kept in
+#           build-python/tf-cmake), redone only when its sources change; then pytest
+#           python/tests/test_tensorflow.py
 #           against the daemon of build/, which also runs the TensorFlow pattern examples
 #           (examples/python/patterns/tf_*.py). docs/testing.md
 #   web     web apps in front of gpuq (docs/web.md): a venv in build-web/venv with
 #           tests/web/requirements.txt (Flask, gunicorn, FastAPI, uvicorn, httpx, pinned) and
 #           ./python (pip, without build isolation: its CMake tree kept in build-web/cmake), each
-#           redone only when a hash of its inputs changes (build-web/*.stamp); then pytest
+#           redone only when a hash of its inputs changes (stamps in the venv); then pytest
 #           tests/web against the daemon of build/: examples/web's Flask app under gunicorn
 #           --preload and its FastAPI app under uvicorn, 8 workers each, 32 concurrent clients
 #   scaleout  gpuq under Ray and Dask, one gpuqd per node (docs/scale-out.md): a venv in
@@ -335,16 +336,71 @@ stage_package() {
   stage_counts="(${passed} passed, 0 failed, ${skipped} skipped)"
 }
 
+# The interpreter the Python stages make their venvs with: GPUQ_PYTHON, else /usr/bin/python3,
+# else python3 on PATH.
+python_interpreter() {
+  if [[ -n "${GPUQ_PYTHON:-}" ]]; then
+    echo "${GPUQ_PYTHON}"
+  elif [[ -x /usr/bin/python3 ]]; then
+    echo /usr/bin/python3
+  else
+    echo python3
+  fi
+}
+
+# kept_venv LABEL VENV PY REQUIREMENTS: a venv of PY with the pinned REQUIREMENTS, kept between
+# runs and made again only when the interpreter or that file changes (a hash of both in
+# VENV/venv.stamp).
+kept_venv() {
+  local label=$1 venv=$2 py=$3 requirements=$4 hash t0=${SECONDS}
+  local -a pip=("${venv}/bin/python" -m pip --disable-pip-version-check)
+  hash=$({
+    "${py}" -VV
+    readlink -f "$(command -v "${py}")"
+    cat "${requirements}"
+  } | sha256sum | cut -d' ' -f1)
+  if [[ -x "${venv}/bin/python" && "$(cat "${venv}/venv.stamp" 2>/dev/null)" == "${hash}" ]]; then
+    echo "${label}: ${venv} is up to date (the interpreter and ${requirements#"${ROOT}/"} unchanged)"
+    return 0
+  fi
+  rm -rf "${venv}"
+  mkdir -p "$(dirname "${venv}")"
+  "${py}" -m venv "${venv}"
+  "${pip[@]}" install -q --upgrade pip
+  "${pip[@]}" install -q -r "${requirements}"
+  echo "${hash}" >"${venv}/venv.stamp"
+  echo "${label}: ${venv} made in $((SECONDS - t0))s"
+}
+
+# kept_gpuq LABEL VENV CMAKE_DIR: gpuq installed into VENV by pip from ./python, as a user's
+# install is, but without build isolation (the venv's requirements bring scikit-build-core and
+# nanobind), so that its CMake tree (CMAKE_DIR) is kept and a change recompiles only what
+# changed; skipped when the tracked sources it is built from (python/, common/, libclient/) are
+# those of the last install (a hash in VENV/gpuq.stamp).
+kept_gpuq() {
+  local label=$1 venv=$2 cmake_dir=$3 hash t0=${SECONDS}
+  hash=$(git -C "${ROOT}" ls-files -z -co --exclude-standard -- python common libclient |
+    (cd "${ROOT}" && xargs -0 sha256sum 2>/dev/null || true) | sha256sum | cut -d' ' -f1)
+  if [[ "$(cat "${venv}/gpuq.stamp" 2>/dev/null)" == "${hash}" ]]; then
+    echo "${label}: gpuq in ${venv} is up to date (python/, common/, libclient/ unchanged)"
+    return 0
+  fi
+  rm -f "${venv}/gpuq.stamp"
+  CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" "${venv}/bin/python" -m pip \
+    --disable-pip-version-check install -q --no-build-isolation --no-deps --force-reinstall \
+    -C build-dir="${cmake_dir}" "${ROOT}/python"
+  echo "${hash}" >"${venv}/gpuq.stamp"
+  echo "${label}: gpuq installed in $((SECONDS - t0))s"
+}
+
 # The Python client (python/, docs/python.md), installed as a user would: `pip install` of the
 # source folder into a new venv, the package's build isolated by pip. Its pytest suite runs
 # against the real daemon of build/; JUnit counts go to the totals.
 stage_python() {
   [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
   cmake --build build -j "${BUILD_JOBS}" --target gpuqd gpuq-worker gpuqctl gpuq_fake_nvml
-  local py="${GPUQ_PYTHON:-}"
-  if [[ -z "${py}" ]]; then
-    if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=python3; fi
-  fi
+  local py
+  py=$(python_interpreter)
   local venv="${ROOT}/build-python/venv"
   rm -rf "${venv}"
   "${py}" -m venv "${venv}"
@@ -381,80 +437,13 @@ stage_python() {
 # TensorFlow in Python pools (docs/python.md; python/tests/test_tensorflow.py, which the python
 # stage skips: its venv has no TensorFlow). tensorflow-cpu from PyPI, pinned in
 # tests/tf/requirements.txt, in a venv outside the tree (CI's fresh clone would download the
-# ~1.4 GB again on every run), made again only when that file or the interpreter changes: a
-# hash of both is the venv's gpuq-tf.stamp. gpuq in it: when the python stage ran before this
-# one in this run (so it passed), the files its `pip install ./python` installed into
-# build-python/venv (listed by their RECORD), copied: the build of this tree it just tested,
-# for the same interpreter; else `pip install ./python` here, a compile of about 3 minutes.
+# ~1.4 GB again on every run), kept as kept_venv says; gpuq in it as kept_gpuq says.
 stage_tf() {
   [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
   cmake --build build -j "${BUILD_JOBS}" --target gpuqd gpuq-worker
-  local py="${GPUQ_PYTHON:-}"
-  if [[ -z "${py}" ]]; then
-    if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=python3; fi
-  fi
   local venv="${GPUQ_TF_VENV:-${XDG_CACHE_HOME:-${HOME:-/var/tmp}/.cache}/gpuq-tf/venv}"
-  local -a pip=("${venv}/bin/python" -m pip --disable-pip-version-check)
-  local hash t0=${SECONDS}
-  hash=$({
-    "${py}" -VV
-    readlink -f "$(command -v "${py}")"
-    cat "${ROOT}/tests/tf/requirements.txt"
-  } | sha256sum | cut -d' ' -f1)
-  if [[ ! -x "${venv}/bin/python" || "$(cat "${venv}/gpuq-tf.stamp" 2>/dev/null)" != "${hash}" ]]; then
-    echo "tf: making ${venv} (new, or tests/tf/requirements.txt or the interpreter changed)"
-    rm -rf "${venv}"
-    mkdir -p "$(dirname "${venv}")"
-    "${py}" -m venv "${venv}"
-    "${pip[@]}" install -q --upgrade pip
-    "${pip[@]}" install -q -r "${ROOT}/tests/tf/requirements.txt"
-    echo "${hash}" >"${venv}/gpuq-tf.stamp"
-    echo "tf: venv made in $((SECONDS - t0))s"
-  else
-    echo "tf: ${venv} is up to date (tests/tf/requirements.txt and the interpreter unchanged)"
-  fi
-  local s python_ran=0
-  for s in "${stages[@]}"; do
-    [[ "${s}" != tf ]] || break
-    [[ "${s}" != python ]] || python_ran=1
-  done
-  local from="${ROOT}/build-python/venv"
-  t0=${SECONDS}
-  "${venv}/bin/python" - "${venv}" <<'EOF'
-import glob, os, shutil, sys, sysconfig
-site = sysconfig.get_paths()["purelib"]
-for dist in glob.glob(os.path.join(site, "gpuq-*.dist-info")):  # an earlier run's gpuq
-    for line in open(os.path.join(dist, "RECORD")):
-        path = os.path.normpath(os.path.join(site, line.rsplit(",", 2)[0]))
-        if path.startswith(sys.argv[1] + os.sep) and os.path.isfile(path):
-            os.remove(path)
-    shutil.rmtree(dist, ignore_errors=True)
-shutil.rmtree(os.path.join(site, "gpuq"), ignore_errors=True)
-EOF
-  if ((python_ran)) && [[ -x "${from}/bin/python" ]] &&
-    [[ "$("${from}/bin/python" -VV)" == "$("${venv}/bin/python" -VV)" ]]; then
-    "${from}/bin/python" - "${venv}" <<'EOF'
-import glob, os, shutil, subprocess, sys, sysconfig
-src = sysconfig.get_paths()["purelib"]
-dst = subprocess.run([os.path.join(sys.argv[1], "bin", "python"), "-c",
-                      "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                     capture_output=True, text=True, check=True).stdout.strip()
-(dist,) = glob.glob(os.path.join(src, "gpuq-*.dist-info"))
-n = 0
-for line in open(os.path.join(dist, "RECORD")):
-    rel = os.path.normpath(line.rsplit(",", 2)[0])
-    if rel.startswith(".."):  # console scripts: the tests do not use them
-        continue
-    os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
-    shutil.copy2(os.path.join(src, rel), os.path.join(dst, rel))
-    n += 1
-print(f"tf: gpuq from the python stage's build-python/venv: {n} files copied")
-EOF
-  else
-    echo "tf: the python stage did not run before this one: pip install ./python (compiles)"
-    CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" "${pip[@]}" install -q --no-deps "${ROOT}/python"
-  fi
-  echo "tf: gpuq installed in $((SECONDS - t0))s"
+  kept_venv tf "${venv}" "$(python_interpreter)" "${ROOT}/tests/tf/requirements.txt"
+  kept_gpuq tf "${venv}" "${ROOT}/build-python/tf-cmake"
   local junit="${ROOT}/build-python/tf-junit.xml"
   mkdir -p "${ROOT}/build-python"
   rm -f "${junit}"
@@ -465,58 +454,15 @@ EOF
   return "${rc}"
 }
 
-# Web apps in front of gpuq (docs/web.md, examples/web). The venv is kept between runs: it is
-# remade only when the interpreter or tests/web/requirements.txt change, and gpuq reinstalled
-# only when the sources it is built from (python/, common/, libclient/) change, each known by a
-# hash in build-web/. gpuq is installed by pip from the source folder, as a user's install is,
-# but without build isolation, so that its CMake tree (build-web/cmake) is kept and a change
-# recompiles only what changed.
+# Web apps in front of gpuq (docs/web.md, examples/web): the pinned tests/web/requirements.txt
+# in build-web/venv, kept as kept_venv says, and gpuq in it as kept_gpuq says.
 stage_web() {
   [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
   cmake --build build -j "${BUILD_JOBS}" --target gpuqd gpuq-worker
-  local py="${GPUQ_PYTHON:-}"
-  if [[ -z "${py}" ]]; then
-    if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=python3; fi
-  fi
   local dir="${ROOT}/build-web"
   local venv="${dir}/venv"
-  local -a pip=("${venv}/bin/python" -m pip --disable-pip-version-check)
-  local venv_hash src_hash
-  venv_hash=$({
-    "${py}" -VV
-    readlink -f "$(command -v "${py}")"
-    cat "${ROOT}/tests/web/requirements.txt"
-  } | sha256sum | cut -d' ' -f1)
-  src_hash=$(python3 - <<'PY'
-import hashlib, os, subprocess
-out = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard", "--", "python",
-                      "common", "libclient"], capture_output=True, check=True).stdout
-h = hashlib.sha256()
-for f in sorted(x for x in out.split(b"\0") if x):
-    if os.path.isfile(f):
-        with open(f, "rb") as fh:
-            h.update(f + b"\0" + hashlib.sha256(fh.read()).digest())
-print(h.hexdigest())
-PY
-  )
-  if [[ ! -x "${venv}/bin/python" || "$(cat "${dir}/venv.stamp" 2>/dev/null)" != "${venv_hash}" ]]; then
-    rm -rf "${venv}" "${dir}/venv.stamp" "${dir}/gpuq.stamp"
-    mkdir -p "${dir}"
-    "${py}" -m venv "${venv}"
-    "${pip[@]}" install -q --upgrade pip
-    "${pip[@]}" install -q -r "${ROOT}/tests/web/requirements.txt"
-    echo "${venv_hash}" >"${dir}/venv.stamp"
-  else
-    echo "web: build-web/venv is up to date (interpreter and tests/web/requirements.txt unchanged)"
-  fi
-  if [[ "$(cat "${dir}/gpuq.stamp" 2>/dev/null)" != "${src_hash}" ]]; then
-    rm -f "${dir}/gpuq.stamp"
-    CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" "${pip[@]}" install -q --no-build-isolation \
-      --no-deps --force-reinstall -C build-dir="${dir}/cmake" "${ROOT}/python"
-    echo "${src_hash}" >"${dir}/gpuq.stamp"
-  else
-    echo "web: gpuq in build-web/venv is up to date (python/, common/, libclient/ unchanged)"
-  fi
+  kept_venv web "${venv}" "$(python_interpreter)" "${ROOT}/tests/web/requirements.txt"
+  kept_gpuq web "${venv}" "${dir}/cmake"
   local junit="${dir}/pytest-junit.xml"
   rm -f "${junit}"
   local rc=0
@@ -533,10 +479,8 @@ PY
 stage_scaleout() {
   [[ -f build/CMakeCache.txt ]] || configure build RelWithDebInfo "${BUILD_CMAKE_ARGS[@]}"
   cmake --build build -j "${BUILD_JOBS}" --target gpuqd gpuq-worker
-  local py="${GPUQ_PYTHON:-}"
-  if [[ -z "${py}" ]]; then
-    if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=python3; fi
-  fi
+  local py
+  py=$(python_interpreter)
   local venv="${ROOT}/build-scaleout/venv"
   rm -rf "${venv}"
   "${py}" -m venv "${venv}"
