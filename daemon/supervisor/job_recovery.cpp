@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "gpuq/common/log.hpp"
+#include "gpuq/common/time_limit.hpp"
 #include "ops.hpp"
 
 namespace gpuq::daemon {
@@ -60,8 +61,8 @@ void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string&
       std::string message = stopped_for_it ? forced->message : why;
       if (batch_mate) {
         const uint32_t own = std::atomic_ref<const uint32_t>(slot.time_limit_ms).load();
-        uint32_t limit = pool < config_.pools.size() ? config_.pools[pool].job_time_limit_ms : 0;
-        if (own != 0 && (limit == 0 || own < limit)) limit = own;
+        const uint32_t limit = effective_time_limit_ms(
+            pool < config_.pools.size() ? config_.pools[pool].job_time_limit_ms : 0, own);
         if (limit != 0 && limit <= forced->limit_ms) {
           stopped_for_it = true;
           message = forced->message + " (its batch's call; this job's limit is " +

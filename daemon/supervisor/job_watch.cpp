@@ -19,6 +19,7 @@
 #include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/log.hpp"
 #include "gpuq/common/posix_call.hpp"
+#include "gpuq/common/time_limit.hpp"
 #include "ops.hpp"
 #include "worker_set.hpp"
 
@@ -56,13 +57,12 @@ uint64_t JobWatch::age_ns(uint64_t started_stamp) const {
 }
 
 uint32_t JobWatch::limit_for(uint32_t pool, const JobSlot* slot) const {
-  uint32_t limit = pool < config_.pools.size() ? config_.pools[pool].job_time_limit_ms : 0;
+  const uint32_t limit = pool < config_.pools.size() ? config_.pools[pool].job_time_limit_ms : 0;
   if (slot == nullptr) return limit;
   // The client's own (written with its descriptor): it can only shorten the pool's.
   const uint32_t own =
       std::atomic_ref<const uint32_t>(slot->time_limit_ms).load(std::memory_order_relaxed);
-  if (own != 0 && (limit == 0 || own < limit)) limit = own;
-  return limit;
+  return effective_time_limit_ms(limit, own);
 }
 
 JobSlot* JobWatch::slot_in(void* base, const ClientSegmentGeometry& g, uint32_t slot_count,

@@ -29,6 +29,7 @@
 #include "gpuq/common/protocol.hpp"
 #include "gpuq/common/shm.hpp"
 #include "gpuq/common/shm_layout.hpp"
+#include "gpuq/common/time_limit.hpp"
 #include "job_validation.hpp"
 #include "op_backend.hpp"
 
@@ -681,10 +682,7 @@ class Worker {
 
   // The limit `c`'s run is held to: the smaller of its pool's and its own; 0: none.
   uint32_t limit_ms(const Claimed& c) const {
-    uint32_t limit = options_.job_time_limit_ms;
-    const uint32_t own = c.time_limit_ms;
-    if (own != 0 && (limit == 0 || own < limit)) limit = own;
-    return limit;
+    return effective_time_limit_ms(options_.job_time_limit_ms, c.time_limit_ms);
   }
 
   // Runs the batch that `first` (claimed, published, checked; a job of a batched op) starts:
@@ -970,8 +968,7 @@ class Worker {
   // The outcome of a job whose op stopped at its time limit: the smaller of the pool's and
   // the job's own (`job_limit_ms`, as its client wrote it).
   Error time_limit_error(const OpInfo& op, uint32_t job_limit_ms) const {
-    uint32_t limit = options_.job_time_limit_ms;
-    if (job_limit_ms != 0 && (limit == 0 || job_limit_ms < limit)) limit = job_limit_ms;
+    const uint32_t limit = effective_time_limit_ms(options_.job_time_limit_ms, job_limit_ms);
     return Error(ErrorCode::kTimedOut, std::string(op.name) +
                                            ": stopped at the job's time limit (" +
                                            std::to_string(limit) + " ms)");
