@@ -407,11 +407,16 @@ stage_python() {
   local -a pip=("${venv}/bin/python" -m pip --disable-pip-version-check)
   "${pip[@]}" install -q --upgrade pip
   CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" "${pip[@]}" install "${ROOT}/python[test]"
-  # The package's lint and format (python/pyproject.toml [tool.ruff]; ruff pinned in
-  # python/lint-requirements.txt): a finding fails the stage before its tests run.
+  # The package's lint, format and types (python/pyproject.toml [tool.ruff], [tool.mypy]; ruff,
+  # mypy and nanobind pinned in python/lint-requirements.txt), and the committed stub of its
+  # native module against the module just built (scripts/native_stub.sh): a finding fails the
+  # stage before its tests run.
   "${pip[@]}" install -q -r "${ROOT}/python/lint-requirements.txt"
   (cd "${ROOT}/python" && "${venv}/bin/ruff" check gpuq && "${venv}/bin/ruff" format --check gpuq) ||
     return 1
+  (cd "${ROOT}/python" &&
+    "${venv}/bin/mypy" --cache-dir "${ROOT}/build-python/mypy-cache") || return 1
+  bash "${ROOT}/scripts/native_stub.sh" --check --python "${venv}/bin/python" || return 1
   local junit="${ROOT}/build-python/pytest-junit.xml"
   rm -f "${junit}"
   local -a extra=()

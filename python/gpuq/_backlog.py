@@ -44,7 +44,7 @@ class Backlog:
 
     def __init__(
         self,
-        send: Callable[[Any, Any], None],
+        send: Callable[[Any, Any], object],  # its return value is not used
         at_cap: Callable[[], bool],
         in_flight: Callable[[], List[Any]],
         late: Optional[Callable[[Any, float], Optional[BaseException]]] = None,
@@ -167,9 +167,9 @@ class Backlog:
                 if empty:
                     self._idle.notify_all()
                 jobs = [] if empty else self._in_flight()
-            for future, e in failed:  # outside the lock: a failure runs done-callbacks
-                future._fail(e)
-            failed = future = task = e = None  # type: ignore[assignment]
+            for future, error in failed:  # outside the lock: a failure runs done-callbacks
+                future._fail(error)
+            failed = future = task = error = None  # type: ignore[assignment]
             if empty:
                 continue
             # No room (or at max_workers): sleep until one of ours ends, or a little while.

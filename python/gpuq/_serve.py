@@ -303,7 +303,7 @@ def serve(o: ServeOptions) -> int:
         env=daemon.daemon_environ(),
         preexec_fn=_die_with_parent,
     )
-    stopping = []
+    stopping: List[int] = []
 
     def forward(signo: int, _frame: Any) -> None:
         if not stopping:

@@ -71,7 +71,7 @@ def store(arrays: Sequence[np.ndarray]) -> Tuple[str, List[int]]:
     try:
         with os.fdopen(fd, "wb") as f:
             for a in arrays:
-                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+                f.write(np.ascontiguousarray(a).data.cast("B"))
     except BaseException:
         try:
             os.unlink(os.path.join(folder(), token))
@@ -165,7 +165,7 @@ class Fetch:
                 f"a piece of the spilled result {self.token} has {n} bytes, not "
                 f"{self.next_piece()[1]}"
             )
-        self.data[self.offset : self.offset + n] = memoryview(piece).cast("B")
+        self.data[self.offset : self.offset + n] = piece.data.cast("B")
         self.offset += n
         return self.offset >= self.total
 
