@@ -110,6 +110,13 @@ struct PythonOp {
 // python.allow_callables is false). Every Python pool has it.
 inline constexpr const char* kPythonCallOp = "python_call";
 
+// The params of a Python op's job (written by gpuq._native's submit_call, docs/python.md,
+// "Wire format"): where its call header lies in its input span, and a named op's rows (the
+// first axis its arrays share; 0: none), which a batched op's gatherer counts.
+inline constexpr const char* kPythonHeaderParam = "py.h";       // the header's offset
+inline constexpr const char* kPythonHeaderBytesParam = "py.n";  // its length in bytes
+inline constexpr const char* kPythonRowsParam = "py.r";
+
 // Adds a Python op with id `id` (above every id registered so far), or adds `pool` to the
 // op of that name when it has one, with `batching` as that pool's. Same rules as
 // add_plugin_ops. Errors: InvalidArgument naming the op and the pool when a name is malformed

@@ -29,11 +29,11 @@ from ._client import Client, default_runtime_dir, metrics, status
 from ._errors import *  # noqa: F401,F403 - the exception classes
 from ._errors import SystemError  # noqa: F401, A004 - gpuq.SystemError, by the code's name
 from ._errors import __all__ as _error_names
-from ._calls import RemoteTraceback
+from ._remote import RemoteTraceback
 from ._executor import Executor
 from ._joblib import register as register_joblib
 from ._future import Future, JobInfo
-from ._pyops import WorkerContext, cancelled, context, on_start, op
+from ._ops import WorkerContext, cancelled, context, on_start, op
 
 __version__ = _native.version()
 

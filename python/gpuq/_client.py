@@ -12,10 +12,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _args, _calls, _errors, _native, _room
+from . import _calls, _errors, _native, _options, _room
+from . import _call_backlog, _pools, _tensors
 from ._future import Future, Watcher
-
-_native.set_error_factory(_errors.error_for)
 
 ArrayLike = Any
 Shape = Union[int, Sequence[int]]
@@ -39,12 +38,9 @@ def _after_fork_in_child() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
-_TENSOR_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
-
 
 # The conversions of times the calls take (shared with _calls).
-_seconds_to_ns = _args.seconds_to_ns
-_time_limit_ms = _args.time_limit_ms
+_seconds_to_ns = _options.seconds_to_ns
 
 
 def _shape_tuple(shape: Shape) -> Tuple[int, ...]:
@@ -386,16 +382,17 @@ class Client:
             or expire_after is not None
             or time_limit is not None
         ):
-            return self._submit(
-                op, inputs, out, pool, timeout, expire_after, retryable, time_limit, params, False
-            )
+            options = _options.job_options(pool, timeout, expire_after, retryable, time_limit)
+            return self._submit(op, inputs, out, params, options)
         # No buffers, no params: the short path (a no-op's round trip is a few microseconds).
         conn = self._conn
         if conn is None or self._generation != _fork_generation:
             conn = self._c()
-        return Future(
-            conn.native.submit_plain(op, pool or "", bool(retryable)), None, None, conn.watcher
-        )
+        if pool is None and not retryable:
+            options = _options.DEFAULT
+        else:
+            options = _options.job_options(pool, retryable=retryable)
+        return Future(conn.native.submit_plain(op, options), None, None, conn.watcher)
 
     def try_submit(
         self,
@@ -410,24 +407,19 @@ class Client:
     ) -> Future:
         """Like :meth:`submit`, but raises :class:`gpuq.QueueFull` at once when the queue has
         no room, instead of waiting."""
-        return self._submit(
-            op, inputs, out, pool, None, expire_after, retryable, time_limit, params, True
+        options = _options.job_options(
+            pool, None, expire_after, retryable, time_limit, try_only=True
         )
+        return self._submit(op, inputs, out, params, options)
 
     def _submit(
         self,
         op: str,
         inputs: Tuple[Any, ...],
         out: Optional[np.ndarray],
-        pool: Optional[str],
-        timeout: Optional[float],
-        expire_after: Optional[float],
-        retryable: bool,
-        time_limit: Optional[float],
         params: Dict[str, Any],
-        try_only: bool,
+        options: _options.JobOptions,
     ) -> Future:
-        limit_ms = _time_limit_ms(time_limit)  # checked before anything is copied in
         conn = self._c()
         keep: list = []
         in_off = in_len = out_off = out_len = 0
@@ -446,21 +438,8 @@ class Client:
             convert = lambda info, out=out: out  # noqa: E731
         else:
             convert = None  # the op's value
-        timeout_ns = -1 if timeout is None else _seconds_to_ns(timeout, "timeout")
-        expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
         job = conn.native.submit(
-            op,
-            in_off,
-            in_len,
-            out_off,
-            out_len,
-            pool or "",
-            list(params.items()) if params else [],
-            expire_ns,
-            bool(retryable),
-            limit_ms,
-            timeout_ns,
-            try_only,
+            op, in_off, in_len, out_off, out_len, list(params.items()) if params else [], options
         )
         return Future(job, keep or None, convert, conn.watcher)
 
@@ -513,20 +492,9 @@ class Client:
                     f"keyword {sorted(clash)[0]!r} given in params and as a keyword"
                 )
             kwargs = dict(kwargs, **params)
-        return _calls.submit_python(
-            self,
-            op,
-            args,
-            kwargs,
-            _calls.pool_for(self, op, pool),
-            output_bytes,
-            timeout,
-            expire_after,
-            retryable,
-            time_limit,
-            False,
-            False,
-        )
+        pool = _pools.pool_for(self, op, pool)
+        options = _options.job_options(pool, timeout, expire_after, retryable, time_limit)
+        return _calls.submit_python(self, op, args, kwargs, options, output_bytes)
 
     def call(self, op: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
         """:meth:`submit_call` and wait for its result; ``timeout``: seconds for the whole
@@ -579,18 +547,9 @@ class Client:
                     f"keyword {sorted(clash)[0]!r} given in params and as a keyword"
                 )
             kwargs = dict(kwargs, **params)
-        return _calls.submit_nowait(
-            self,
-            op,
-            args,
-            kwargs,
-            _calls.pool_for(self, op, pool),
-            output_bytes,
-            timeout,
-            expire_after,
-            bool(retryable),
-            time_limit,
-        )
+        pool = _pools.pool_for(self, op, pool)
+        options = _options.job_options(pool, timeout, expire_after, retryable, time_limit)
+        return _call_backlog.submit_nowait(self, op, args, kwargs, options, output_bytes)
 
     async def acall(
         self, op: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any
@@ -614,16 +573,16 @@ class Client:
             await loop.run_in_executor(None, self._c)  # connecting: a socket round trip
         pool = kwargs.pop("pool", None)
         if pool is None:
-            pool, fresh = _calls.cached_pool(self, op)
+            pool, fresh = _pools.cached_pool(self, op)
             if pool is None or (not fresh and not self._refreshing_pools):
                 self._refreshing_pools = True  # one refresh at a time; others use the cache
                 try:
-                    await loop.run_in_executor(None, _calls.python_pools, self, True)
+                    await loop.run_in_executor(None, _pools.python_pools, self, True)
                 finally:
                     self._refreshing_pools = False
-                pool, _ = _calls.cached_pool(self, op)
+                pool, _ = _pools.cached_pool(self, op)
                 if pool is None:
-                    raise _calls.no_pool(op)
+                    raise _pools.no_pool(op)
         if timeout is None:
             return await self.asubmit_call(op, *args, pool=pool, **kwargs)
         _seconds_to_ns(timeout, "timeout")
@@ -642,83 +601,6 @@ class Client:
     _refreshing_pools = False
 
     # ---- tensor ops ----------------------------------------------------------------------------
-
-    def _tensor(
-        self,
-        op: str,
-        named: Sequence[Tuple[str, Any]],
-        y_shape_of: Any,
-        opts: Dict[str, Any],
-        out: Optional[np.ndarray],
-        pool: Optional[str],
-        timeout: Optional[float],
-        expire_after: Optional[float],
-        retryable: bool,
-        time_limit: Optional[float],
-        try_only: bool,
-    ) -> Future:
-        limit_ms = _time_limit_ms(time_limit)
-        conn = self._c()
-        keep: list = []
-        operands: List[Optional[Tuple[int, Tuple[int, ...]]]] = []
-        dtype: Optional[np.dtype] = None
-        for what, a in named:
-            if a is None:
-                operands.append(None)
-                continue
-            if dtype is None:
-                a = a if isinstance(a, np.ndarray) else np.asarray(a, dtype=np.float32)
-                dtype = a.dtype
-                if dtype not in _TENSOR_DTYPES:
-                    raise _errors.InvalidArgument(
-                        f"{op}: {what}: dtype is {dtype}; the tensor ops take float32 or float16"
-                    )
-            off, arr = self._operand(conn, a, f"{op}: {what}", keep, dtype)
-            operands.append((off, arr.shape))
-        assert dtype is not None
-        if dtype == np.float16 and self._runs_on_kind(conn, pool) == "cpu":
-            raise _errors.InvalidArgument(
-                f"{op}: dtype: f16 is not supported on cpu pools (f32 only); submit it to a gpu "
-                "pool"
-            )
-        shapes = [o[1] if o is not None else None for o in operands]
-        y_shape = tuple(y_shape_of(shapes))
-        if out is None:
-            out = self.empty(y_shape, dtype)
-        else:
-            if out.dtype != dtype:
-                raise _errors.InvalidArgument(f"{op}: out: dtype is {out.dtype}, must be {dtype}")
-            if tuple(out.shape) != y_shape:
-                raise _errors.InvalidArgument(
-                    f"{op}: out: shape is {tuple(out.shape)}, the result's is {y_shape}"
-                )
-        y_off = self._out(conn, out, f"{op}: out")
-        keep.append(out)
-        timeout_ns = -1 if timeout is None else _seconds_to_ns(timeout, "timeout")
-        expire_ns = -1 if expire_after is None else _seconds_to_ns(expire_after, "expire_after")
-        job = conn.native.tensor(
-            op,
-            operands,
-            (y_off, y_shape),
-            _TENSOR_DTYPES[dtype],
-            opts,
-            pool or "",
-            expire_ns,
-            bool(retryable),
-            limit_ms,
-            timeout_ns,
-            try_only,
-        )
-        return Future(job, keep, lambda info, out=out: out, conn.watcher)
-
-    @staticmethod
-    def _runs_on_kind(conn: _Connection, pool: Optional[str]) -> Optional[str]:
-        """The kind of the pool that would run a job for ``pool`` (its fallback while it is
-        unavailable), or None when that is unknown (the submit reports the error)."""
-        p = conn.pools.get(pool) if pool else next(iter(conn.pools.values()), None)
-        if p is not None and not p[4]:  # (name, kind, capacity, share, available, reason, runs_on)
-            p = conn.pools.get(p[6])
-        return p[1] if p is not None else None
 
     def conv2d(
         self,
@@ -748,18 +630,14 @@ class Client:
             "groups": groups,
             "relu": relu,
         }
-        return self._tensor(
+        return _tensors.submit_tensor(
+            self,
             "conv2d",
             (("x", x), ("w", w), ("b", b)),
             lambda s: _native.conv2d_shape(s[0], s[1], opts),
             opts,
             out,
-            pool,
-            timeout,
-            expire_after,
-            retryable,
-            time_limit,
-            try_only,
+            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
         )
 
     def gemm(
@@ -782,18 +660,14 @@ class Client:
     ) -> Future:
         """y = alpha op(a) op(b) + beta c (row-major; c only when beta != 0). Result: y, M x N."""
         opts = {"trans_a": trans_a, "trans_b": trans_b, "alpha": float(alpha), "beta": float(beta)}
-        return self._tensor(
+        return _tensors.submit_tensor(
+            self,
             "gemm",
             (("a", a), ("b", b), ("c", c)),
             lambda s: _native.gemm_shape(s[0], s[1], opts),
             opts,
             out,
-            pool,
-            timeout,
-            expire_after,
-            retryable,
-            time_limit,
-            try_only,
+            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
         )
 
     def activation(
@@ -810,18 +684,14 @@ class Client:
         try_only: bool = False,
     ) -> Future:
         """Elementwise ``mode``: "relu", "sigmoid" or "tanh". Result: y, x's shape."""
-        return self._tensor(
+        return _tensors.submit_tensor(
+            self,
             "activation",
             (("x", x),),
             lambda s: s[0],
             {"mode": mode},
             out,
-            pool,
-            timeout,
-            expire_after,
-            retryable,
-            time_limit,
-            try_only,
+            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
         )
 
     def softmax(
@@ -838,18 +708,14 @@ class Client:
         try_only: bool = False,
     ) -> Future:
         """Softmax (or log-softmax) over dimension 1 of a 2-D to 4-D x. Result: x's shape."""
-        return self._tensor(
+        return _tensors.submit_tensor(
+            self,
             "softmax",
             (("x", x),),
             lambda s: s[0],
             {"log": log},
             out,
-            pool,
-            timeout,
-            expire_after,
-            retryable,
-            time_limit,
-            try_only,
+            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
         )
 
     def pool2d(
@@ -877,18 +743,14 @@ class Client:
             "padding": padding,
             "count_pad": count_pad,
         }
-        return self._tensor(
+        return _tensors.submit_tensor(
+            self,
             "pool2d",
             (("x", x),),
             lambda s: _native.pool2d_shape(s[0], opts),
             opts,
             out,
-            pool,
-            timeout,
-            expire_after,
-            retryable,
-            time_limit,
-            try_only,
+            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
         )
 
     def batchnorm(
@@ -911,18 +773,14 @@ class Client:
     ) -> Future:
         """Inference batch norm per channel: scale (x - mean) / sqrt(var + eps) + bias."""
         opts = {"eps": float(eps), "relu": relu}
-        return self._tensor(
+        return _tensors.submit_tensor(
+            self,
             "batchnorm",
             (("x", x), ("scale", scale), ("bias", bias), ("mean", mean), ("var", var)),
             lambda s: s[0],
             opts,
             out,
-            pool,
-            timeout,
-            expire_after,
-            retryable,
-            time_limit,
-            try_only,
+            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
         )
 
 

@@ -14,6 +14,8 @@ import concurrent.futures
 import concurrent.futures.process
 from typing import Dict, Type
 
+from . import _native
+
 __all__ = [
     "Error",
     "InvalidArgument",
@@ -60,43 +62,43 @@ class Error(Exception):
 class InvalidArgument(Error, ValueError):
     """A field of a request is malformed; the message names it."""
 
-    code, code_name = 1, "InvalidArgument"
+    code_name = "InvalidArgument"
 
 
 class UnknownOp(Error, LookupError):
     """No op of that name is registered in the daemon."""
 
-    code, code_name = 2, "UnknownOp"
+    code_name = "UnknownOp"
 
 
 class UnknownPool(Error, LookupError):
     """No pool of that name."""
 
-    code, code_name = 3, "UnknownPool"
+    code_name = "UnknownPool"
 
 
 class QueueFull(Error):
     """``try_submit``: the pool's ring, or this client's share of it, is full."""
 
-    code, code_name = 4, "QueueFull"
+    code_name = "QueueFull"
 
 
 class Timeout(Error, TimeoutError):
     """A deadline passed before the call could complete (``submit(timeout=)``)."""
 
-    code, code_name = 5, "Timeout"
+    code_name = "Timeout"
 
 
 class Cancelled(Error, concurrent.futures.CancelledError):
     """The job was cancelled (also a ``concurrent.futures.CancelledError``)."""
 
-    code, code_name = 6, "Cancelled"
+    code_name = "Cancelled"
 
 
 class Expired(Error):
     """The job's ``expire_after`` passed while it was still queued; it did not run."""
 
-    code, code_name = 7, "Expired"
+    code_name = "Expired"
 
 
 class WorkerDied(Error, concurrent.futures.process.BrokenProcessPool):
@@ -106,86 +108,86 @@ class WorkerDied(Error, concurrent.futures.process.BrokenProcessPool):
     catches this too; unlike that pool, gpuq's goes on serving (the daemon replaces the
     worker)."""
 
-    code, code_name = 8, "WorkerDied"
+    code_name = "WorkerDied"
 
 
 class Disconnected(Error, ConnectionError):
     """The daemon is gone, or restarted; make a new client."""
 
-    code, code_name = 9, "Disconnected"
+    code_name = "Disconnected"
 
 
 class ProtocolMismatch(Error):
     """This client and the daemon speak different protocol versions."""
 
-    code, code_name = 10, "ProtocolMismatch"
+    code_name = "ProtocolMismatch"
 
 
 class PermissionDenied(Error, PermissionError):
     """This user is not one the daemon serves."""
 
-    code, code_name = 11, "PermissionDenied"
+    code_name = "PermissionDenied"
 
 
 class OutOfMemory(Error, MemoryError):
     """No room in the payload segment (or device memory), or every job slot is in use."""
 
-    code, code_name = 12, "OutOfMemory"
+    code_name = "OutOfMemory"
 
 
 class NotFound(Error, LookupError):
     """No such job, buffer or object."""
 
-    code, code_name = 13, "NotFound"
+    code_name = "NotFound"
 
 
 class ShuttingDown(Error):
     """The daemon is draining and accepts no new jobs."""
 
-    code, code_name = 14, "ShuttingDown"
+    code_name = "ShuttingDown"
 
 
 class ForkedClient(Error):
     """The connection belongs to the parent of a fork (the package reconnects by itself; this
     reaches you only from a job the parent submitted)."""
 
-    code, code_name = 15, "ForkedClient"
+    code_name = "ForkedClient"
 
 
 class NoDevice(Error):
     """The pool has no usable device and no fallback."""
 
-    code, code_name = 16, "NoDevice"
+    code_name = "NoDevice"
 
 
 class Internal(Error):
     """A bug in gpuq; the message says where."""
 
-    code, code_name = 17, "Internal"
+    code_name = "Internal"
 
 
 class SystemError(Error, OSError):  # noqa: A001 - the code's name; gpuq.SystemError
     """A system call failed; the message names it and errno."""
 
-    code, code_name = 18, "SystemError"
+    code_name = "SystemError"
 
 
 class NotCancellable(Error):
     """``cancel``: the job has already finished."""
 
-    code, code_name = 19, "NotCancellable"
+    code_name = "NotCancellable"
 
 
 class TooManyClients(Error):
     """The daemon serves its configured maximum of clients."""
 
-    code, code_name = 20, "TooManyClients"
+    code_name = "TooManyClients"
 
 
 class OpFailed(Error):
     """The op itself reported failure; the message says why."""
 
-    code, code_name = 21, "OpFailed"
+    code_name = "OpFailed"
 
 
 class TimedOut(Error, TimeoutError):
@@ -193,7 +195,7 @@ class TimedOut(Error, TimeoutError):
     and the daemon stopped it. Not :class:`Timeout`, which is a wait that gave up while the job
     went on."""
 
-    code, code_name = 22, "TimedOut"
+    code_name = "TimedOut"
 
 
 class PoolDown(Error):
@@ -201,7 +203,7 @@ class PoolDown(Error):
     failing to start): its queued jobs fail with this, and new ones at once, until a worker is
     ready again. The message names the pool and how its last worker ended."""
 
-    code, code_name = 23, "PoolDown"
+    code_name = "PoolDown"
 
 
 class ClientClosed(Error):
@@ -210,34 +212,36 @@ class ClientClosed(Error):
     code, code_name = 0, "ClientClosed"
 
 
-_BY_CODE: Dict[int, Type[Error]] = {
-    cls.code: cls
-    for cls in (
-        InvalidArgument,
-        UnknownOp,
-        UnknownPool,
-        QueueFull,
-        Timeout,
-        Cancelled,
-        Expired,
-        WorkerDied,
-        Disconnected,
-        ProtocolMismatch,
-        PermissionDenied,
-        OutOfMemory,
-        NotFound,
-        ShuttingDown,
-        ForkedClient,
-        NoDevice,
-        Internal,
-        SystemError,
-        NotCancellable,
-        TooManyClients,
-        OpFailed,
-        TimedOut,
-        PoolDown,
-    )
-}
+# One class per gpuq::ErrorCode, numbered from the C++ enum itself (_native.ERROR_CODES, made
+# from common/include/gpuq/error.hpp): the numbers are never retyped here.
+_CLASSES = (
+    InvalidArgument,
+    UnknownOp,
+    UnknownPool,
+    QueueFull,
+    Timeout,
+    Cancelled,
+    Expired,
+    WorkerDied,
+    Disconnected,
+    ProtocolMismatch,
+    PermissionDenied,
+    OutOfMemory,
+    NotFound,
+    ShuttingDown,
+    ForkedClient,
+    NoDevice,
+    Internal,
+    SystemError,
+    NotCancellable,
+    TooManyClients,
+    OpFailed,
+    TimedOut,
+    PoolDown,
+)
+for _cls in _CLASSES:
+    _cls.code = _native.ERROR_CODES[_cls.code_name]
+_BY_CODE: Dict[int, Type[Error]] = {cls.code: cls for cls in _CLASSES}
 
 
 def error_for(code: int, message: str) -> Error:
@@ -248,3 +252,7 @@ def error_for(code: int, message: str) -> Error:
         err.code = code
         return err
     return cls(message)
+
+
+# Every error _native raises is made here (its code's class, with the C++ message).
+_native.set_error_factory(error_for)

@@ -15,10 +15,9 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from . import _calls, _errors, _native, _pyops
+from . import _calls, _errors, _native, _options, _ops, _pools, _remote
 from ._backlog import Backlog
-from ._future import DONE as _DONE
-from ._future import Future
+from ._future import Future, unfinished
 from ._pickles import FunctionPickles
 
 _PLAIN = (type(None), bool, int, float, str)  # arguments that travel as themselves
@@ -92,6 +91,9 @@ class Executor(concurrent.futures.Executor):
             )
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
+        # Every task's options: sent without waiting for room (a task that finds none waits in
+        # this process, in the backlog), with the executor's time limit; the pool comes below.
+        options = _options.job_options(timeout=0.0, time_limit=time_limit, try_only=True)
         try:
             import cloudpickle
         except ImportError:  # pragma: no cover - a dependency of the package
@@ -115,7 +117,7 @@ class Executor(concurrent.futures.Executor):
         self._own_client = client is None
         self._client = Client() if client is None else client
         if pool is None:
-            pools = _calls.python_pools(self._client)
+            pools = _pools.python_pools(self._client)
             allowed = [p["name"] for p in pools if p["allow_callables"]]
             if not allowed:
                 if self._own_client:
@@ -126,14 +128,14 @@ class Executor(concurrent.futures.Executor):
                 )
             pool = allowed[0]
         self.pool = pool
+        self._options = _options.replace(options, pool=pool)
         # Inside a worker of the same pool (gpuq inside gpuq): tasks run here, at submit. A
         # task that waited on tasks of its own pool would wait for ever once every worker runs
         # such a parent; run in place, they cannot (joblib's backend does the same).
-        self._inline = _pyops.in_worker() and pool == _own_pool(self._client)
+        self._inline = _ops.in_worker() and pool == _own_pool(self._client)
         self._max_workers = max_workers
         self._initializer = initializer
         self._output_bytes = output_bytes
-        self._time_limit = time_limit
         self._wait_at_exit = wait_at_exit
         self._pid = os.getpid()  # a forked child does not wait for its parent's tasks at exit
         self._slots = threading.BoundedSemaphore(max_pending) if max_pending else None
@@ -261,7 +263,7 @@ class Executor(concurrent.futures.Executor):
             kwargs = None
             flags = _CONTEXT | _PICKLED_ARGS | (_REUSED if stable else 0)
             data = len(args_blob) + sum(memoryview(b).nbytes for b in buffers)
-        return call, kwargs or None, flags, self._output_bytes or data + _calls._OUTPUT_SLACK
+        return call, kwargs or None, flags, self._output_bytes or data + _calls.OUTPUT_SLACK
 
     def _send(self, future: Optional[Future], task: Tuple[Any, ...]) -> Future:
         """Hands one task to the daemon now (QueueFull or OutOfMemory when there is no room);
@@ -269,16 +271,11 @@ class Executor(concurrent.futures.Executor):
         call, kwargs, flags, output_bytes = task
         f = _calls.submit_python(
             self._client,
-            _calls._pyops.CALL_OP,
+            _native.CALL_OP,
             call,
             kwargs,
-            self.pool,
+            self._options,
             output_bytes,
-            0.0,
-            None,
-            False,
-            self._time_limit,
-            True,
             True,
             flags,
             future=future,
@@ -297,7 +294,7 @@ class Executor(concurrent.futures.Executor):
         return f
 
     def _prune_locked(self) -> None:
-        self._pending = [e for e in self._pending if e[0] is not None and _unfinished(e[0])]
+        self._pending = [e for e in self._pending if e[0] is not None and unfinished(e[0])]
         self._prune_at = max(64, 2 * len(self._pending))
 
     def _at_cap(self) -> bool:
@@ -309,10 +306,10 @@ class Executor(concurrent.futures.Executor):
 
     def _in_flight(self) -> List[Any]:
         with self._lock:
-            return [job for job, _ in self._pending if job is not None and _unfinished(job)]
+            return [job for job, _ in self._pending if job is not None and unfinished(job)]
 
     def _task_error(self, info: Any, exc: BaseException, out: Any = None) -> BaseException:
-        e = _calls._callable_error(info, exc, out)
+        e = _remote.callable_error(info, exc, out)
         if isinstance(e, concurrent.futures.BrokenExecutor) and self._broken is None:
             self._broken = str(e)
             cause = e.__cause__
@@ -365,15 +362,8 @@ class Executor(concurrent.futures.Executor):
 
 def _own_pool(client: Any) -> Optional[str]:
     """The name of the pool whose worker this process is."""
-    me = _pyops._context.pool_id
+    me = _ops.context().pool_id
     return next((p["name"] for p in client.status().get("pools", []) if p.get("id") == me), None)
-
-
-def _unfinished(job: Any) -> bool:
-    try:
-        return job.poll() < _DONE
-    except _errors.Error:  # a parent's job after a fork, a connection gone: none to wait for
-        return False
 
 
 def _exit_executors() -> None:

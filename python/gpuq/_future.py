@@ -26,9 +26,24 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from . import _errors, _native
 
-# gpuq::JobStatus values (the native layer's ints).
-QUEUED, RUNNING, DONE, FAILED, CANCELLED, EXPIRED = range(6)
-_STATUS_NAMES = ("queued", "running", "done", "failed", "cancelled", "expired")
+# gpuq::JobStatus values (the native layer's ints), from the C++ enum (_native.JOB_STATUS).
+QUEUED = _native.JOB_STATUS["queued"]
+RUNNING = _native.JOB_STATUS["running"]
+DONE = _native.JOB_STATUS["done"]
+FAILED = _native.JOB_STATUS["failed"]
+CANCELLED = _native.JOB_STATUS["cancelled"]
+EXPIRED = _native.JOB_STATUS["expired"]
+_STATUS_NAMES = {value: name for name, value in _native.JOB_STATUS.items()}
+
+
+def unfinished(job: Any) -> bool:
+    """Whether a native job has not ended (False once its connection is gone: a parent's job
+    after a fork, a daemon gone, where there is nothing to wait for)."""
+    try:
+        return job.poll() < DONE
+    except _errors.Error:
+        return False
+
 
 # concurrent.futures' state names (module constants of concurrent.futures._base).
 _PENDING = "PENDING"

@@ -7,12 +7,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Optional
 
-from . import _pyops
+from . import _ops
 from ._executor import Executor
 from ._future import Future
 
 
-in_worker = _pyops.in_worker
+in_worker = _ops.in_worker
 
 
 def _backend_class() -> Any:

@@ -32,7 +32,6 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import _errors, _native, daemon
-from ._pyops import CALL_OP
 
 __all__ = ["ServeOptions", "parse_args", "pool_config", "main"]
 
@@ -250,7 +249,7 @@ def _pool(doc: Dict[str, Any], name: str) -> Dict[str, Any]:
 def _summary(doc: Dict[str, Any], o: ServeOptions, runtime_dir: str) -> str:
     """What the command prints once the pool serves: where, which ops, how to stop."""
     pool = _pool(doc, o.pool)
-    ops = [op for op in pool.get("python", {}).get("ops", []) if op != CALL_OP]
+    ops = [op for op in pool.get("python", {}).get("ops", []) if op != _native.CALL_OP]
     if pool.get("kind") == "gpu":
         gpus = [g.get("index", "?") for g in pool.get("gpus", [])]
         where = f"on GPU{'s' if len(gpus) != 1 else ''} {', '.join(str(g) for g in gpus)}"

@@ -29,8 +29,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _errors, _native, _pyops, _spill
-from ._pyops import CALL_OP, ResultTooLarge
+from . import _answers, _batching, _errors, _native, _ops, _spill
+from ._answers import ResultTooLarge
 
 decode_call = _native.decode_call
 write_result = _native.write_result
@@ -156,7 +156,7 @@ class Runtime:
     # -- start-up ------------------------------------------------------------------------------
 
     def start(self, pool_id: int, limit_bytes: int, limit_fraction: float) -> None:
-        ctx = _pyops._context
+        ctx = _ops.context()
         ctx.pool_id = pool_id
         ctx.worker_id = int(os.environ.get("GPUQ_WORKER_ID", "-1"))
         ctx.gpu = self.gpu
@@ -164,7 +164,7 @@ class Runtime:
         if self.gpu:
             ctx.device = 0
             self._configure_frameworks()
-        for fn in list(_pyops._on_start):
+        for fn in list(_ops.on_start_functions):
             fn()
         if self.gpu:
             self._configure_frameworks()  # those on_start loaded
@@ -176,7 +176,7 @@ class Runtime:
         gc.freeze()
 
     def _configure_frameworks(self) -> None:
-        ctx = _pyops._context
+        ctx = _ops.context()
         torch, cupy = _frameworks()
         tf = sys.modules.get("tensorflow")
         limit_bytes, fraction = self.memory_limit
@@ -323,7 +323,7 @@ class Runtime:
         """One job: its call header at [h, h + n) of ``inp`` (-1: the job has no py.h/py.n)."""
         if self.gpu and len(self.configured) < len(_FRAMEWORKS):
             self._configure_frameworks()  # one the job's code has imported since
-        if name == CALL_OP:
+        if name == _native.CALL_OP:
             return self._run_callable(inp, out, h, n)
         entry = self.ops.get(name)
         if entry is None:
@@ -347,12 +347,12 @@ class Runtime:
             result = fn(*args, **kwargs)
             n = write_result(out, result)  # the common results, in C++
             if n is None:
-                n = _pyops.write_result(out, result)
+                n = _answers.write_result(out, result)
             elif n < 0:
                 raise ResultTooLarge(-n, len(out))
             return (0, "", n, 0)
         except ResultTooLarge as e:
-            n = _pyops.write_error(out, "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
+            n = _answers.write_error(out, "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
             return (_errors.InvalidArgument.code, f"{name}: {e}", n, 0)
         except BaseException as e:  # noqa: BLE001 - every failure is the job's, reported
             return self._failed(name, e, out)
@@ -378,11 +378,11 @@ class Runtime:
         try:
             for i, (inp, p) in enumerate(zip(ins, params)):
                 try:
-                    args, kwargs = _pyops.decode_call(inp, p)
+                    args, kwargs = _batching.decode_call(inp, p)
                 except Exception as e:  # noqa: BLE001 - the client's mistake, not the op's
                     results[i] = (_errors.InvalidArgument.code, f"{name}: {e}", 0, 0)
                     continue
-                key, rows = _pyops.batch_key(args, kwargs)
+                key, rows = _batching.batch_key(args, kwargs)
                 jobs[i] = (args, kwargs, rows)
                 if key is None:
                     calls.append([i])
@@ -422,10 +422,12 @@ class Runtime:
         first_args, first_kwargs, _ = jobs[call[0]]
         try:
             args = [
-                _pyops.concat_rows([jobs[i][0][k] for i in call]) for k in range(len(first_args))
+                _batching.concat_rows([jobs[i][0][k] for i in call]) for k in range(len(first_args))
             ]
-            kwargs = {k: _pyops.concat_rows([jobs[i][1][k] for i in call]) for k in first_kwargs}
-            kind, parts = _pyops.split_rows(name, fn(*args, **kwargs), [jobs[i][2] for i in call])
+            kwargs = {k: _batching.concat_rows([jobs[i][1][k] for i in call]) for k in first_kwargs}
+            kind, parts = _batching.split_rows(
+                name, fn(*args, **kwargs), [jobs[i][2] for i in call]
+            )
         except BaseException as e:  # noqa: BLE001 - the call's failure is each of its jobs'
             failed = self._failed(name, e, outs[call[0]])
             for i in call:
@@ -435,9 +437,11 @@ class Runtime:
             args = kwargs = None  # type: ignore[assignment]
         for i, arrays in zip(call, parts):
             try:
-                results[i] = (0, "", _pyops.write_answer(outs[i], {"kind": kind}, arrays), 0)
+                results[i] = (0, "", _answers.write_answer(outs[i], {"kind": kind}, arrays), 0)
             except ResultTooLarge as e:
-                n = _pyops.write_error(outs[i], "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
+                n = _answers.write_error(
+                    outs[i], "gpuq.ResultTooLarge", str(e), "", needed=e.needed
+                )
                 results[i] = (_errors.InvalidArgument.code, f"{name}: {e}", n, 0)
 
     def _failed(
@@ -459,7 +463,7 @@ class Runtime:
             # SystemExit is its task's outcome, as in ProcessPoolExecutor, and the worker goes on.)
             os._exit(70)
         if isinstance(e, _errors.Cancelled) or (
-            _pyops.cancelled() and isinstance(e, _errors.Error) and e.code == _errors.Cancelled.code
+            _ops.cancelled() and isinstance(e, _errors.Error) and e.code == _errors.Cancelled.code
         ):
             return (_errors.Cancelled.code, f"{name}: cancelled while running", 0, 0)
         self._check_device(e)
@@ -485,7 +489,7 @@ class Runtime:
         if pickled:
             try:
                 blob = pickle.dumps(e, protocol=5)
-                n = _pyops.write_answer(
+                n = _answers.write_answer(
                     out,
                     {
                         "error": {
@@ -501,7 +505,7 @@ class Runtime:
             except Exception:  # noqa: BLE001 - unpicklable: the record without it
                 n = 0
         if n == 0:
-            n = _pyops.write_error(out, kind, str(e), tb, **extra)
+            n = _answers.write_error(out, kind, str(e), tb, **extra)
         return (_errors.OutOfMemory.code if oom else _errors.OpFailed.code, msg, n, 0)
 
     def _check_device(self, e: BaseException) -> None:
@@ -576,11 +580,11 @@ class Runtime:
                 args = parts[first:]
             del parts
         except BaseException as e:  # noqa: BLE001 - unpickling may raise anything
-            return self._failed(CALL_OP, e, out, pickled=True)
+            return self._failed(_native.CALL_OP, e, out, pickled=True)
         try:
             result = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001
-            return self._failed(getattr(fn, "__name__", CALL_OP), e, out, pickled=True)
+            return self._failed(getattr(fn, "__name__", _native.CALL_OP), e, out, pickled=True)
         finally:
             del args, kwargs
         try:
@@ -588,15 +592,15 @@ class Runtime:
             blob = pickle.dumps(result, protocol=5, buffer_callback=bufs.append)
             arrays = [np.frombuffer(blob, dtype=np.uint8)]
             arrays += [np.frombuffer(b.raw(), dtype=np.uint8) for b in bufs]
-            return (0, "", _pyops.write_answer(out, {"kind": "pickle"}, arrays), 0)
+            return (0, "", _answers.write_answer(out, {"kind": "pickle"}, arrays), 0)
         except ResultTooLarge as e:
             spilled = self._spill(arrays, out)
             if spilled is not None:
                 return spilled
-            n = _pyops.write_error(out, "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
-            return (_errors.InvalidArgument.code, f"{CALL_OP}: {e}", n, 0)
+            n = _answers.write_error(out, "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
+            return (_errors.InvalidArgument.code, f"{_native.CALL_OP}: {e}", n, 0)
         except BaseException as e:  # noqa: BLE001 - an unpicklable result
-            return self._failed(CALL_OP, e, out, pickled=True)
+            return self._failed(_native.CALL_OP, e, out, pickled=True)
 
     @staticmethod
     def _spill(arrays: List[np.ndarray], out: memoryview) -> Optional[Tuple[int, str, int, int]]:
@@ -608,7 +612,7 @@ class Runtime:
             print(f"gpuq python worker: cannot spill a large result: {e}", file=sys.stderr)
             return None
         try:
-            n = _pyops.write_answer(out, {"kind": "pickle", "spill": token, "sizes": sizes}, [])
+            n = _answers.write_answer(out, {"kind": "pickle", "spill": token, "sizes": sizes}, [])
         except ResultTooLarge:  # a room too small even for that (output_bytes=64)
             _spill.discard(token)
             return None
@@ -626,7 +630,7 @@ class Runtime:
             ):
                 raise ValueError("a spilled result's fetch takes (token, offset, length, last)")
             piece = _spill.read_piece(parts[0], parts[1], parts[2], parts[3])
-            return (0, "", _pyops.write_answer(out, {"kind": "pickle"}, [piece]), 0)
+            return (0, "", _answers.write_answer(out, {"kind": "pickle"}, [piece]), 0)
         except BaseException as e:  # noqa: BLE001 - the fetch's failure, said to its caller
             return self._failed("fetching a spilled result", e, out, pickled=True)
 
@@ -717,7 +721,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         json.dump(
             [
                 {"name": n, "summary": s, "max_batch_size": b[0], "max_queue_delay_us": b[1]}
-                for n, (_, s, b) in _pyops._ops.items()
+                for n, (_, s, b) in _ops.registry.items()
             ],
             listing,
         )
@@ -725,22 +729,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         listing.close()
         return 0
     expected = {name: op_id for op_id, name in json.loads(ops_json or "[]")}
-    have = set(_pyops._ops) | {CALL_OP}
+    have = set(_ops.registry) | {_native.CALL_OP}
     if have != set(expected):
         return _fail(
-            f"the modules define ops {sorted(have - {CALL_OP})}, but gpuqd started with "
-            f"{sorted(set(expected) - {CALL_OP})}: did a module change since? restart gpuqd"
+            f"the modules define ops {sorted(have - {_native.CALL_OP})}, but gpuqd started with "
+            f"{sorted(set(expected) - {_native.CALL_OP})}: did a module change since? restart gpuqd"
         )
     # As gpuq's C++ workers: a terminal's Ctrl-C (sent to gpuqd's whole process group) ends the
     # worker, instead of raising KeyboardInterrupt in whatever job runs next.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    from . import _native
-
-    batching = {n: b for n, (_, _, b) in _pyops._ops.items()}
+    batching = {n: b for n, (_, _, b) in _ops.registry.items()}
     _native.register_python_ops(
         pool_id, sorted((i, n) + batching.get(n, (1, 0)) for n, i in expected.items())
     )
-    runtime = Runtime(dict(_pyops._ops), allow_callables, gpu)
+    runtime = Runtime(dict(_ops.registry), allow_callables, gpu)
     return int(_native.run_worker(["gpuq-python-worker"] + rest, runtime))
 
 

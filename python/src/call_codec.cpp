@@ -39,7 +39,7 @@ enum Tag : uint8_t {
 constexpr std::array<const char*, kKindCount> kKindNames = {"none", "array",  "scalar",    "tuple",
                                                             "json", "pickle", "exception", "error"};
 
-// What the codec uses of numpy, json, pickle and gpuq._pyops, looked up once (GIL held).
+// What the codec uses of numpy, json, pickle and gpuq._wire, looked up once (GIL held).
 struct PyRefs {
   nb::object ndarray;
   nb::object generic;
@@ -47,9 +47,9 @@ struct PyRefs {
   nb::object ascontiguousarray;
   nb::object pickle_buffer;
   nb::object json_loads;
-  nb::object json_text;      // _pyops.json_text(value, what) -> str, TypeError when not JSON-able
-  nb::object dtype_text;     // _pyops.dtype_text(dtype) -> str, TypeError for object dtypes
-  nb::object dtype_of_text;  // _pyops.dtype_of_text(str) -> dtype, ValueError when not one
+  nb::object json_text;      // _wire.json_text(value, what) -> str, TypeError when not JSON-able
+  nb::object dtype_text;     // _wire.dtype_text(dtype) -> str, TypeError for object dtypes
+  nb::object dtype_of_text;  // _wire.dtype_of_text(str) -> dtype, ValueError when not one
   nb::object empty_tuple;
 };
 
@@ -63,10 +63,10 @@ const PyRefs& py() {
     r->ascontiguousarray = np.attr("ascontiguousarray");
     r->pickle_buffer = nb::module_::import_("pickle").attr("PickleBuffer");
     r->json_loads = nb::module_::import_("json").attr("loads");
-    nb::module_ pyops = nb::module_::import_("gpuq._wire");  // a leaf: no import circle
-    r->json_text = pyops.attr("json_text");
-    r->dtype_text = pyops.attr("dtype_text");
-    r->dtype_of_text = pyops.attr("dtype_of_text");
+    nb::module_ wire = nb::module_::import_("gpuq._wire");  // a leaf: no import circle
+    r->json_text = wire.attr("json_text");
+    r->dtype_text = wire.attr("dtype_text");
+    r->dtype_of_text = wire.attr("dtype_of_text");
     r->empty_tuple = nb::steal(PyTuple_New(0));
     return r;
   }();

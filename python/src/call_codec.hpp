@@ -2,7 +2,8 @@
 // the client lays a call's arguments out in its segment (CallPlan), the worker turns them into
 // Python objects (decode_call) and writes what the op returned (write_answer, write_result), and
 // the client reads that answer back (read_answer, answer_value). One implementation for both
-// ends and for the Python fallbacks (gpuq._pyops calls these through gpuq._native).
+// ends and for the Python fallbacks (gpuq._answers and gpuq._batching call these through
+// gpuq._native).
 //
 // A call's header, little-endian, at an offset of the job's input span given by its params py.h
 // (offset) and py.n (length):
@@ -58,7 +59,7 @@ inline constexpr uint32_t kFlagExecutorContext = 2;
 inline constexpr uint32_t kFlagFetchSpilled = 4;
 inline constexpr uint32_t kFlagFunctionReused = 8;
 
-// Answer kinds (their names are gpuq._pyops's).
+// Answer kinds (their names, kKindNames, are what gpuq._answers passes as "kind").
 enum class Kind : uint32_t {
   kNone = 0,
   kArray = 1,
@@ -142,7 +143,7 @@ nb::tuple decode_call(nb::handle input, uint64_t h, uint64_t n, bool buffers_as_
 int64_t write_answer(nb::handle out, Kind kind, nb::handle arrays, std::string_view extra);
 
 // write_answer for the common results (None, a numpy array or scalar, a bool, int or float, a
-// tuple or list of those); nullopt for any other (gpuq._pyops.write_result converts those).
+// tuple or list of those); nullopt for any other (gpuq._answers.write_result converts those).
 std::optional<int64_t> write_result(nb::handle out, nb::handle result);
 
 }  // namespace gpuq::python::codec

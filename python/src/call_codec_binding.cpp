@@ -1,5 +1,6 @@
-// gpuq._native's functions of the Python op wire format (call_codec.hpp), for gpuq._pyops: the
-// worker's Runtime and the client's answers. A malformed header or answer is a ValueError.
+// gpuq._native's functions of the Python op wire format (call_codec.hpp), for gpuq._answers and
+// gpuq._batching (the worker's Runtime and the client's answers). A malformed header or answer
+// is a ValueError.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>

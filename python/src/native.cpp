@@ -33,9 +33,12 @@
 #include "call_codec.hpp"
 #include "gpuq/client.hpp"
 #include "gpuq/common/runtime_dir.hpp"
+#include "job_options.hpp"
+#include "ops.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
+using gpuq::python::JobOptions;
 
 namespace {
 
@@ -316,53 +319,48 @@ class Connection {
   }
 
   Job* submit(const std::string& op, uint64_t in_off, uint64_t in_len, uint64_t out_off,
-              uint64_t out_len, const std::string& pool, const nb::list& params, int64_t expire_ns,
-              bool retryable, int64_t time_limit_ms, int64_t timeout_ns, bool try_only) {
+              uint64_t out_len, const nb::list& params, const JobOptions& options) {
     const std::shared_ptr<gpuq::Client> held = shared();
     gpuq::Client& c = *held;
     gpuq::JobSpec spec;
     spec.op = op;
-    spec.pool = pool;
     std::byte* arena = c.arena();
     if (in_len != 0) spec.input = gpuq::Buffer{in_off, in_len, arena + in_off};
     if (out_len != 0) spec.output = gpuq::Buffer{out_off, out_len, arena + out_off};
     spec.params = to_params(params);
-    spec.expire_after = ns(expire_ns);
-    spec.retryable = retryable;
-    spec.time_limit = std::chrono::milliseconds(time_limit_ms);
-    return run(c, spec, timeout_ns, try_only);
+    options.apply(spec);
+    return run(c, spec, options);
   }
 
   // submit() of a job without buffers or params: the short path of Client.submit.
-  Job* submit_plain(const std::string& op, const std::string& pool, bool retryable) {
+  Job* submit_plain(const std::string& op, const JobOptions& options) {
     const std::shared_ptr<gpuq::Client> held = shared();
     gpuq::Client& c = *held;
     gpuq::JobSpec spec;
     spec.op = op;
-    spec.pool = pool;
-    spec.retryable = retryable;
-    return run(c, spec, -1, false);
+    options.apply(spec);
+    return run(c, spec, options);
   }
 
   // A Python op's job (gpuq._calls): `args` (a tuple) and `kwargs` (a dict or None) laid out
   // by the codec (call_codec.hpp) in one block of the segment, `output_bytes` of room for the
   // answer after them, and submitted. `block`: a uint8 array from allocate() that the caller
   // made room for (gpuq._room, after this found none), else None and one is allocated here.
-  // `named`: a named op's job, which also gets py.r (its rows, for batching). Returns (job, the
-  // answer's room as a uint8 array, which owns the block, and the arrays passed in place or
+  // `callable_job`: gpuq.Executor's, whose arrays are all copied (its function may change them
+  // in place); else a named op's, which also gets py.r (its rows, for batching). Returns (job,
+  // the answer's room as a uint8 array, which owns the block, and the arrays passed in place or
   // None). Errors: InvalidArgument for an argument that cannot travel, OutOfMemory, and
   // submit()'s.
-  nb::tuple submit_call(const std::string& op, const std::string& pool, nb::handle args,
-                        nb::handle kwargs, uint64_t output_bytes, uint32_t flags, bool copy_all,
-                        bool named, int64_t expire_ns, bool retryable, int64_t time_limit_ms,
-                        int64_t timeout_ns, bool try_only, nb::handle block) {
+  nb::tuple submit_call(const std::string& op, nb::handle args, nb::handle kwargs,
+                        uint64_t output_bytes, uint32_t flags, bool callable_job,
+                        const JobOptions& options, nb::handle block) {
     namespace codec = gpuq::python::codec;
     const std::shared_ptr<gpuq::Client> held = shared();
     gpuq::Client& c = *held;
     std::byte* arena = c.arena();
     std::optional<codec::CallPlan> plan;
     try {
-      plan.emplace(args, kwargs, flags, copy_all, arena, c.arena_bytes());
+      plan.emplace(args, kwargs, flags, callable_job, arena, c.arena_bytes());
     } catch (const std::invalid_argument& e) {
       raise_error(gpuq::Error(gpuq::ErrorCode::kInvalidArgument, e.what()));
     }
@@ -392,18 +390,19 @@ class Connection {
     const codec::CallPlan::Layout at = plan->write(arena, block_off);
     gpuq::JobSpec spec;
     spec.op = op;
-    spec.pool = pool;
     spec.input = gpuq::Buffer{at.span_offset, at.span_length, arena + at.span_offset};
     spec.output = gpuq::Buffer{at.output_offset, output_bytes, arena + at.output_offset};
     spec.params.reserve(3);
-    spec.params.push_back(gpuq::JobParam::integer("py.h", static_cast<int64_t>(at.header_offset)));
-    spec.params.push_back(gpuq::JobParam::integer("py.n", static_cast<int64_t>(at.header_length)));
-    if (named)
-      spec.params.push_back(gpuq::JobParam::integer("py.r", static_cast<int64_t>(at.rows)));
-    spec.expire_after = ns(expire_ns);
-    spec.retryable = retryable;
-    spec.time_limit = std::chrono::milliseconds(time_limit_ms);
-    nb::object job = nb::cast(run(c, spec, timeout_ns, try_only), nb::rv_policy::take_ownership);
+    spec.params.push_back(gpuq::JobParam::integer(gpuq::daemon::kPythonHeaderParam,
+                                                  static_cast<int64_t>(at.header_offset)));
+    spec.params.push_back(gpuq::JobParam::integer(gpuq::daemon::kPythonHeaderBytesParam,
+                                                  static_cast<int64_t>(at.header_length)));
+    if (!callable_job) {
+      spec.params.push_back(
+          gpuq::JobParam::integer(gpuq::daemon::kPythonRowsParam, static_cast<int64_t>(at.rows)));
+    }
+    options.apply(spec);
+    nb::object job = nb::cast(run(c, spec, options), nb::rv_policy::take_ownership);
     const size_t shape[1] = {static_cast<size_t>(output_bytes)};
     nb::object out = nb::cast(
         nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(arena + at.output_offset, 1, shape, owner));
@@ -413,10 +412,10 @@ class Connection {
 
   // The block submit_call needs for this call (gpuq._room makes room for it).
   uint64_t call_block_bytes(nb::handle args, nb::handle kwargs, uint64_t output_bytes,
-                            uint32_t flags, bool copy_all) const {
+                            uint32_t flags, bool callable_job) const {
     gpuq::Client& c = client();
     try {
-      return gpuq::python::codec::CallPlan(args, kwargs, flags, copy_all, c.arena(),
+      return gpuq::python::codec::CallPlan(args, kwargs, flags, callable_job, c.arena(),
                                            c.arena_bytes())
           .block_bytes(output_bytes);
     } catch (const std::invalid_argument& e) {
@@ -426,8 +425,7 @@ class Connection {
 
   Job* tensor(const std::string& op, const std::vector<Operand>& operands,
               const std::tuple<uint64_t, gpuq::Shape>& y, const std::string& dtype_name,
-              const nb::dict& opts, const std::string& pool, int64_t expire_ns, bool retryable,
-              int64_t time_limit_ms, int64_t timeout_ns, bool try_only) {
+              const nb::dict& opts, const JobOptions& options) {
     const std::shared_ptr<gpuq::Client> held = shared();
     gpuq::Client& c = *held;
     const gpuq::DType dtype = to_dtype(dtype_name);
@@ -469,11 +467,8 @@ class Connection {
       spec = gpuq::gemm_job(need(0), need(1), maybe(2), out, gemm_options(opts));
     }
     gpuq::JobSpec s = take(std::move(spec));
-    s.pool = pool;
-    s.expire_after = ns(expire_ns);
-    s.retryable = retryable;
-    s.time_limit = std::chrono::milliseconds(time_limit_ms);
-    return run(c, s, timeout_ns, try_only);
+    options.apply(s);
+    return run(c, s, options);
   }
 
   std::vector<
@@ -501,12 +496,12 @@ class Connection {
   void close() { client_.reset(); }
 
  private:
-  static Job* run(gpuq::Client& c, const gpuq::JobSpec& spec, int64_t timeout_ns, bool try_only) {
+  static Job* run(gpuq::Client& c, const gpuq::JobSpec& spec, const JobOptions& options) {
     // try_submit never blocks: with room in the ring (the common case) the GIL stays held.
     gpuq::Result<gpuq::Job> job = c.try_submit(spec);
-    if (!job && job.error().code() == gpuq::ErrorCode::kQueueFull && !try_only) {
+    if (!job && job.error().code() == gpuq::ErrorCode::kQueueFull && !options.try_only) {
       nb::gil_scoped_release unlocked;
-      job = c.submit(spec, ns(timeout_ns));
+      job = c.submit(spec, ns(options.timeout_ns));
     }
     return new Job(take(std::move(job)));
   }
@@ -523,6 +518,7 @@ std::vector<int64_t> shape_or_raise(gpuq::Result<gpuq::Shape>&& s) {
 namespace gpuq::python {
 void bind_worker(nb::module_& m);  // worker.cpp
 void bind_codec(nb::module_& m);   // call_codec_binding.cpp
+void bind_facts(nb::module_& m);   // facts.cpp
 }  // namespace gpuq::python
 
 NB_MODULE(_native, m) {
@@ -531,6 +527,7 @@ NB_MODULE(_native, m) {
   m.doc() = "gpuq's native binding of libgpuq; use the gpuq package, not this module.";
   gpuq::python::bind_worker(m);
   gpuq::python::bind_codec(m);
+  gpuq::python::bind_facts(m);
 
   m.def(
       "set_error_factory",
@@ -539,6 +536,28 @@ NB_MODULE(_native, m) {
         g_error_factory = f.release().ptr();
       },
       "factory"_a, "Registers (code, message) -> exception used for every gpuq error.");
+
+  nb::class_<JobOptions>(m, "JobOptions",
+                         "A job's options, checked (gpuq._options.job_options makes them).")
+      .def(nb::init<std::string, int64_t, int64_t, bool, uint32_t, bool>(), "pool"_a = "",
+           "timeout_ns"_a = -1, "expire_ns"_a = -1, "retryable"_a = false, "time_limit_ms"_a = 0,
+           "try_only"_a = false)
+      // Writable for gpuq._options.replace, which changes a copy; the package never changes
+      // an options value it did not just copy.
+      .def_rw("pool", &JobOptions::pool)
+      .def_rw("timeout_ns", &JobOptions::timeout_ns)
+      .def_rw("expire_ns", &JobOptions::expire_ns)
+      .def_rw("retryable", &JobOptions::retryable)
+      .def_rw("time_limit_ms", &JobOptions::time_limit_ms)
+      .def_rw("try_only", &JobOptions::try_only)
+      .def("__copy__", [](const JobOptions& o) { return o; })
+      .def("__repr__", [](const JobOptions& o) {
+        return "JobOptions(pool='" + o.pool + "', timeout_ns=" + std::to_string(o.timeout_ns) +
+               ", expire_ns=" + std::to_string(o.expire_ns) +
+               ", retryable=" + (o.retryable ? "True" : "False") +
+               ", time_limit_ms=" + std::to_string(o.time_limit_ms) +
+               ", try_only=" + (o.try_only ? "True" : "False") + ")";
+      });
 
   nb::class_<Block>(m, "Block", "An allocation in a client's payload segment (array base).");
 
@@ -560,21 +579,18 @@ NB_MODULE(_native, m) {
       .def("allocate", &Connection::allocate, "size"_a,
            "A uint8 array over new bytes of the segment.")
       .def("submit", &Connection::submit, "op"_a, "in_off"_a, "in_len"_a, "out_off"_a, "out_len"_a,
-           "pool"_a, "params"_a, "expire_ns"_a, "retryable"_a, "time_limit_ms"_a, "timeout_ns"_a,
-           "try_only"_a, nb::rv_policy::take_ownership,
+           "params"_a, "options"_a, nb::rv_policy::take_ownership,
            "Submits a job (the GIL is released while it waits for room).")
-      .def("submit_plain", &Connection::submit_plain, "op"_a, "pool"_a, "retryable"_a,
+      .def("submit_plain", &Connection::submit_plain, "op"_a, "options"_a,
            nb::rv_policy::take_ownership, "submit() without buffers or params.")
-      .def("submit_call", &Connection::submit_call, "op"_a, "pool"_a, "args"_a, "kwargs"_a.none(),
-           "output_bytes"_a, "flags"_a, "copy_all"_a, "named"_a, "expire_ns"_a, "retryable"_a,
-           "time_limit_ms"_a, "timeout_ns"_a, "try_only"_a, "block"_a.none(),
+      .def("submit_call", &Connection::submit_call, "op"_a, "args"_a, "kwargs"_a.none(),
+           "output_bytes"_a, "flags"_a, "callable_job"_a, "options"_a, "block"_a.none(),
            "Submits a Python op's job, its arguments laid out by the codec: (job, answer room, "
            "arrays passed in place or None).")
       .def("call_block_bytes", &Connection::call_block_bytes, "args"_a, "kwargs"_a.none(),
-           "output_bytes"_a, "flags"_a, "copy_all"_a, "The block submit_call needs.")
+           "output_bytes"_a, "flags"_a, "callable_job"_a, "The block submit_call needs.")
       .def("tensor", &Connection::tensor, "op"_a, "operands"_a, "y"_a, "dtype"_a, "opts"_a,
-           "pool"_a, "expire_ns"_a, "retryable"_a, "time_limit_ms"_a, "timeout_ns"_a, "try_only"_a,
-           nb::rv_policy::take_ownership,
+           "options"_a, nb::rv_policy::take_ownership,
            "Submits a tensor op (the GIL is released while it waits for room).")
       .def("pools", &Connection::pools,
            "(name, kind, capacity, client_share, available, reason, runs_on) per pool.")

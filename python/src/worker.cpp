@@ -146,8 +146,8 @@ class PythonBackend final : public OpBackend {
       auto v = ctx.params.get_int(key, -1, 0, INT64_MAX);
       return v ? *v : -1;
     };
-    const int64_t h = param("py.h");
-    const int64_t n = param("py.n");
+    const int64_t h = param(daemon::kPythonHeaderParam);
+    const int64_t n = param(daemon::kPythonHeaderBytesParam);
     nb::gil_scoped_acquire gil;
     try {
       // Views of the client's segment, zero copy: the input read-only, except for a callable's

@@ -13,7 +13,7 @@ import struct
 import numpy as np
 import pytest
 
-from gpuq import _native, _pyops
+from gpuq import _answers, _native
 
 
 def round_trip(args, kwargs=None, flags=0):
@@ -224,17 +224,17 @@ def test_answer_too_large_says_what_it_needs():
     out = np.zeros(128, np.uint8)
     n = _native.write_result(memoryview(out), np.zeros(100, np.float64))
     assert n < 0 and -n >= 800
-    with pytest.raises(_pyops.ResultTooLarge) as e:
-        _pyops.write_result(memoryview(out), np.zeros(100, np.float64))
+    with pytest.raises(_answers.ResultTooLarge) as e:
+        _answers.write_result(memoryview(out), np.zeros(100, np.float64))
     assert e.value.needed == -n and e.value.capacity == 128
 
 
 def test_answers_with_extra_json():
     out = np.zeros(4096, np.uint8)
-    n = _pyops.write_answer(memoryview(out), {"kind": "json", "value": {"x": [1, 2]}}, [])
+    n = _answers.write_answer(memoryview(out), {"kind": "json", "value": {"x": [1, 2]}}, [])
     assert _native.answer_value(out, n) == {"x": [1, 2]}
-    n = _pyops.write_error(memoryview(out), "ValueError", "bad", "Traceback...")
-    h = _pyops.read_answer(out, n)
+    n = _answers.write_error(memoryview(out), "ValueError", "bad", "Traceback...")
+    h = _answers.read_answer(out, n)
     assert h["kind"] == "error" and h["error"]["type"] == "ValueError"
     with pytest.raises(ValueError, match="kind error"):
         _native.answer_value(out, n)

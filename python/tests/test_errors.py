@@ -13,22 +13,19 @@ import pytest
 
 import gpuq
 import gpuq.testing
-from gpuq import _errors
+from gpuq import _errors, _native
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import mp_tasks  # noqa: E402
 
-CODES = {
-    "InvalidArgument": 1, "UnknownOp": 2, "UnknownPool": 3, "QueueFull": 4, "Timeout": 5,
-    "Cancelled": 6, "Expired": 7, "WorkerDied": 8, "Disconnected": 9, "ProtocolMismatch": 10,
-    "PermissionDenied": 11, "OutOfMemory": 12, "NotFound": 13, "ShuttingDown": 14,
-    "ForkedClient": 15, "NoDevice": 16, "Internal": 17, "SystemError": 18,
-    "NotCancellable": 19, "TooManyClients": 20, "OpFailed": 21, "TimedOut": 22, "PoolDown": 23,
-}
-
-
 def test_one_class_per_error_code():
-    for name, code in CODES.items():
+    # The codes as the C++ enum defines them (gpuq::ErrorCode, exported by _native): each has
+    # its class, numbered from it.
+    codes = _native.ERROR_CODES
+    assert len(codes) == _native.MAX_ERROR_CODE and sorted(codes.values()) == list(
+        range(1, _native.MAX_ERROR_CODE + 1))
+    assert codes["InvalidArgument"] == 1 and codes["PoolDown"] == 23  # the C ABI's numbers
+    for name, code in codes.items():
         cls = getattr(gpuq, name)
         assert issubclass(cls, gpuq.Error) and cls.code == code and cls.code_name == name
         e = _errors.error_for(code, "the daemon's words")

@@ -162,7 +162,7 @@ def test_expire_after(client):
 
 
 def test_time_limit_is_checked_and_converted(client, default_env):
-    from gpuq._client import _time_limit_ms
+    from gpuq._options import time_limit_ms as _time_limit_ms
 
     # Seconds to whole milliseconds, rounded up; anything above 0 is at least 1 ms.
     assert _time_limit_ms(None) == 0 and _time_limit_ms(0) == 0 and _time_limit_ms(0.0) == 0

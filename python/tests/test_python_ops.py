@@ -540,8 +540,9 @@ def _raw_job(pc, header_bytes, pool="py", op="identity"):
     block = pc.empty(len(header_bytes) + 4096, np.uint8)
     block[:len(header_bytes)] = np.frombuffer(header_bytes, np.uint8)
     off = pc._offset(conn, block)
-    job = conn.native.submit(op, off, len(header_bytes), off + len(header_bytes), 4096, pool,
-                             [("py.h", 0), ("py.n", len(header_bytes))], -1, False, 0, -1, False)
+    job = conn.native.submit(op, off, len(header_bytes), off + len(header_bytes), 4096,
+                             [("py.h", 0), ("py.n", len(header_bytes))],
+                             gpuq._native.JobOptions(pool))
     return gpuq.Future(job, [block], None, conn.watcher)
 
 
@@ -563,8 +564,8 @@ def test_a_job_without_a_header_fails_alone(pc):
     conn = pc._c()
     block = pc.empty(4096, np.uint8)
     off = pc._offset(conn, block)
-    job = conn.native.submit("identity", off, 64, off + 64, 1024, "py", [], -1, False, 0, -1,
-                             False)
+    job = conn.native.submit("identity", off, 64, off + 64, 1024, [],
+                             gpuq._native.JobOptions("py"))
     with pytest.raises(gpuq.InvalidArgument, match="lack py.h and py.n"):
         gpuq.Future(job, [block], None, conn.watcher).result(timeout=30)
 
