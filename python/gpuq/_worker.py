@@ -15,7 +15,6 @@ pool at start, with the GPU hidden).
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import importlib
 import json
@@ -31,6 +30,7 @@ import numpy as np
 
 from . import _answers, _batching, _errors, _native, _ops, _spill
 from ._answers import ResultTooLarge
+from ._frameworks import Frameworks, out_of_memory
 
 decode_call = _native.decode_call
 write_result = _native.write_result
@@ -55,90 +55,6 @@ def _import_modules(paths: List[str], modules: List[str]) -> None:
         importlib.import_module(m)
 
 
-def _frameworks() -> Tuple[Any, Any]:
-    """torch and cupy, when the pool's modules loaded them (never imported here)."""
-    return sys.modules.get("torch"), sys.modules.get("cupy")
-
-
-_FRAMEWORKS = ("torch", "cupy", "tensorflow")  # what _configure_frameworks sets up
-
-
-def _log(message: str) -> None:
-    """A line in gpuqd's log (a worker's stderr goes there)."""
-    print(f"gpuq python worker: {message}", file=sys.stderr, flush=True)
-
-
-def _nvml_total_memory() -> Tuple[Optional[int], str]:
-    """(the total memory of this worker's GPU in bytes, or None and why), from NVML through
-    ctypes when libnvidia-ml is there: the GPU named by ``CUDA_VISIBLE_DEVICES`` (gpuqd sets
-    its UUID, or its index in PCI bus order, which is NVML's). No CUDA context is made."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    if not visible or visible == "-1":
-        return None, "CUDA_VISIBLE_DEVICES names no GPU"
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError as e:
-        return None, f"no NVML ({e})"
-
-    class Memory(ctypes.Structure):  # nvmlMemory_t
-        _fields_ = [
-            ("total", ctypes.c_ulonglong),
-            ("free", ctypes.c_ulonglong),
-            ("used", ctypes.c_ulonglong),
-        ]
-
-    try:
-        rc = nvml.nvmlInit_v2()
-        if rc != 0:
-            return None, f"nvmlInit_v2 failed ({rc})"
-        try:
-            handle = ctypes.c_void_p()
-            if visible.isdigit():
-                rc = nvml.nvmlDeviceGetHandleByIndex_v2(
-                    ctypes.c_uint(int(visible)), ctypes.byref(handle)
-                )
-            else:
-                rc = nvml.nvmlDeviceGetHandleByUUID(visible.encode(), ctypes.byref(handle))
-            if rc != 0:
-                return None, f"NVML does not know GPU {visible} ({rc})"
-            mem = Memory()
-            rc = nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem))
-            if rc != 0:
-                return None, f"nvmlDeviceGetMemoryInfo failed ({rc})"
-            return int(mem.total), ""
-        finally:
-            nvml.nvmlShutdown()
-    except AttributeError as e:  # an NVML without one of these functions
-        return None, f"NVML lacks {e}"
-
-
-# The frameworks' out-of-memory exceptions, as (module, attribute) looked up in sys.modules: a
-# framework that is not loaded raised none of them, and is never imported here to find out.
-_OOM_CLASSES = (
-    ("torch", "OutOfMemoryError"),  # newer torch; torch.cuda.OutOfMemoryError names it too
-    ("torch.cuda", "OutOfMemoryError"),
-    ("cupy.cuda.memory", "OutOfMemoryError"),
-    # tf.errors.ResourceExhaustedError: the class tf.errors names, in the module that defines it
-    ("tensorflow.python.framework.errors_impl", "ResourceExhaustedError"),
-)
-# What torch before 1.13 (and code that wraps its message) raised: a plain RuntimeError.
-_OOM_MESSAGE = "CUDA out of memory"
-
-
-def out_of_memory(e: BaseException) -> bool:
-    """Whether an op's exception says that memory ran out: a ``MemoryError`` (numpy's
-    allocation failures are one), torch's ``OutOfMemoryError`` or a ``RuntimeError`` whose
-    message starts "CUDA out of memory", CuPy's ``cupy.cuda.memory.OutOfMemoryError``,
-    TensorFlow's ``tf.errors.ResourceExhaustedError``. Such a job ends ``OutOfMemory``."""
-    if isinstance(e, MemoryError):
-        return True
-    for module, attr in _OOM_CLASSES:
-        cls = getattr(sys.modules.get(module), attr, None)
-        if isinstance(cls, type) and isinstance(e, cls):
-            return True
-    return isinstance(e, RuntimeError) and str(e).startswith(_OOM_MESSAGE)
-
-
 class Runtime:
     """What the C++ worker loop calls (python/src/worker.cpp: PythonBackend)."""
 
@@ -146,10 +62,9 @@ class Runtime:
         self.ops = ops
         self.allow_callables = allow_callables
         self.gpu = gpu
-        self.poisoned = False
-        self.memory_limit: Tuple[int, float] = (0, 0.0)
-        self.configured: set = set()
-        self.registered: Dict[int, int] = {}  # client -> base address page-locked
+        self.poisoned = False  # the CUDA context broke: worker.cpp ends the worker
+        # On a GPU pool: the frameworks the modules loaded, set up for the worker's GPU.
+        self.frameworks = Frameworks(_ops.context()) if gpu else None
         self.functions: Dict[bytes, Any] = {}  # a callable's pickle -> the callable
         self.contexts: Dict[bytes, _ExecutorContext] = {}  # by the context's pickle
 
@@ -160,14 +75,14 @@ class Runtime:
         ctx.pool_id = pool_id
         ctx.worker_id = int(os.environ.get("GPUQ_WORKER_ID", "-1"))
         ctx.gpu = self.gpu
-        self.memory_limit = (limit_bytes, limit_fraction)
-        if self.gpu:
+        if self.frameworks is not None:
             ctx.device = 0
-            self._configure_frameworks()
+            self.frameworks.memory_limit = (limit_bytes, limit_fraction)
+            self.frameworks.configure()
         for fn in list(_ops.on_start_functions):
             fn()
-        if self.gpu:
-            self._configure_frameworks()  # those on_start loaded
+        if self.frameworks is not None:
+            self.frameworks.configure()  # those on_start loaded
         # Everything imported and loaded so far (a framework's modules, a model: millions of
         # objects with torch) lives as long as the worker: out of the cyclic collector's reach,
         # so that the collections each job's garbage triggers do not walk it. With torch loaded,
@@ -175,145 +90,24 @@ class Runtime:
         gc.collect()
         gc.freeze()
 
-    def _configure_frameworks(self) -> None:
-        ctx = _ops.context()
-        torch, cupy = _frameworks()
-        tf = sys.modules.get("tensorflow")
-        limit_bytes, fraction = self.memory_limit
-        if torch is not None and "torch" not in self.configured:
-            self.configured.add("torch")
-            torch.cuda.set_device(0)
-            ctx.torch_device = torch.device("cuda", 0)
-            stream = torch.cuda.Stream(device=0)
-            torch.cuda.set_stream(stream)
-            ctx.stream = stream
-            total = torch.cuda.get_device_properties(0).total_memory
-            frac = min(1.0, limit_bytes / total) if limit_bytes else fraction
-            torch.cuda.set_per_process_memory_fraction(frac, 0)
-        if cupy is not None and "cupy" not in self.configured:
-            self.configured.add("cupy")
-            cupy.cuda.Device(0).use()
-            if torch is not None and ctx.stream is not None:
-                s = cupy.cuda.ExternalStream(ctx.stream.cuda_stream)
-            else:
-                s = cupy.cuda.Stream(non_blocking=True)
-            s.use()
-            ctx.cupy_stream = s
-            if ctx.stream is None:
-                ctx.stream = s
-            pool = cupy.get_default_memory_pool()
-            if limit_bytes:
-                pool.set_limit(size=limit_bytes)
-            else:
-                pool.set_limit(fraction=fraction)
-        if tf is not None and "tensorflow" not in self.configured:
-            self.configured.add("tensorflow")
-            self._configure_tensorflow(tf)
-
-    def _device_total_memory(self) -> Tuple[Optional[int], str]:
-        """The worker's GPU's memory in bytes, from a framework that has its CUDA context
-        already (torch, CuPy), else from NVML; (None, why) when none can tell."""
-        torch, cupy = _frameworks()
-        if "torch" in self.configured and torch is not None:
-            return int(torch.cuda.get_device_properties(0).total_memory), ""
-        if "cupy" in self.configured and cupy is not None:
-            return int(cupy.cuda.Device(0).mem_info[1]), ""
-        return _nvml_total_memory()
-
-    def _configure_tensorflow(self, tf: Any) -> None:
-        """TensorFlow's budget on a GPU pool: memory growth (it takes device memory as it needs
-        it, not all of it at start) and one logical GPU of the pool's ``memory_limit`` in MiB.
-        TensorFlow accepts both only before it has initialised its GPUs, so this runs right
-        after the pool's modules are imported, before ``on_start``."""
-        try:
-            gpus = tf.config.list_physical_devices("GPU")
-        except Exception as e:  # noqa: BLE001 - a broken install: said, not fatal
-            _log(f"tensorflow: cannot list its GPUs ({type(e).__name__}: {e}); not configured")
-            return
-        if not gpus:
-            _log(
-                "tensorflow sees no GPU (a CPU-only build such as tensorflow-cpu, or one "
-                "built without this CUDA): its ops run on the CPU, with no memory budget"
-            )
-            return
-        gpu = gpus[0]  # the worker sees its one GPU
-        limit_bytes, fraction = self.memory_limit
-        total, why = self._device_total_memory()
-        if limit_bytes:  # capped at the device's memory, as for torch
-            limit_mib = (min(limit_bytes, total) if total else limit_bytes) >> 20
-        else:
-            limit_mib = int(total * fraction) >> 20 if total and fraction > 0 else 0
-        try:
-            if tf.config.get_logical_device_configuration(gpu):
-                _log(
-                    "tensorflow: the pool's module gave its GPU logical devices itself; "
-                    "left as they are (no memory_limit from the pool)"
-                )
-                return
-            # Growth first: TensorFlow refuses to change it once the device has a logical
-            # configuration.
-            tf.config.experimental.set_memory_growth(gpu, True)
-            if limit_mib:
-                tf.config.set_logical_device_configuration(
-                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)]
-                )
-        except (RuntimeError, ValueError) as e:
-            # "Physical devices cannot be modified after being initialized"
-            _log(
-                f"tensorflow had initialised its GPU before the worker could configure it "
-                f"({e}): no memory growth and no memory_limit for it; import tensorflow at "
-                "the top of the pool's module and use it only in on_start or in ops"
-            )
-            return
-        if limit_mib:
-            _log(f"tensorflow: memory growth on, one logical GPU of {limit_mib} MiB")
-        else:
-            _log(
-                f"tensorflow: memory growth on, but no memory_limit: the GPU's total memory "
-                f"is unknown ({why}), so the pool's fraction {fraction} cannot be made MiB"
-            )
-
     def describe(self) -> str:
-        torch, cupy = _frameworks()
         d: Dict[str, Any] = {
             "python": sys.version.split()[0],
             "ops": sorted(n for n in self.ops),
             "allow_callables": self.allow_callables,
         }
-        if torch is not None:
-            d["torch"] = torch.__version__
-        if cupy is not None:
-            d["cupy"] = cupy.__version__
-        tf = sys.modules.get("tensorflow")
-        if tf is not None:
-            d["tensorflow"] = getattr(tf, "__version__", "?")
+        d.update(Frameworks.versions())
         return json.dumps(d)
 
     # -- clients' segments: page-locked on a GPU pool -------------------------------------------
 
     def client_mapped(self, client: int, base: int, size: int) -> None:
-        if not self.gpu:
-            return
-        torch, cupy = _frameworks()
-        if torch is not None:
-            err = torch.cuda.cudart().cudaHostRegister(base, size, 0)
-            if int(err) == 0:
-                self.registered[client] = base
-        elif cupy is not None:
-            try:
-                cupy.cuda.runtime.hostRegister(base, size, 0)
-                self.registered[client] = base
-            except Exception:  # noqa: BLE001 - pageable copies still work
-                pass
+        if self.frameworks is not None:
+            self.frameworks.page_lock(client, base, size)
 
     def client_unmapping(self, client: int, base: int, size: int) -> None:
-        if self.registered.pop(client, None) is None:
-            return
-        torch, cupy = _frameworks()
-        if torch is not None:
-            torch.cuda.cudart().cudaHostUnregister(base)
-        elif cupy is not None:
-            cupy.cuda.runtime.hostUnregister(base)
+        if self.frameworks is not None:
+            self.frameworks.page_unlock(client, base, size)
 
     # -- jobs ----------------------------------------------------------------------------------
 
@@ -321,8 +115,8 @@ class Runtime:
         self, name: str, inp: memoryview, out: memoryview, h: int, n: int
     ) -> Tuple[int, str, int, int]:
         """One job: its call header at [h, h + n) of ``inp`` (-1: the job has no py.h/py.n)."""
-        if self.gpu and len(self.configured) < len(_FRAMEWORKS):
-            self._configure_frameworks()  # one the job's code has imported since
+        if self.frameworks is not None:
+            self.frameworks.configure_new()  # one the job's code has imported since
         if name == _native.CALL_OP:
             return self._run_callable(inp, out, h, n)
         entry = self.ops.get(name)
@@ -363,8 +157,8 @@ class Runtime:
         """Jobs of a batched op the worker gathered (docs/python.md, "Dynamic batching"): each
         set of jobs whose arguments agree in one call, at most max_batch_size rows, with their
         arrays concatenated along axis 0. (each job's outcome, the rows of each call)."""
-        if self.gpu and len(self.configured) < len(_FRAMEWORKS):
-            self._configure_frameworks()
+        if self.frameworks is not None:
+            self.frameworks.configure_new()
         entry = self.ops.get(name)
         if entry is None:
             return [(_errors.UnknownOp.code, f"{name}: not an op of this Python pool", 0, 0)] * len(
@@ -466,7 +260,8 @@ class Runtime:
             _ops.cancelled() and isinstance(e, _errors.Error) and e.code == _errors.Cancelled.code
         ):
             return (_errors.Cancelled.code, f"{name}: cancelled while running", 0, 0)
-        self._check_device(e)
+        if self.frameworks is not None and not self.frameworks.device_works():
+            self.poisoned = True
         kind = f"{type(e).__module__}.{type(e).__qualname__}"
         if type(e).__module__ == "builtins":
             kind = type(e).__qualname__
@@ -507,20 +302,6 @@ class Runtime:
         if n == 0:
             n = _answers.write_error(out, kind, str(e), tb, **extra)
         return (_errors.OutOfMemory.code if oom else _errors.OpFailed.code, msg, n, 0)
-
-    def _check_device(self, e: BaseException) -> None:
-        """After a failure on a GPU pool: whether the CUDA context still works (a sticky error
-        poisons it; the worker then exits to be replaced, after this job's outcome)."""
-        if not self.gpu:
-            return
-        torch, cupy = _frameworks()
-        try:
-            if torch is not None:
-                torch.cuda.synchronize()
-            elif cupy is not None:
-                cupy.cuda.runtime.deviceSynchronize()
-        except Exception:  # noqa: BLE001 - any error here means the context is gone
-            self.poisoned = True
 
     def _function(self, blob: memoryview) -> Any:
         """The callable a pickle holds, unpickled once per distinct pickle (gpuq.Executor sends
