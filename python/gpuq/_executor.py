@@ -318,7 +318,7 @@ class Executor(concurrent.futures.Executor):
             )
         return e
 
-    def _release(self, f: Future) -> None:
+    def _release(self, f: Any) -> None:
         assert self._slots is not None
         self._slots.release()
 
@@ -380,7 +380,7 @@ def _exit_executors() -> None:
 
 
 if hasattr(threading, "_register_atexit"):
-    threading._register_atexit(_exit_executors)  # type: ignore[attr-defined]
+    threading._register_atexit(_exit_executors)
 else:  # pragma: no cover - Python < 3.9
     import atexit
 

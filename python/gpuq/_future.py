@@ -182,19 +182,22 @@ class Future(concurrent.futures.Future):
     _done_callbacks: Optional[List[Callable[[concurrent.futures.Future], Any]]] = None
     _t: Optional[Tuple[int, int, str, int, int, int, int, int]] = None
     # A Python op's job: (info, exc) -> the exception to raise (its remote type and traceback).
-    _on_error: Optional[Callable[[JobInfo, BaseException], BaseException]] = None
+    # What turns a failure into the exception raised: (info, exc) or (info, exc, out=answer).
+    _on_error: Optional[Callable[..., BaseException]] = None
     # A Python op's job: the room of its answer in the segment (a view of its block). An answer
     # of at most COPY_ANSWER_BYTES is read from a copy, so that its result holds no part of the
     # segment and the block goes back when the job ends; a larger one is read in place (its
     # result's arrays are views of the block, which stays until they are gone).
     _out: Any = None
+    # A callable's (gpuq.Executor): (client, pool) where a spilled result's pieces are fetched.
+    _origin: Any = None
     # A future made before its job (an Executor's task waiting in the client, gpuq._backlog):
     # the backlog that holds it, until _attach() gives it its job.
     _queue: Any = None
 
     # Built in Client; never by users.
     def __init__(
-        self, job: Any, keep: Any, convert: Optional[Callable[[JobInfo], Any]], watcher: "Watcher"
+        self, job: Any, keep: Any, convert: Optional[Callable[..., Any]], watcher: "Watcher"
     ) -> None:
         # Not concurrent.futures.Future.__init__: its Condition alone would cost a microsecond.
         # What it sets is on the class above, or made on first use (_condition, _waiters).
@@ -609,7 +612,7 @@ class Future(concurrent.futures.Future):
         """Not for gpuq futures (an executor's hook): raises RuntimeError."""
         raise RuntimeError("a gpuq.Future's result comes from its job")
 
-    def __await__(self):  # type: ignore[no-untyped-def]
+    def __await__(self):
         """``await future`` in a coroutine: no thread per job (the client's watcher). An
         awaiting task that is cancelled (``asyncio.wait_for`` timing out, a request handler
         cancelled) stops the job, running or not (:meth:`stop`): in asyncio, cancelling is

@@ -55,8 +55,65 @@ def encode_call(args: object, kwargs: object | None, flags: int, output_bytes: i
     Tests: (block, span offset, span length, h, n, output offset, rows) of a call laid out in a bytearray.
     """
 
+ERROR_CODES: dict = ...
+
+MAX_ERROR_CODE: int = 23
+
+JOB_STATUS: dict = ...
+
+CALL_OP: str = "python_call"
+
+MAX_BATCH_SIZE: int = 65536
+
+MAX_QUEUE_DELAY_US: int = 1000000
+
+PARAM_HEADER: str = "py.h"
+
+PARAM_HEADER_BYTES: str = "py.n"
+
+PARAM_ROWS: str = "py.r"
+
 def set_error_factory(factory: object) -> None:
     """Registers (code, message) -> exception used for every gpuq error."""
+
+class JobOptions:
+    """A job's options, checked (gpuq._options.job_options makes them)."""
+
+    def __init__(
+        self,
+        pool: str = "",
+        timeout_ns: int = -1,
+        expire_ns: int = -1,
+        retryable: bool = False,
+        time_limit_ms: int = 0,
+        try_only: bool = False,
+    ) -> None: ...
+    @property
+    def pool(self) -> str: ...
+    @pool.setter
+    def pool(self, arg: str, /) -> None: ...
+    @property
+    def timeout_ns(self) -> int: ...
+    @timeout_ns.setter
+    def timeout_ns(self, arg: int, /) -> None: ...
+    @property
+    def expire_ns(self) -> int: ...
+    @expire_ns.setter
+    def expire_ns(self, arg: int, /) -> None: ...
+    @property
+    def retryable(self) -> bool: ...
+    @retryable.setter
+    def retryable(self, arg: bool, /) -> None: ...
+    @property
+    def time_limit_ms(self) -> int: ...
+    @time_limit_ms.setter
+    def time_limit_ms(self, arg: int, /) -> None: ...
+    @property
+    def try_only(self) -> bool: ...
+    @try_only.setter
+    def try_only(self, arg: bool, /) -> None: ...
+    def __copy__(self) -> JobOptions: ...
+    def __repr__(self) -> str: ...
 
 class Block:
     """An allocation in a client's payload segment (array base)."""
@@ -108,34 +165,23 @@ class Connection:
         in_len: int,
         out_off: int,
         out_len: int,
-        pool: str,
         params: list,
-        expire_ns: int,
-        retryable: bool,
-        time_limit_ms: int,
-        timeout_ns: int,
-        try_only: bool,
+        options: JobOptions,
     ) -> Job:
         """Submits a job (the GIL is released while it waits for room)."""
 
-    def submit_plain(self, op: str, pool: str, retryable: bool) -> Job:
+    def submit_plain(self, op: str, options: JobOptions) -> Job:
         """submit() without buffers or params."""
 
     def submit_call(
         self,
         op: str,
-        pool: str,
         args: object,
         kwargs: object | None,
         output_bytes: int,
         flags: int,
-        copy_all: bool,
-        named: bool,
-        expire_ns: int,
-        retryable: bool,
-        time_limit_ms: int,
-        timeout_ns: int,
-        try_only: bool,
+        callable_job: bool,
+        options: JobOptions,
         block: object | None,
     ) -> tuple:
         """
@@ -143,7 +189,7 @@ class Connection:
         """
 
     def call_block_bytes(
-        self, args: object, kwargs: object | None, output_bytes: int, flags: int, copy_all: bool
+        self, args: object, kwargs: object | None, output_bytes: int, flags: int, callable_job: bool
     ) -> int:
         """The block submit_call needs."""
 
@@ -154,12 +200,7 @@ class Connection:
         y: tuple[int, Sequence[int]],
         dtype: str,
         opts: dict,
-        pool: str,
-        expire_ns: int,
-        retryable: bool,
-        time_limit_ms: int,
-        timeout_ns: int,
-        try_only: bool,
+        options: JobOptions,
     ) -> Job:
         """Submits a tensor op (the GIL is released while it waits for room)."""
 

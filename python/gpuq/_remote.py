@@ -21,7 +21,7 @@ class RemoteTraceback(_StdlibRemoteTraceback):
     whose class this one derives from; a gpuq.Executor task's cause is that class itself)."""
 
     def __init__(self, tb: str) -> None:
-        super().__init__(tb)
+        super().__init__(tb)  # type: ignore[arg-type]  # typeshed says a TracebackType; it is a str
         self.tb = tb
 
     def __str__(self) -> str:
@@ -64,7 +64,7 @@ def remote_error(
             if isinstance(original, BaseException):
                 # ProcessPoolExecutor's own cause, as it makes it (code written for it may
                 # look for that class).
-                original.__cause__ = _StdlibRemoteTraceback(f'\n"""\n{tb}"""')
+                original.__cause__ = _StdlibRemoteTraceback(f'\n"""\n{tb}"""')  # type: ignore[arg-type]
                 return original
         except Exception:  # noqa: BLE001 - an exception class the caller cannot import
             pass

@@ -64,7 +64,8 @@ def submit_tensor(
     y_off = client._out(conn, out, f"{op}: out")
     keep.append(out)
     job = conn.native.tensor(op, operands, (y_off, y_shape), _TENSOR_DTYPES[dtype], opts, options)
-    return Future(job, keep, lambda info, out=out: out, conn.watcher)
+    result: np.ndarray = out
+    return Future(job, keep, lambda info: result, conn.watcher)
 
 
 def _runs_on_kind(conn: Any, pool: Optional[str]) -> Optional[str]:

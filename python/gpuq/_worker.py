@@ -321,7 +321,8 @@ class Runtime:
         ctx = self.contexts.get(key)
         if ctx is None:
             _, authkey, initializer = pickle.loads(key)
-            ctx = _ExecutorContext(_mp_process.AuthenticationString(authkey), initializer)
+            authkey = _mp_process.AuthenticationString(authkey)  # type: ignore[attr-defined]
+            ctx = _ExecutorContext(authkey, initializer)
             if len(self.contexts) >= 1024:
                 self.contexts.clear()
             self.contexts[key] = ctx
@@ -433,7 +434,7 @@ class _ExecutorContext:
         the worker has no use of its own for it), so that the Manager proxies among its
         arguments connect as in a child of the caller; the initializer runs on the first
         task. What the initializer raised, if it did: the executor is broken."""
-        config = _mp_process.current_process()._config
+        config = _mp_process.current_process()._config  # type: ignore[attr-defined]
         if config.get("authkey") is not self.authkey:
             config["authkey"] = self.authkey
         if self.initializer is not None:

@@ -53,7 +53,7 @@ class _Finder:
             run(module)
             _register(module)
 
-        spec.loader.exec_module = exec_module
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
