@@ -14,11 +14,12 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "batch_gatherer.hpp"
+#include "batch_runner.hpp"
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/job_metrics.hpp"
@@ -30,8 +31,10 @@
 #include "gpuq/common/shm.hpp"
 #include "gpuq/common/shm_layout.hpp"
 #include "gpuq/common/time_limit.hpp"
+#include "job_steps.hpp"
 #include "job_validation.hpp"
 #include "op_backend.hpp"
+#include "worker_metrics.hpp"
 
 namespace gpuq::daemon {
 namespace {
@@ -39,16 +42,8 @@ namespace {
 constexpr uint64_t kIdleRecheckNs = 1'000'000'000;
 // Longest wait for the MapClient of a live client whose job this worker popped.
 constexpr uint64_t kMapWaitNs = 500'000'000;
-// The longest nap of a worker gathering a batch between looks at its ring (run_batch).
-constexpr uint64_t kGatherNapNs = 50'000;
 // The part of the idle spin during which this worker counts as `spinning` (see loop()).
 constexpr uint64_t kSpinningNs = kSpinPauseOnlyNs;
-
-struct MappedClient {
-  uint64_t session = 0;
-  MemfdSegment segment;
-  ClientSegmentView view;
-};
 
 class Worker {
  public:
@@ -95,16 +90,16 @@ class Worker {
     job_seq_ = priv_->job_seq.load(std::memory_order_relaxed) & ~uint64_t{1};
     // The page outlives the worker: a predecessor that died in a batched call left its count.
     priv_->batch_jobs.store(1, std::memory_order_relaxed);
-    metrics_ = reinterpret_cast<WorkerMetrics*>(static_cast<char*>(private_page_.address()) +
-                                                kWorkerMetricsOffset);
-    metrics_on_ = metrics_->enabled != 0;
-    std::memcpy(bound_ticks_, metrics_->bound_ticks, sizeof bound_ticks_);
-    // The last bound is a minute: the cap, an hour, in the same ticks.
-    wait_cap_ = bound_ticks_[kMetricBounds - 1] / 60 * kMaxQueueWaitSeconds;
+    metrics_.attach(*reinterpret_cast<WorkerMetrics*>(static_cast<char*>(private_page_.address()) +
+                                                      kWorkerMetricsOffset));
     clients_.resize(l.max_clients);
     pool_ = &queue_.pool(options_.pool_id);
     self_ = &queue_.worker(options_.worker_id);
     ring_ = queue_.ring(options_.pool_id);
+    batches_.emplace(
+        BatchRunner::WorkerParts{options_, backend_, ring_, *pool_, *self_, *priv_, clients_,
+                                 std::span<const ClientShm>(&queue_.client(0), l.max_clients),
+                                 metrics_, job_seq_, went_on_});
 
     // Control messages queued before start-up (the current clients' segments).
     seen_control_ = self_->control_seq.load(std::memory_order_acquire);
@@ -114,9 +109,7 @@ class Worker {
       GPUQ_LOG_ERROR("cannot start: %s", started.error().to_string().c_str());
       return 1;
     }
-    memory_budget_ = backend_.device_memory_budget();
-    metrics_->device_memory_budget.store(memory_budget_, std::memory_order_relaxed);
-    metrics_->device_memory_used.store(backend_.device_memory_used(), std::memory_order_relaxed);
+    metrics_.set_memory_budget(backend_.device_memory_budget(), backend_.device_memory_used());
     self_->pid.store(getpid(), std::memory_order_relaxed);
     self_->state.store(static_cast<uint32_t>(WorkerState::kReady), std::memory_order_release);
     WorkerReadyMessage ready;
@@ -267,25 +260,6 @@ class Worker {
     }
   }
 
-  // A job this worker has claimed (its slot RUNNING, naming this worker), from its claim to
-  // its end.
-  struct Claimed {
-    uint32_t value = 0;
-    MappedClient* mc = nullptr;
-    JobSlot* slot = nullptr;
-    uint32_t generation = 0;
-    JobDescriptor d;
-    JobOutcome out{};
-    JobState final_state = JobState::kDone;
-    MetricOutcome outcome = MetricOutcome::kOk;
-    std::optional<ValidatedJob> v;  // set once it passed its checks: it may run
-    std::string message;            // a failure's
-    uint64_t rows = 1;              // a batched op's job: its rows (its client's hint, py.r)
-    uint64_t claimed_ns = 0;        // a batched op's job: when it was claimed (monotonic)
-    uint32_t time_limit_ms = 0;     // a batched op's job: its own, as its client wrote it
-  };
-  enum class Claim { kClaimed, kDropped, kUnmapped };
-
   // Runs the job `value` refers to, and then, when it was a batched op's, each job popped
   // while its batch was gathered that could not join it.
   void handle(uint32_t value) {
@@ -299,11 +273,12 @@ class Worker {
     }
   }
 
-  // One job, from its claim to its end; a batched op's goes on to run_batch(). The path of
-  // every other job is written out in one piece here, as it was before batches: made of the
-  // steps below that the batch path uses (claim, publish, ..., end_job), or inlined into
-  // loop(), the hot round trip took about 0.15 µs longer on a 2-vCPU VM (0.85 against 0.68 µs,
-  // gpuq_bench_roundtrip, 2026-11-27).
+  // One job, from its claim to its end; a batched op's goes on to the batch runner
+  // (batch_runner.cpp) once claimed, published and checked. The path of every other job is
+  // written out in one piece here, as it was before batches: made of the steps the batch
+  // runner takes (claim, publish, ..., end_job), or inlined into loop(), the hot round trip
+  // took about 0.15 µs longer on a 2-vCPU VM (0.85 against 0.68 µs, gpuq_bench_roundtrip,
+  // 2026-11-27).
   [[gnu::noinline]] std::optional<uint32_t> handle_one(uint32_t value) {
     const JobRef ref = JobRef::unpack(value);
     if (ref.client < clients_.size() && !clients_[ref.client] &&
@@ -390,7 +365,7 @@ class Worker {
       outcome = MetricOutcome::kFailed;
       set_outcome(out, v.error());
     } else if (v->op->python != nullptr && v->op->python->batching_on(options_.pool_id).batched()) {
-      Claimed c;
+      BatchRunner::Job c;
       c.value = value;
       c.mc = &mc;
       c.slot = &slot;
@@ -400,7 +375,7 @@ class Worker {
       c.v.emplace(std::move(*v));
       // Looked up again here, off the path of the jobs that are not batched: one variable
       // for both looks made that path slower (the hot round trip, 0.84 against 0.69 µs).
-      return run_batch(std::move(c), c.v->op->python->batching_on(options_.pool_id));
+      return batches_->run(std::move(c), c.v->op->python->batching_on(options_.pool_id));
     } else {
       char* arena = mc.view.arena();
       OpContext ctx{reinterpret_cast<const std::byte*>(arena + v->input_offset),
@@ -426,7 +401,9 @@ class Worker {
         // The op stopped because the supervisor asked it to at the job's time limit.
         final_state = JobState::kFailed;
         outcome = MetricOutcome::kTimedOut;
-        set_outcome(out, time_limit_error(*v->op, own_limit_ms(slot)));
+        set_outcome(out,
+                    time_limit_error(*v->op, effective_time_limit_ms(options_.job_time_limit_ms,
+                                                                     own_time_limit_ms(slot))));
       } else {
         final_state = JobState::kCancelled;
         outcome = MetricOutcome::kCancelled;
@@ -457,467 +434,14 @@ class Worker {
     } else {
       self_->jobs_failed.fetch_add(1, std::memory_order_relaxed);
     }
-    if (metrics_on_) record_metrics(d, out, outcome);
-    if (memory_budget_ != 0) {
-      metrics_->device_memory_used.store(backend_.device_memory_used(), std::memory_order_relaxed);
-    }
+    if (metrics_.on()) metrics_.record(d, out, outcome);
+    if (metrics_.tracks_memory()) metrics_.set_memory_used(backend_.device_memory_used());
     return std::nullopt;
   }
 
   void set_outcome(JobOutcome& out, const Error& e) {
     out.code = static_cast<int32_t>(e.code());
     error_message_ = e.message();
-  }
-
-  // Claims a job popped while a batch is gathered: its slot SUBMITTED -> RUNNING. kDropped: a
-  // stale or forged reference, or a job its client cancelled first. kUnmapped: the reference's
-  // client is not mapped here yet (the reference is still the caller's: a batch never waits
-  // for a mapping, nor reads control messages, while it holds claimed jobs).
-  Claim claim(uint32_t value, Claimed& c) {
-    const JobRef ref = JobRef::unpack(value);
-    if (ref.client < clients_.size() && !clients_[ref.client] &&
-        queue_.client(ref.client).session.load() != 0) {
-      return Claim::kUnmapped;
-    }
-    if (ref.client >= clients_.size() || !clients_[ref.client]) {
-      pool_->space.notify_all();
-      return Claim::kDropped;  // an entry of a client that has gone, or a forged one
-    }
-    MappedClient& mc = *clients_[ref.client];
-    prefetch_job(value);
-    // The popped cell is free, and a cell of the client's share is too once its job has left
-    // SUBMITTED (the client's recount goes by the slot's state): producers blocked on either
-    // are told right after the claim below, or when this entry is dropped (at any return).
-    struct SpaceFreed {
-      PoolShm& pool;
-      bool told = false;
-      // After this worker's seq_cst pop (and claim, when there was one): no fence needed.
-      void tell() {
-        if (!std::exchange(told, true)) pool.space.notify_all_after_rmw();
-      }
-      ~SpaceFreed() { tell(); }
-    } space_freed{*pool_};
-    if (ref.slot >= mc.view.slot_count()) return Claim::kDropped;
-    JobSlot& slot = mc.view.slot(ref.slot);
-
-    uint64_t word = slot.state.load(std::memory_order_acquire);
-    SlotWord sw = SlotWord::unpack(word);
-    if (sw.state != JobState::kSubmitted ||
-        (sw.generation & JobRef::kGenerationMask) != ref.generation ||
-        slot.desc.pool_id != options_.pool_id) {
-      // Cancelled; or a stale entry for an earlier use of the slot, whose 14-bit generation
-      // happens to match a job now queued on another pool (that pool's own entry runs it).
-      return Claim::kDropped;
-    }
-    const SlotWord running{sw.generation, JobState::kRunning, options_.worker_id + 1};
-    // seq_cst: the `space` notify below relies on it (EventCount::notify_all_after_rmw).
-    if (!slot.state.compare_exchange_strong(word, running.pack(), std::memory_order_seq_cst,
-                                            std::memory_order_acquire)) {
-      return Claim::kDropped;  // the client cancelled it first
-    }
-    space_freed.tell();
-    GPUQ_FAULT_POINT("worker.claimed");
-    c.value = value;
-    c.mc = &mc;
-    c.slot = &slot;
-    c.generation = sw.generation;
-    c.out.worker_id = options_.worker_id;
-    return Claim::kClaimed;
-  }
-
-  // Makes `c` the job this worker is seen to run, for the supervisor's time limits and
-  // status, in place of the batch's job published so far (handle_one published the first):
-  // the next even job_seq ends that publication, then which job, since when, and the odd
-  // job_seq that publishes them (a seqlock's write, as in handle_one). `batch_jobs`: how many
-  // jobs the call serves.
-  void republish(const Claimed& c, uint32_t batch_jobs) {
-    priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_release);
-    priv_->job.store(c.value, std::memory_order_relaxed);
-    priv_->job_started.store(c.out.started_stamp, std::memory_order_relaxed);
-    priv_->session.store(c.mc->session, std::memory_order_relaxed);
-    if (batch_jobs != published_batch_jobs_) {
-      published_batch_jobs_ = batch_jobs;
-      priv_->batch_jobs.store(batch_jobs, std::memory_order_relaxed);
-    }
-    priv_->job_seq.store(++job_seq_, std::memory_order_release);
-  }
-
-  // Not running a job any more: after the client's wakeup, off its critical path. seq_cst: the
-  // Dekker pair with the supervisor's `hold`, which the loop reads (seq_cst) before it takes
-  // another job.
-  void unpublish() {
-    priv_->job_seq.store(++job_seq_, std::memory_order_seq_cst);
-    self_->busy.store(0, std::memory_order_relaxed);
-  }
-
-  // After the claim: the job's own copy of its descriptor.
-  void take(Claimed& c) {
-    JobSlot& slot = *c.slot;
-    // The supervisor raises the time-limit bit only for a job it has seen published, so one
-    // here now is a leftover meant for the slot's previous job: not this one's.
-    if ((slot.cancel_requested.load(std::memory_order_relaxed) & kCancelByTimeLimit) != 0) {
-      slot.cancel_requested.fetch_and(~kCancelByTimeLimit, std::memory_order_relaxed);
-    }
-    // One copy, validated once (no re-reads): the fixed fields, then only the params in use.
-    // params_bytes stays as the client wrote it, so that validation rejects one over the limit.
-    std::memcpy(&c.d, &slot.desc, offsetof(JobDescriptor, params));
-    std::memcpy(c.d.params, slot.desc.params, std::min<uint32_t>(c.d.params_bytes, kMaxParamBytes));
-  }
-
-  // The job's deadline and descriptor: `c.v` when it may run, else its failure.
-  void check(Claimed& c) {
-    // Deadlines are CLOCK_MONOTONIC (stamps may not be): the clock is read only for a job
-    // that has one.
-    if (c.d.deadline_ns != kNoDeadline && monotonic_ns() > c.d.deadline_ns) {
-      fail(c, JobState::kExpired, MetricOutcome::kExpired,
-           Error(ErrorCode::kExpired, "deadline passed while the job was queued"));
-    } else if (auto v = validate_descriptor(c.d, c.mc->view.arena_bytes(), options_.pool_id); !v) {
-      fail(c, JobState::kFailed, MetricOutcome::kFailed, v.error());
-    } else {
-      c.v.emplace(std::move(*v));
-    }
-  }
-
-  void fail(Claimed& c, JobState state, MetricOutcome outcome, const Error& e) {
-    c.final_state = state;
-    c.outcome = outcome;
-    c.out.code = static_cast<int32_t>(e.code());
-    c.message = e.message();
-  }
-
-  OpContext context(const Claimed& c) const {
-    char* arena = c.mc->view.arena();
-    return OpContext{reinterpret_cast<const std::byte*>(arena + c.v->input_offset),
-                     c.v->input_bytes,
-                     reinterpret_cast<std::byte*>(arena + c.v->output_offset),
-                     c.v->output_capacity,
-                     c.v->params,
-                     c.slot->cancel_requested,
-                     c.v->input_offset,
-                     c.v->output_offset};
-  }
-
-  void run_one(Claimed& c) {
-    const OpContext ctx = context(c);
-    GPUQ_FAULT_POINT("worker.running");
-    settle(c, backend_.run(*c.v->op, ctx), ctx);
-  }
-
-  // The job's end from its op's result.
-  void settle(Claimed& c, const Result<OpOutput>& r, const OpContext& ctx) {
-    if (r) {
-      c.out.output_bytes = r->output_bytes;
-      c.out.value = r->value;
-    } else if (r.error().code() != ErrorCode::kCancelled) {
-      fail(c, JobState::kFailed, MetricOutcome::kFailed, r.error());
-      c.out.output_bytes = std::min(ctx.failure_output_bytes, ctx.output_capacity);
-    } else if (const uint32_t why = c.slot->cancel_requested.load(std::memory_order_relaxed);
-               (why & kCancelByClient) == 0 && (why & kCancelByTimeLimit) != 0) {
-      // The op stopped because the supervisor asked it to at the job's time limit.
-      fail(c, JobState::kFailed, MetricOutcome::kTimedOut,
-           time_limit_error(*c.v->op, own_limit_ms(*c.slot)));
-    } else {
-      fail(c, JobState::kCancelled, MetricOutcome::kCancelled, r.error());
-    }
-  }
-
-  // Writes the job's outcome and ends it: its client is told. `yield`: hand the core to a
-  // client woken here (a batch's jobs yield once, after the last).
-  void end_job(Claimed& c, bool yield = true) {
-    JobSlot& slot = *c.slot;
-    c.out.finished_stamp = read_stamp(options_.job_clock);
-    went_on_ = c.out.finished_stamp;
-    if (c.out.code != 0) set_slot_message(slot, c.message);
-    std::memcpy(&slot.outcome, &c.out, sizeof c.out);
-    GPUQ_FAULT_POINT("worker.before_complete");
-    const SlotWord done{c.generation, c.final_state, options_.worker_id + 1};
-    // An exchange, seq_cst: as cheap as a store and the fence notify would add after it.
-    slot.state.exchange(done.pack(), std::memory_order_seq_cst);
-    GPUQ_FAULT_POINT("worker.completed");
-    // A client asleep on this job is most likely on this CPU (the pusher wakes the worker
-    // pinned to its own CPU): give it the core now instead of spinning in front of it.
-    if (c.mc->view.announce_end(slot, true) && yield) (void)sched_yield();  // cannot fail
-  }
-
-  // Counts an ended job, off its client's critical path.
-  void count(const Claimed& c) {
-    if (c.final_state == JobState::kDone) {
-      // Only this worker writes it while it lives: no locked instruction needed.
-      self_->jobs_done.store(self_->jobs_done.load(std::memory_order_relaxed) + 1,
-                             std::memory_order_relaxed);
-    } else {
-      self_->jobs_failed.fetch_add(1, std::memory_order_relaxed);
-    }
-    if (metrics_on_) record_metrics(c.d, c.out, c.outcome);
-    if (memory_budget_ != 0) {
-      metrics_->device_memory_used.store(backend_.device_memory_used(), std::memory_order_relaxed);
-    }
-  }
-
-  // ---- batches (docs/python.md, "Dynamic batching") ------------------------------------------
-
-  // The op id a queued reference's descriptor names, if its client is mapped here: a hint
-  // (the slot is its client's to rewrite until this worker claims it).
-  std::optional<uint32_t> queued_op(uint32_t value) const {
-    const JobRef ref = JobRef::unpack(value);
-    if (ref.client >= clients_.size() || !clients_[ref.client]) return std::nullopt;
-    const MappedClient& mc = *clients_[ref.client];
-    if (ref.slot >= mc.view.slot_count()) return std::nullopt;
-    return std::atomic_ref<const uint32_t>(mc.view.slot(ref.slot).desc.op_id)
-        .load(std::memory_order_relaxed);
-  }
-
-  // A batched op's job: its rows, as its client's hint says (py.r; 0: its arrays do not share
-  // a first axis, so it runs alone). The function's side checks the real shapes.
-  static uint64_t rows_hint(const Claimed& c) {
-    auto r = c.v->params.get_int("py.r", 1, 0, kMaxBatchSize);
-    return r ? static_cast<uint64_t>(*r) : 1;
-  }
-
-  // A job's own time limit, as its client wrote it with the descriptor (0: none).
-  static uint32_t own_limit_ms(const JobSlot& slot) {
-    return std::atomic_ref<const uint32_t>(slot.time_limit_ms).load(std::memory_order_relaxed);
-  }
-
-  // The limit `c`'s run is held to: the smaller of its pool's and its own; 0: none.
-  uint32_t limit_ms(const Claimed& c) const {
-    return effective_time_limit_ms(options_.job_time_limit_ms, c.time_limit_ms);
-  }
-
-  // Runs the batch that `first` (claimed, published, checked; a job of a batched op) starts:
-  // gathers further queued jobs of its op, then calls the op for all of them. Returns a
-  // reference popped while gathering that could not join (another op's job, or one of a
-  // client not mapped here yet), for handle() to run next.
-  [[gnu::noinline]] std::optional<uint32_t> run_batch(Claimed&& first, BatchSettings settings) {
-    const OpInfo* op = first.v->op;
-    const uint32_t op_id = first.d.op_id;
-    first.rows = rows_hint(first);
-    first.time_limit_ms = own_limit_ms(*first.slot);
-    first.claimed_ns = monotonic_ns();
-    // A job that must run alone gathers no company.
-    gatherer_.begin(op_id, settings, first.rows == 0 ? kMaxBatchSize : first.rows,
-                    first.claimed_ns);
-    batch_.clear();
-    batch_.push_back(std::move(first));
-    std::optional<uint32_t> carried = gather(op, op_id);
-    gatherer_.finish();
-    if (metrics_on_) {
-      const uint64_t now = read_stamp(options_.job_clock);
-      const uint64_t started = batch_.front().out.started_stamp;
-      observe_gather(metrics_->batch[metrics_slot(op_id)], bound_ticks_,
-                     now > started ? now - started : 0);
-    }
-    // Jobs cancelled or past their deadline while the batch was gathered leave it.
-    const uint64_t now = monotonic_ns();
-    std::erase_if(batch_, [&](Claimed& c) {
-      if ((c.slot->cancel_requested.load(std::memory_order_relaxed) & kCancelByClient) != 0) {
-        fail(c, JobState::kCancelled, MetricOutcome::kCancelled,
-             Error(ErrorCode::kCancelled,
-                   std::string(op->name) + ": cancelled while its batch was gathered"));
-      } else if (c.d.deadline_ns != kNoDeadline && now > c.d.deadline_ns) {
-        fail(c, JobState::kExpired, MetricOutcome::kExpired,
-             Error(ErrorCode::kExpired, "deadline passed while the job's batch was gathered"));
-      } else {
-        return false;
-      }
-      end_job(c);
-      count(c);
-      return true;
-    });
-    call_batch(op, op_id);
-    unpublish();
-    // The jobs handle_one publishes next run alone (it never writes batch_jobs): while no job
-    // is published, the page says so again.
-    if (published_batch_jobs_ != 1) {
-      published_batch_jobs_ = 1;
-      priv_->batch_jobs.store(1, std::memory_order_relaxed);
-    }
-    return carried;
-  }
-
-  // Pops and claims queued jobs of op `op_id` into batch_ while the gatherer wants more.
-  std::optional<uint32_t> gather(const OpInfo* op, uint32_t op_id) {
-    while (!gatherer_.full()) {
-      // The supervisor is about to stop this worker, or the first job's time limit has passed
-      // (its gathering counts: the limit runs from the claim): call now.
-      if (priv_->hold.load(std::memory_order_relaxed) != 0 ||
-          (batch_.front().slot->cancel_requested.load(std::memory_order_relaxed) &
-           kCancelByTimeLimit) != 0) {
-        return std::nullopt;
-      }
-      uint32_t next;
-      if (!ring_.peek(&next)) {
-        const uint64_t now = monotonic_ns();
-        if (!gatherer_.wait_for_more(now)) return std::nullopt;
-        // A short spin, then naps of at most kGatherNapNs: the jobs it waits for come from
-        // clients that may need this core to send them (on a machine with more clients than
-        // cores a spinning or yielding gatherer took a fair share of it for nothing).
-        if (!spin_until([&] { return ring_.value_at_head(); }, kSpinPauseOnlyNs)) {
-          const uint64_t nap = std::min<uint64_t>(gatherer_.deadline_ns() - now, kGatherNapNs);
-          timespec ts{0, static_cast<long>(nap)};
-          (void)::nanosleep(&ts, nullptr);  // EINTR: the loop looks again
-        }
-        continue;
-      }
-      // Another op's job at the head stays queued, for the next worker free.
-      if (queued_op(next).value_or(op_id) != op_id) return std::nullopt;
-      uint32_t value;
-      if (!ring_.try_pop(&value)) continue;
-      if (queued_op(value).value_or(op_id) != op_id) return value;
-      Claimed c;
-      const Claim claimed = claim(value, c);
-      if (claimed == Claim::kUnmapped) return value;
-      if (claimed == Claim::kDropped) continue;
-      c.out.started_stamp = read_stamp(options_.job_clock);
-      c.claimed_ns = monotonic_ns();
-      take(c);
-      check(c);
-      if (c.v && c.v->op == op) {
-        c.rows = rows_hint(c);
-        c.time_limit_ms = own_limit_ms(*c.slot);
-        gatherer_.add(c.rows == 0 ? 1 : c.rows);
-        batch_.push_back(std::move(c));
-        continue;
-      }
-      // It failed its checks, or its client rewrote its op since the look above: it ends
-      // (or runs) on its own, now.
-      if (c.v) run_one(c);
-      end_job(c);
-      count(c);
-    }
-    return std::nullopt;
-  }
-
-  // Calls the op for batch_'s jobs and ends each. Jobs of a call stopped at another job's
-  // time limit run again, in a call of their own.
-  void call_batch(const OpInfo* op, uint32_t op_id) {
-    while (!batch_.empty()) {
-      republish(governing(), static_cast<uint32_t>(batch_.size()));
-      contexts_.clear();
-      for (const Claimed& c : batch_) contexts_.push_back(context(c));
-      context_ptrs_.clear();
-      for (const OpContext& ctx : contexts_) context_ptrs_.push_back(&ctx);
-      results_.clear();
-      call_rows_.clear();
-      GPUQ_FAULT_POINT("worker.running");
-      backend_.run_batch(*op, context_ptrs_, results_, call_rows_);
-      if (metrics_on_) {
-        OpBatchMetrics& m = metrics_->batch[metrics_slot(op_id)];
-        for (const uint32_t rows : call_rows_) observe_batch_call(m, rows);
-      }
-      const uint64_t now = monotonic_ns();
-      bool stopped_one = false;
-      std::vector<bool>& again = again_;
-      again.assign(batch_.size(), false);
-      for (size_t i = 0; i < batch_.size(); ++i) {
-        Claimed& c = batch_[i];
-        const Result<OpOutput> r =
-            i < results_.size()
-                ? results_[i]
-                : Result<OpOutput>(Error(ErrorCode::kInternal,
-                                         std::string(op->name) + ": the batch lost this job"));
-        if (r || r.error().code() != ErrorCode::kCancelled) {
-          settle(c, r, contexts_[i]);
-          continue;
-        }
-        const uint32_t why = c.slot->cancel_requested.load(std::memory_order_relaxed);
-        const uint32_t limit = limit_ms(c);
-        if ((why & kCancelByClient) != 0) {
-          settle(c, r, contexts_[i]);
-          stopped_one = true;
-        } else if ((why & kCancelByTimeLimit) != 0 ||
-                   (limit != 0 && now - c.claimed_ns >= uint64_t{limit} * 1'000'000)) {
-          fail(c, JobState::kFailed, MetricOutcome::kTimedOut, time_limit_error(*op, limit));
-          stopped_one = true;
-        } else {
-          again[i] = true;
-        }
-      }
-      // A call that stopped for none of its jobs (the op raised Cancelled of its own accord):
-      // its jobs end Cancelled rather than run again and again.
-      if (!stopped_one) {
-        for (size_t i = 0; i < batch_.size(); ++i) {
-          if (again[i]) settle(batch_[i], results_[i], contexts_[i]);
-        }
-        again.assign(batch_.size(), false);
-      }
-      bool woke = false;
-      for (size_t i = 0; i < batch_.size(); ++i) {
-        if (again[i]) continue;
-        end_job(batch_[i], false);
-        woke = true;
-      }
-      if (woke) (void)sched_yield();  // for the clients woken above: see end_job
-      size_t kept = 0;
-      for (size_t i = 0; i < batch_.size(); ++i) {
-        if (!again[i]) {
-          count(batch_[i]);
-        } else {
-          if (kept != i) batch_[kept] = std::move(batch_[i]);
-          ++kept;
-        }
-      }
-      batch_.resize(kept);
-    }
-  }
-
-  // The job of batch_ whose time limit passes first (the first job when none has one): the one
-  // the supervisor watches.
-  Claimed& governing() {
-    Claimed* best = &batch_.front();
-    uint64_t best_at = UINT64_MAX;
-    for (Claimed& c : batch_) {
-      const uint32_t limit = limit_ms(c);
-      if (limit == 0) continue;
-      const uint64_t at = c.claimed_ns + uint64_t{limit} * 1'000'000;
-      if (at < best_at) {
-        best_at = at;
-        best = &c;
-      }
-    }
-    return *best;
-  }
-
-  // Counts the job on this worker's metrics page (job_metrics.hpp): plain loads and stores on
-  // lines only this worker writes. From the job's own stamps: no clock read here. The submit
-  // stamp is the client's: one in the future counts as no wait.
-  void record_metrics(const JobDescriptor& d, const JobOutcome& out, MetricOutcome outcome) {
-    OpMetrics& m = metrics_->ops[metrics_slot(d.op_id)];
-    bump(m.outcomes[static_cast<uint32_t>(outcome)]);
-    const uint64_t wait = std::min(
-        out.started_stamp > d.submit_stamp ? out.started_stamp - d.submit_stamp : 0, wait_cap_);
-    observe(m, kQueueWait, bound_ticks_, wait);
-    if (outcome != MetricOutcome::kExpired) {
-      observe(m, kRun, bound_ticks_, out.finished_stamp - out.started_stamp);
-    }
-  }
-
-  // The metrics slot of op `op_id`: remembered after the first job of each op. Ids of no op
-  // here (a forged descriptor) and ops past the last free slot share the `other` slot.
-  uint32_t metrics_slot(uint32_t op_id) {
-    if (op_id < slot_of_.size() && slot_of_[op_id] != kNoSlot) return slot_of_[op_id];
-    const bool known = op_id < kMaxMappedOpIds && find_op(op_id) != nullptr;
-    const uint32_t slot = find_or_add_slot(known ? op_id : kMetricOtherOp);
-    if (op_id < kMaxMappedOpIds) {
-      if (op_id >= slot_of_.size()) slot_of_.resize(op_id + 1, kNoSlot);
-      slot_of_[op_id] = static_cast<uint16_t>(slot);
-    }
-    return slot;
-  }
-
-  // The slot holding `key` (an op id, or kMetricOtherOp), added if there is none: the page
-  // outlives this process, so a restarted worker finds its predecessor's slots. The last slot
-  // is kept for `other`, so there always is one.
-  uint32_t find_or_add_slot(uint32_t key) {
-    const uint32_t n = std::min(metrics_->op_count.load(std::memory_order_relaxed), kMaxMetricOps);
-    for (uint32_t i = 0; i < n; ++i) {
-      if (metrics_->ops[i].op_id == key) return i;
-    }
-    if (key != kMetricOtherOp && n >= kMaxMetricOps - 1) return find_or_add_slot(kMetricOtherOp);
-    metrics_->ops[n].op_id = key;
-    metrics_->op_count.store(n + 1, std::memory_order_release);  // the supervisor reads it
-    return n;
   }
 
   // Starts fetching the lines a job's handling touches, both last written by its client (the
@@ -965,15 +489,6 @@ class Worker {
     mc.reset();
   }
 
-  // The outcome of a job whose op stopped at its time limit: the smaller of the pool's and
-  // the job's own (`job_limit_ms`, as its client wrote it).
-  Error time_limit_error(const OpInfo& op, uint32_t job_limit_ms) const {
-    const uint32_t limit = effective_time_limit_ms(options_.job_time_limit_ms, job_limit_ms);
-    return Error(ErrorCode::kTimedOut, std::string(op.name) +
-                                           ": stopped at the job's time limit (" +
-                                           std::to_string(limit) + " ms)");
-  }
-
   WorkerOptions options_;
   OpBackend& backend_;
   QueueSegment segment_;
@@ -984,7 +499,7 @@ class Worker {
   PoolShm* pool_ = nullptr;
   WorkerShm* self_ = nullptr;
   JobRing ring_;
-  std::vector<std::optional<MappedClient>> clients_;
+  MappedClients clients_;
   uint32_t seen_control_ = 0;
   bool stopping_ = false;
   std::string error_message_;  // the current job's failure message (handle_one())
@@ -992,23 +507,9 @@ class Worker {
   // (no idle wait, control message or map wait since); 0 otherwise.
   uint64_t went_on_ = 0;
   // Job metrics (job_metrics.hpp), on the private memfd after WorkerPrivate.
-  static constexpr uint16_t kNoSlot = UINT16_MAX;
-  static constexpr uint32_t kMaxMappedOpIds = 1u << 16;
-  WorkerMetrics* metrics_ = nullptr;
-  bool metrics_on_ = false;
-  uint64_t bound_ticks_[kMetricBounds] = {};
-  uint64_t wait_cap_ = 0;          // kMaxQueueWaitSeconds in job stamp ticks
-  std::vector<uint16_t> slot_of_;  // op id -> metrics slot
-  uint64_t memory_budget_ = 0;     // a GPU worker's device memory budget; 0: none
-  // Batches: the gatherer, and what one batch's calls use (kept for their capacity).
-  BatchGatherer gatherer_;
-  std::vector<Claimed> batch_;
-  std::vector<OpContext> contexts_;
-  std::vector<const OpContext*> context_ptrs_;
-  std::vector<Result<OpOutput>> results_;
-  std::vector<uint32_t> call_rows_;
-  std::vector<bool> again_;
-  uint32_t published_batch_jobs_ = 1;  // this worker's copy of priv_->batch_jobs
+  WorkerMetricsWriter metrics_;
+  // A batched op's jobs (set up in run(): it works on the parts above).
+  std::optional<BatchRunner> batches_;
 };
 
 }  // namespace
