@@ -19,8 +19,14 @@ class BatchGatherer {
   // was taken at `now_ns` (CLOCK_MONOTONIC).
   void begin(uint32_t op_id, BatchSettings settings, uint64_t rows, uint64_t now_ns) noexcept;
 
-  // Adds a gathered job of `rows` rows. A job may take the batch past max_batch_size (its
-  // rows are only a client's hint here); the batch is full then.
+  // Whether a job of `rows` rows may join: the batch stays within max_batch_size rows. The one
+  // place the limit holds (the op's function gets no more rows in one call); a first job above
+  // it runs alone.
+  bool fits(uint64_t rows) const noexcept {
+    return rows_ <= settings_.max_batch_size && rows <= settings_.max_batch_size - rows_;
+  }
+
+  // Adds a gathered job of `rows` rows, one that fits().
   void add(uint64_t rows) noexcept {
     rows_ += rows;
     ++jobs_;

@@ -20,11 +20,21 @@ namespace {
 // The longest nap of a worker gathering a batch between looks at its ring (gather()).
 constexpr uint64_t kGatherNapNs = 50'000;
 
-// A job's rows, as its client's hint says (py.r; 0: its arrays do not share a first axis, so
-// it runs alone). The function's side checks the real shapes.
-uint64_t rows_hint(const BatchRunner::Job& c) {
-  auto r = c.v->params.get_int("py.r", 1, 0, kMaxBatchSize);
+// A job's rows, as its client wrote them (py.r; 0: its arrays do not share a first axis, so it
+// runs alone). Python's side of the call checks that the arrays have no more rows than that
+// (gpuq._batching.check_rows), so a batch's call never gets more than max_batch_size rows.
+uint64_t rows_of(const ParamBlock& params) {
+  auto r = params.get_int(kPythonRowsParam, 1, 0, kMaxBatchSize);
   return r ? static_cast<uint64_t>(*r) : 1;
+}
+
+uint64_t rows_hint(const BatchRunner::Job& c) {
+  return rows_of(c.v->params);
+}
+
+// The rows a job counts for in a batch it joins: one for a job that would run alone.
+uint64_t counted(uint64_t rows) {
+  return rows == 0 ? 1 : rows;
 }
 
 void fail(BatchRunner::Job& c, JobState state, MetricOutcome outcome, const Error& e) {
@@ -106,8 +116,10 @@ std::optional<uint32_t> BatchRunner::gather(const OpInfo* op, uint32_t op_id) {
       }
       continue;
     }
-    // Another op's job at the head stays queued, for the next worker free.
+    // Another op's job at the head stays queued, for the next worker free; so does one whose
+    // rows would take the batch past max_batch_size, for the next batch.
     if (queued_op(next).value_or(op_id) != op_id) return std::nullopt;
+    if (!gatherer_.fits(counted(queued_rows(next).value_or(1)))) return std::nullopt;
     uint32_t value;
     if (!w_.ring.try_pop(&value)) continue;
     if (queued_op(value).value_or(op_id) != op_id) return value;
@@ -119,15 +131,15 @@ std::optional<uint32_t> BatchRunner::gather(const OpInfo* op, uint32_t op_id) {
     c.claimed_ns = monotonic_ns();
     take(c);
     check(c);
-    if (c.v && c.v->op == op) {
-      c.rows = rows_hint(c);
+    if (c.v && c.v->op == op) c.rows = rows_hint(c);
+    if (c.v && c.v->op == op && gatherer_.fits(counted(c.rows))) {
       c.time_limit_ms = own_time_limit_ms(*c.slot);
-      gatherer_.add(c.rows == 0 ? 1 : c.rows);
+      gatherer_.add(counted(c.rows));
       batch_.push_back(std::move(c));
       continue;
     }
-    // It failed its checks, or its client rewrote its op since the look above: it ends (or
-    // runs) on its own, now.
+    // It failed its checks, or its client rewrote its op or its rows since the looks above: it
+    // ends (or runs) on its own, now.
     if (c.v) run_one(c);
     end_job(c);
     count(c);
@@ -288,6 +300,24 @@ std::optional<uint32_t> BatchRunner::queued_op(uint32_t value) const {
   if (ref.slot >= mc.view.slot_count()) return std::nullopt;
   return std::atomic_ref<const uint32_t>(mc.view.slot(ref.slot).desc.op_id)
       .load(std::memory_order_relaxed);
+}
+
+// The rows a queued reference's descriptor says its job has, if its client is mapped here and
+// its params parse: a hint, read as queued_op reads the op (the claim validates the params).
+std::optional<uint64_t> BatchRunner::queued_rows(uint32_t value) const {
+  const JobRef ref = JobRef::unpack(value);
+  if (ref.client >= w_.clients.size() || !w_.clients[ref.client]) return std::nullopt;
+  const MappedClient& mc = *w_.clients[ref.client];
+  if (ref.slot >= mc.view.slot_count()) return std::nullopt;
+  const JobDescriptor& d = mc.view.slot(ref.slot).desc;
+  const uint32_t size =
+      std::atomic_ref<const uint32_t>(d.params_bytes).load(std::memory_order_relaxed);
+  if (size > kMaxParamBytes) return std::nullopt;
+  uint8_t copy[kMaxParamBytes];
+  std::memcpy(copy, d.params, size);
+  auto params = ParamBlock::parse(copy, size);
+  if (!params) return std::nullopt;
+  return rows_of(*params);
 }
 
 // The limit `c`'s run is held to: the smaller of its pool's and its own; 0: none.

@@ -91,6 +91,7 @@ class BatchRunner {
   void take(Job& c);
   void check(Job& c);
   std::optional<uint32_t> queued_op(uint32_t value) const;
+  std::optional<uint64_t> queued_rows(uint32_t value) const;
   uint32_t limit_ms(const Job& c) const;
   void republish(const Job& c, uint32_t batch_jobs);
   void unpublish();

@@ -57,6 +57,38 @@ def batch_key(args: Sequence[Any], kwargs: Dict[str, Any]) -> Tuple[Any, int]:
     return key, rows
 
 
+def check_rows(key: Any, rows: int, params: Dict[str, Any]) -> None:
+    """Raises ValueError when a job that may share a call has more rows than its params said
+    (py.r, which the worker's gatherer counts to hold a batch to max_batch_size rows: the one
+    place the limit is kept). gpuq's client writes the true count; only a forged job lies."""
+    if key is None:
+        return  # called alone
+    said = params.get(_native.PARAM_ROWS)
+    if not isinstance(said, int) or rows > max(said, 1):
+        raise ValueError(
+            f"its arrays have {rows} rows, but its params say {said!r} "
+            f"({_native.PARAM_ROWS}); submit it with gpuq.Client.call"
+        )
+
+
+def group(keys: Sequence[Any]) -> List[List[int]]:
+    """The calls of a gathered batch: the positions of the jobs that share each key (in the
+    order of each key's first job), and each job with no key alone. The worker gathered at
+    most max_batch_size rows, so no call needs cutting."""
+    calls: List[List[int]] = []
+    by_key: Dict[Any, List[int]] = {}
+    for i, key in enumerate(keys):
+        if key is None:
+            calls.append([i])
+            continue
+        call = by_key.get(key)
+        if call is None:
+            call = by_key[key] = []
+            calls.append(call)
+        call.append(i)
+    return calls
+
+
 def concat_rows(parts: Sequence[Any]) -> Any:
     """One argument of a batched call: the jobs' arrays concatenated along axis 0 (one copy,
     C-contiguous), or the first job's JSON value (the batch key makes them all equal)."""

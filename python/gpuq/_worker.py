@@ -154,9 +154,9 @@ class Runtime:
     def run_batch(
         self, name: str, ins: List[memoryview], outs: List[memoryview], params: List[Dict[str, Any]]
     ) -> Tuple[List[Tuple[int, str, int, int]], List[int]]:
-        """Jobs of a batched op the worker gathered (docs/python.md, "Dynamic batching"): each
-        set of jobs whose arguments agree in one call, at most max_batch_size rows, with their
-        arrays concatenated along axis 0. (each job's outcome, the rows of each call)."""
+        """Jobs of a batched op the worker gathered (docs/python.md, "Dynamic batching"), at
+        most max_batch_size rows: each set of jobs whose arguments agree in one call, with
+        their arrays concatenated along axis 0. (each job's outcome, the rows of each call)."""
         if self.frameworks is not None:
             self.frameworks.configure_new()
         entry = self.ops.get(name)
@@ -164,34 +164,23 @@ class Runtime:
             return [(_errors.UnknownOp.code, f"{name}: not an op of this Python pool", 0, 0)] * len(
                 ins
             ), []
-        fn, _, (max_rows, _) = entry
+        fn = entry[0]
         results: List[Any] = [None] * len(ins)
         jobs: List[Any] = [None] * len(ins)
-        calls: List[List[int]] = []
-        groups: Dict[Any, Tuple[List[List[int]], int]] = {}
+        keys: List[Any] = []
         try:
             for i, (inp, p) in enumerate(zip(ins, params)):
                 try:
                     args, kwargs = _batching.decode_call(inp, p)
+                    key, rows = _batching.batch_key(args, kwargs)
+                    _batching.check_rows(key, rows, p)
                 except Exception as e:  # noqa: BLE001 - the client's mistake, not the op's
                     results[i] = (_errors.InvalidArgument.code, f"{name}: {e}", 0, 0)
+                    keys.append(None)
                     continue
-                key, rows = _batching.batch_key(args, kwargs)
                 jobs[i] = (args, kwargs, rows)
-                if key is None:
-                    calls.append([i])
-                    continue
-                # Consecutive chunks of at most max_rows rows (one job may be more alone):
-                # per key, its chunks and the rows of its last.
-                chunks, last_rows = groups.get(key, ([[]], 0))
-                if chunks[-1] and last_rows + rows > max_rows:
-                    chunks.append([])
-                    last_rows = 0
-                chunks[-1].append(i)
-                groups[key] = (chunks, last_rows + rows)
-            for chunks, _ in groups.values():
-                calls.extend(chunks)
-            calls.sort(key=lambda c: c[0])
+                keys.append(key)
+            calls = [c for c in _batching.group(keys) if jobs[c[0]] is not None]
             call_rows = []
             for call in calls:
                 call_rows.append(sum(jobs[i][2] for i in call))

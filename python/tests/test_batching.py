@@ -117,6 +117,51 @@ def test_results_match_the_unbatched_op_row_for_row_under_32_clients(bdaemon):
     assert max(n for _, n in calls) > 3
 
 
+def test_a_call_never_gets_more_than_max_batch_size_rows(bc):
+    # bsmall takes 4 rows at most. Queued jobs of 1 and 3 rows: the worker gathers while the
+    # next job still fits (it counts each job's rows before it takes it), so no call has more
+    # than 4 rows, and one job is never cut in two. A first job larger than the limit runs
+    # alone.
+    sizes = [3, 1, 3, 3, 1, 1, 3, 5, 1, 3, 2, 2, 2]
+    blocker = behind_a_blocker(bc)
+    sent = [(rows(n, 100 + i), bc.submit_call("bsmall", rows(n, 100 + i), pool="one"))
+            for i, n in enumerate(sizes)]
+    blocker.result(timeout=30)
+    calls = {}
+    for x, f in sent:
+        y, meta = f.result(timeout=30)
+        np.testing.assert_allclose(y, pyops_batch.mlp_numpy(x), rtol=1e-5, atol=1e-5)
+        call, call_rows = call_of(meta)
+        calls.setdefault(call, [call_rows, 0])[1] += x.shape[0]
+    for call_rows, jobs_rows in calls.values():
+        assert call_rows == jobs_rows  # the call's rows are its jobs' rows, whole
+        assert call_rows <= 4 or call_rows == 5  # the 5-row job, alone
+    assert any(jobs_rows > 3 for _, jobs_rows in calls.values())  # it did batch
+
+
+def test_a_job_that_says_fewer_rows_than_it_has_fails_alone(bc):
+    # A forged job (gpuq's client writes py.r from the arrays): 3 rows said to be 1 would let a
+    # batch past max_batch_size, so it fails InvalidArgument and its batch mates are served.
+    x = rows(3, 7)
+    block, start, length, h, n, _, said = gpuq._native.encode_call((x,), None, 0, 64)
+    assert said == 3
+    conn = bc._c()
+    buf = bc.empty(length + 4096, np.uint8)
+    buf[:length] = np.frombuffer(bytes(block[start:start + length]), np.uint8)
+    off = bc._offset(conn, buf)
+    params = [("py.h", h), ("py.n", n), ("py.r", 1)]
+    blocker = behind_a_blocker(bc)
+    mate = bc.submit_call("bsmall", rows(1, 8), pool="one")
+    job = conn.native.submit("bsmall", off, length, off + length, 4096, params,
+                             gpuq._native.JobOptions("one"))
+    forged = gpuq.Future(job, [buf], None, conn.watcher)
+    blocker.result(timeout=30)
+    with pytest.raises(gpuq.InvalidArgument, match=r"3 rows, but its params say 1 \(py.r\)"):
+        forged.result(timeout=30)
+    y, _ = mate.result(timeout=30)
+    np.testing.assert_allclose(y, pyops_batch.mlp_numpy(rows(1, 8)), rtol=1e-5, atol=1e-5)
+
+
 def test_a_lone_caller_does_not_wait_the_delay(bc):
     # bwait's delay is a second: a caller alone is answered long before it passes.
     for i in range(5):

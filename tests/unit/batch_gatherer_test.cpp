@@ -65,11 +65,22 @@ TEST_CASE("BatchGatherer: max_batch_size rows make the batch full") {
   CHECK_FALSE(g.full());
   g.add(1);
   CHECK(g.full());  // 8 rows
-  BatchGatherer over;
-  over.begin(7, kSettings, 5, 0);
-  over.add(6);  // a hint may take it past the maximum: full all the same
-  CHECK(over.full());
-  CHECK(over.rows() == 11);
+  BatchGatherer alone;
+  alone.begin(7, kSettings, 11, 0);  // a first job above the maximum runs alone
+  CHECK(alone.full());
+  CHECK_FALSE(alone.fits(1));
+}
+
+TEST_CASE("BatchGatherer: a job joins only while the batch stays within max_batch_size") {
+  BatchGatherer g;
+  g.begin(7, kSettings, 5, 0);  // 8 rows at most
+  CHECK(g.fits(3));
+  CHECK_FALSE(g.fits(4));
+  CHECK_FALSE(g.fits(UINT64_MAX));
+  g.add(3);
+  CHECK(g.full());
+  CHECK_FALSE(g.fits(1));
+  CHECK(g.rows() == 8);
 }
 
 TEST_CASE("BatchGatherer: no delay means no wait, whatever came last time") {

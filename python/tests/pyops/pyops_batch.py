@@ -77,6 +77,12 @@ def bbad(x):
     return np.asarray(x)[:1].copy()
 
 
+@gpuq.op("bsmall", max_batch_size=4, max_queue_delay_us=0)
+def bsmall(x):
+    """The model, batched 4 rows at most: its calls show where the limit holds."""
+    return _model(x, 1.0, 0.0)
+
+
 @gpuq.op("block")
 def block(seconds=0.0):
     """Holds its worker for `seconds`: the jobs sent meanwhile queue up behind it."""
