@@ -8,13 +8,15 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _calls, _errors, _native, _options, _room
-from . import _call_backlog, _pools, _tensors
+from . import _call_backlog, _calls, _errors, _native, _options, _pools, _room, _tensors
 from ._future import Future, Watcher
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 ArrayLike = Any
 Shape = Union[int, Sequence[int]]
@@ -601,6 +603,10 @@ class Client:
     _refreshing_pools = False
 
     # ---- tensor ops ----------------------------------------------------------------------------
+    #
+    # Each takes the job options of :meth:`submit` as keywords (``pool``, ``timeout``,
+    # ``expire_after``, ``retryable``, ``time_limit``) and ``try_only`` (QueueFull at once when
+    # the queue has no room): gpuq._options.Options.
 
     def conv2d(
         self,
@@ -614,12 +620,7 @@ class Client:
         groups: int = 1,
         relu: bool = False,
         out: Optional[np.ndarray] = None,
-        pool: Optional[str] = None,
-        timeout: Optional[float] = None,
-        expire_after: Optional[float] = None,
-        retryable: bool = False,
-        time_limit: Optional[float] = None,
-        try_only: bool = False,
+        **options: Unpack[_options.Options],
     ) -> Future:
         """2-D convolution (NCHW): x N x C x H x W, w K x C/groups x R x S, b K. The future's
         result is y, N x K x OH x OW, a new array in the segment (or ``out``). docs/ops.md."""
@@ -637,7 +638,7 @@ class Client:
             lambda s: _native.conv2d_shape(s[0], s[1], opts),
             opts,
             out,
-            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
+            _options.job_options(**options),
         )
 
     def gemm(
@@ -651,12 +652,7 @@ class Client:
         alpha: float = 1.0,
         beta: float = 0.0,
         out: Optional[np.ndarray] = None,
-        pool: Optional[str] = None,
-        timeout: Optional[float] = None,
-        expire_after: Optional[float] = None,
-        retryable: bool = False,
-        time_limit: Optional[float] = None,
-        try_only: bool = False,
+        **options: Unpack[_options.Options],
     ) -> Future:
         """y = alpha op(a) op(b) + beta c (row-major; c only when beta != 0). Result: y, M x N."""
         opts = {"trans_a": trans_a, "trans_b": trans_b, "alpha": float(alpha), "beta": float(beta)}
@@ -667,7 +663,7 @@ class Client:
             lambda s: _native.gemm_shape(s[0], s[1], opts),
             opts,
             out,
-            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
+            _options.job_options(**options),
         )
 
     def activation(
@@ -676,12 +672,7 @@ class Client:
         mode: str = "relu",
         *,
         out: Optional[np.ndarray] = None,
-        pool: Optional[str] = None,
-        timeout: Optional[float] = None,
-        expire_after: Optional[float] = None,
-        retryable: bool = False,
-        time_limit: Optional[float] = None,
-        try_only: bool = False,
+        **options: Unpack[_options.Options],
     ) -> Future:
         """Elementwise ``mode``: "relu", "sigmoid" or "tanh". Result: y, x's shape."""
         return _tensors.submit_tensor(
@@ -691,7 +682,7 @@ class Client:
             lambda s: s[0],
             {"mode": mode},
             out,
-            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
+            _options.job_options(**options),
         )
 
     def softmax(
@@ -700,12 +691,7 @@ class Client:
         *,
         log: bool = False,
         out: Optional[np.ndarray] = None,
-        pool: Optional[str] = None,
-        timeout: Optional[float] = None,
-        expire_after: Optional[float] = None,
-        retryable: bool = False,
-        time_limit: Optional[float] = None,
-        try_only: bool = False,
+        **options: Unpack[_options.Options],
     ) -> Future:
         """Softmax (or log-softmax) over dimension 1 of a 2-D to 4-D x. Result: x's shape."""
         return _tensors.submit_tensor(
@@ -715,7 +701,7 @@ class Client:
             lambda s: s[0],
             {"log": log},
             out,
-            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
+            _options.job_options(**options),
         )
 
     def pool2d(
@@ -728,12 +714,7 @@ class Client:
         padding: Pair = 0,
         count_pad: bool = False,
         out: Optional[np.ndarray] = None,
-        pool: Optional[str] = None,
-        timeout: Optional[float] = None,
-        expire_after: Optional[float] = None,
-        retryable: bool = False,
-        time_limit: Optional[float] = None,
-        try_only: bool = False,
+        **options: Unpack[_options.Options],
     ) -> Future:
         """Max or average pooling (NCHW); ``stride`` defaults to the window. Result: y."""
         opts = {
@@ -750,7 +731,7 @@ class Client:
             lambda s: _native.pool2d_shape(s[0], opts),
             opts,
             out,
-            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
+            _options.job_options(**options),
         )
 
     def batchnorm(
@@ -764,12 +745,7 @@ class Client:
         eps: float = 1e-5,
         relu: bool = False,
         out: Optional[np.ndarray] = None,
-        pool: Optional[str] = None,
-        timeout: Optional[float] = None,
-        expire_after: Optional[float] = None,
-        retryable: bool = False,
-        time_limit: Optional[float] = None,
-        try_only: bool = False,
+        **options: Unpack[_options.Options],
     ) -> Future:
         """Inference batch norm per channel: scale (x - mean) / sqrt(var + eps) + bias."""
         opts = {"eps": float(eps), "relu": relu}
@@ -780,7 +756,7 @@ class Client:
             lambda s: s[0],
             opts,
             out,
-            _options.job_options(pool, timeout, expire_after, retryable, time_limit, try_only),
+            _options.job_options(**options),
         )
 
 

@@ -6,11 +6,24 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 from . import _errors, _native
 
 JobOptions = _native.JobOptions
+
+
+class Options(TypedDict, total=False):
+    """job_options' keywords, for the calls that take them as ``**options`` (the tensor
+    helpers): a new option is a field here and a keyword of job_options."""
+
+    pool: Optional[str]
+    timeout: Optional[float]
+    expire_after: Optional[float]
+    retryable: bool
+    time_limit: Optional[float]
+    try_only: bool
+
 
 # The options of a job given none: made once.
 DEFAULT = JobOptions()
