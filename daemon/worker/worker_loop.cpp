@@ -276,9 +276,11 @@ class Worker {
   // One job, from its claim to its end; a batched op's goes on to the batch runner
   // (batch_runner.cpp) once claimed, published and checked. The path of every other job is
   // written out in one piece here, as it was before batches: made of the steps the batch
-  // runner takes (claim, publish, ..., end_job), or inlined into loop(), the hot round trip
-  // took about 0.15 µs longer on a 2-vCPU VM (0.85 against 0.68 µs, gpuq_bench_roundtrip,
-  // 2026-11-27).
+  // runner takes (publish, ..., end_job), or inlined into loop(), the hot round trip took
+  // about 0.15 µs longer on a 2-vCPU VM (0.85 against 0.68 µs, gpuq_bench_roundtrip,
+  // 2026-11-27). The claim alone is shared (claim_slot, always inlined): written once, the
+  // round trip did not get slower (p50 0.81 against 0.84 µs, bench/results/
+  // slot-claim-ab-2026-12-05.txt).
   [[gnu::noinline]] std::optional<uint32_t> handle_one(uint32_t value) {
     const JobRef ref = JobRef::unpack(value);
     if (ref.client < clients_.size() && !clients_[ref.client] &&
@@ -294,39 +296,10 @@ class Worker {
       return std::nullopt;  // an entry of a client that has gone, or a forged one
     }
     MappedClient& mc = *clients_[ref.client];
-    prefetch_job(value);
-    // The popped cell is free, and a cell of the client's share is too once its job has left
-    // SUBMITTED (the client's recount goes by the slot's state): producers blocked on either
-    // are told right after the claim below, or when this entry is dropped (at any return).
-    struct SpaceFreed {
-      PoolShm& pool;
-      bool told = false;
-      // After this worker's seq_cst pop (and claim, when there was one): no fence needed.
-      void tell() {
-        if (!std::exchange(told, true)) pool.space.notify_all_after_rmw();
-      }
-      ~SpaceFreed() { tell(); }
-    } space_freed{*pool_};
-    if (ref.slot >= mc.view.slot_count()) return std::nullopt;
-    JobSlot& slot = mc.view.slot(ref.slot);
-
-    uint64_t word = slot.state.load(std::memory_order_acquire);
-    SlotWord sw = SlotWord::unpack(word);
-    if (sw.state != JobState::kSubmitted ||
-        (sw.generation & JobRef::kGenerationMask) != ref.generation ||
-        slot.desc.pool_id != options_.pool_id) {
-      // Cancelled; or a stale entry for an earlier use of the slot, whose 14-bit generation
-      // happens to match a job now queued on another pool (that pool's own entry runs it).
-      return std::nullopt;
-    }
-    const SlotWord running{sw.generation, JobState::kRunning, options_.worker_id + 1};
-    // seq_cst: the `space` notify below relies on it (EventCount::notify_all_after_rmw).
-    if (!slot.state.compare_exchange_strong(word, running.pack(), std::memory_order_seq_cst,
-                                            std::memory_order_acquire)) {
-      return std::nullopt;  // the client cancelled it first
-    }
-    space_freed.tell();
-    GPUQ_FAULT_POINT("worker.claimed");
+    // The claim the batch runner makes too, written once (job_steps.hpp) and inlined here.
+    const SlotClaim claimed = claim_slot(value, mc, *pool_, options_.pool_id, options_.worker_id);
+    if (claimed.slot == nullptr) return std::nullopt;
+    JobSlot& slot = *claimed.slot;
     JobOutcome out{};
     out.worker_id = options_.worker_id;
     // A job taken straight after the previous one starts when that one finished: one stamp
@@ -369,7 +342,7 @@ class Worker {
       c.value = value;
       c.mc = &mc;
       c.slot = &slot;
-      c.generation = sw.generation;
+      c.generation = claimed.generation;
       c.d = d;
       c.out = out;
       c.v.emplace(std::move(*v));
@@ -415,7 +388,7 @@ class Worker {
     if (out.code != 0) set_slot_message(slot, error_message_);
     std::memcpy(&slot.outcome, &out, sizeof out);
     GPUQ_FAULT_POINT("worker.before_complete");
-    const SlotWord done{sw.generation, final_state, options_.worker_id + 1};
+    const SlotWord done{claimed.generation, final_state, options_.worker_id + 1};
     // An exchange, seq_cst: as cheap as a store and the fence notify would add after it.
     slot.state.exchange(done.pack(), std::memory_order_seq_cst);
     GPUQ_FAULT_POINT("worker.completed");
