@@ -18,8 +18,9 @@ struct WorkerOptions {
   uint32_t pool_id = 0;
   pid_t supervisor_pid = 0;  // the worker exits at once if its parent is not this process
   uint32_t spin_us = 50;
-  // The pool's job_time_limit_ms (0: none): only for the message of a job stopped at it (the
-  // supervisor enforces the limit).
+  // The pool's job_time_limit_ms (0: none): for the message of a job stopped at it, and for a
+  // batched call's jobs (BatchRunner: which one the supervisor watches, which ones a stopped
+  // call ends TimedOut). The supervisor enforces the limit.
   uint32_t job_time_limit_ms = 0;
   StampClock job_clock = StampClock::kMonotonic;  // what job stamps count in (clock.hpp)
   int control_fd = 3;                             // SOCK_SEQPACKET to the supervisor
