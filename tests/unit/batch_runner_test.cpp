@@ -281,6 +281,21 @@ TEST_CASE("BatchRunner: a batch takes max_batch_size rows at most; the rest stay
   CHECK(rig.word(3).state == JobState::kSubmitted);
 }
 
+TEST_CASE("BatchRunner: a queued job whose rows would not fit stays queued for the next batch") {
+  Rig rig;
+  rig.queue(0, 0, JobShape{.rows = 3});
+  rig.queue(1, 1, JobShape{.rows = 2});
+  rig.queue(2, 2, JobShape{.rows = 1});
+  CHECK_FALSE(rig.run(BatchSettings{4, 0}));
+  REQUIRE(rig.backend.calls.size() == 1);
+  CHECK(rig.backend.calls[0].tags == std::vector<uint64_t>{0});  // 3 + 2 rows: past 4
+  CHECK(rig.ring.size() == 2);
+  CHECK(rig.word(1).state == JobState::kSubmitted);
+  CHECK_FALSE(rig.run(BatchSettings{4, 0}));
+  REQUIRE(rig.backend.calls.size() == 2);
+  CHECK(rig.backend.calls[1].tags == std::vector<uint64_t>{1, 2});
+}
+
 TEST_CASE("BatchRunner: a job that must run alone (py.r 0) gathers no company") {
   Rig rig;
   rig.queue(0, 5, JobShape{.rows = 0});
