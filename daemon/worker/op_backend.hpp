@@ -1,8 +1,8 @@
-// OpBackend: what a worker process runs its jobs with. The worker loop (worker.cpp) is the same
-// for every pool: it pops, claims, validates, runs and completes jobs. The backend supplies the
-// rest: the CPU worker's (gpuq-worker) runs the built-in ops and the tensor ops on oneDNN; the
-// GPU worker's (gpuq-gpu-worker) owns a CUDA context, a stream, cuDNN and cuBLAS handles and a
-// device memory pool for the worker's whole life.
+// OpBackend: what a worker process runs its jobs with. The worker loop (worker_loop.cpp) is
+// the same for every pool: it pops, claims, validates, runs and completes jobs. The backend
+// supplies the rest: the CPU worker's (gpuq-worker) runs the built-in ops and the tensor ops on
+// oneDNN; the GPU worker's (gpuq-gpu-worker) owns a CUDA context, a stream, cuDNN and cuBLAS
+// handles and a device memory pool for the worker's whole life.
 #pragma once
 
 #include <cstdint>
