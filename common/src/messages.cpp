@@ -380,6 +380,34 @@ Result<StopReplyMessage> decode_stop_reply(std::string_view body) {
   return StopReplyMessage{*draining};
 }
 
+// ---- RestartRequest, RestartReply -------------------------------------------------------------
+
+std::string encode(const RestartRequestMessage& m) {
+  return dump(json{{"pool", m.pool}});
+}
+
+Result<RestartRequestMessage> decode_restart_request(std::string_view body) {
+  json j;
+  if (auto r = parse_object(body, "RestartRequest", j); !r) return r.error();
+  auto pool = get_string(j, "RestartRequest", "pool");
+  if (!pool) return pool.error();
+  return RestartRequestMessage{std::move(*pool)};
+}
+
+std::string encode(const RestartReplyMessage& m) {
+  return dump(json{{"pool", m.pool}, {"generation", m.generation}});
+}
+
+Result<RestartReplyMessage> decode_restart_reply(std::string_view body) {
+  json j;
+  if (auto r = parse_object(body, "RestartReply", j); !r) return r.error();
+  auto pool = get_string(j, "RestartReply", "pool");
+  if (!pool) return pool.error();
+  auto generation = get_unsigned(j, "RestartReply", "generation", UINT32_MAX);
+  if (!generation) return generation.error();
+  return RestartReplyMessage{std::move(*pool), static_cast<uint32_t>(*generation)};
+}
+
 // ---- MetricsReply -----------------------------------------------------------------------------
 
 std::string encode(const MetricsReplyMessage& m) {

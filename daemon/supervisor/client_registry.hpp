@@ -85,6 +85,12 @@ class ClientRegistry {
   // rise of each client's counter seen so far, so it never falls, whatever a client writes.
   uint64_t jobs_submitted(uint32_t pool) const;
 
+  // The connection `id` (registered or not), or null when it has closed.
+  Client* find(uint64_t id) {
+    auto it = clients_.find(id);
+    return it == clients_.end() ? nullptr : it->second.get();
+  }
+
   // The registered client holding `index`, or null.
   const Client* by_index(uint32_t index) const {
     return index < by_index_.size() ? by_index_[index] : nullptr;

@@ -168,6 +168,8 @@ bool valid_pool_name(const std::string& n) {
 constexpr uint64_t kMaxWorkersPerGpu = 64;
 // The most spare workers a pool may have.
 constexpr uint64_t kMaxSpareWorkers = 64;
+// The most surge seats a pool may have (one per GPU is what a gpu pool's rollouts need).
+constexpr uint64_t kMaxSurgeWorkers = 64;
 // GPU indexes are positions in PCI bus order; no machine has more GPUs than this.
 constexpr uint64_t kMaxGpuIndex = 255;
 
@@ -345,6 +347,7 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
   }
   const bool gpu = p.kind == PoolKind::kGpu;
   bool have_workers = false;
+  p.rollout_surge_workers = gpu ? 0 : 1;
   for (auto it = v.begin(); it != v.end(); ++it) {
     const std::string& key = it.key();
     const std::string kp = path + "." + key;
@@ -364,6 +367,10 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       auto w = read_uint(val, kp, 0, kMaxSpareWorkers);
       if (!w) return w.error();
       p.spare_workers = static_cast<uint32_t>(*w);
+    } else if (key == "rollout_surge_workers") {
+      auto w = read_uint(val, kp, 0, kMaxSurgeWorkers);
+      if (!w) return w.error();
+      p.rollout_surge_workers = static_cast<uint32_t>(*w);
     } else if (key == "cpus" && !gpu) {
       auto c = read_cpus(val, kp, available);
       if (!c) return c.error();
@@ -421,10 +428,11 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       return bad(kp, "is a key of \"kind\": \"gpu\" pools only");
     } else {
       return bad(kp, gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
-                           "workers_per_gpu, spare_workers, fallback, memory_limit, "
-                           "job_time_limit_ms, worker_spin_us, python)"
-                         : "unknown key (known: name, kind, workers, spare_workers, cpus, "
-                           "job_time_limit_ms, worker_spin_us, python; gpus, workers_per_gpu, "
+                           "workers_per_gpu, spare_workers, rollout_surge_workers, fallback, "
+                           "memory_limit, job_time_limit_ms, worker_spin_us, python)"
+                         : "unknown key (known: name, kind, workers, spare_workers, "
+                           "rollout_surge_workers, cpus, job_time_limit_ms, worker_spin_us, "
+                           "python; gpus, workers_per_gpu, "
                            "fallback and "
                            "memory_limit with \"kind\": "
                            "\"gpu\")");
@@ -703,7 +711,8 @@ Result<void> check_pool_sizes(const Config& c) {
   }
   if (total_workers > kMaxWorkers) {
     return bad("pools", "more than " + std::to_string(kMaxWorkers) +
-                            " workers in all (spare_workers included)");
+                            " workers in all (spare_workers included, and "
+                            "rollout_surge_workers)");
   }
   return {};
 }

@@ -53,10 +53,17 @@ struct PoolConfig {
   // others but kept out of the ring, each to take the place of an active worker that dies or
   // is stopped. A gpu pool's are spread over its GPUs, round robin.
   uint32_t spare_workers = 0;
-  // The pool's worker entries (processes, WorkerShm slots, ids): its active workers and its
-  // spares; 0 for a pool without workers (an unavailable gpu pool). `workers` alone counts
-  // the active ones, which size the ring (ring_capacity).
-  uint32_t entries() const { return workers == 0 ? 0 : workers + spare_workers; }
+  // Surge seats (docs/design/live_changes.md): entries with no process, each started only by a
+  // rolling restart to make a new worker ready before it takes an old one's place. Default 1
+  // in a cpu pool (a seat costs nothing while idle), 0 in a gpu pool (a seat there takes a
+  // share of the pool's memory budget, as a spare does).
+  uint32_t rollout_surge_workers = 0;
+  // The pool's worker entries (processes, WorkerShm slots, ids): its active workers, its spares
+  // and its surge seats, in that order; 0 for a pool without workers (an unavailable gpu pool).
+  // `workers` alone counts the active ones, which size the ring (ring_capacity).
+  uint32_t entries() const {
+    return workers == 0 ? 0 : workers + spare_workers + rollout_surge_workers;
+  }
   std::vector<int> cpus;  // cpu pools: CPUs the workers are pinned to, one each, round robin
   // gpu pools only.
   bool all_gpus = true;           // "gpus": "all"

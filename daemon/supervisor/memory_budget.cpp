@@ -48,7 +48,9 @@ std::string MemoryShare::text(uint64_t device_bytes) const {
 
 std::vector<uint32_t> workers_on_gpus(const PoolConfig& pool, size_t gpu_count) {
   std::vector<uint32_t> on(gpu_count, pool.workers_per_gpu);
-  for (uint32_t k = 0; k < pool.spare_workers && gpu_count > 0; ++k) ++on[k % gpu_count];
+  // Spares, then surge seats, round robin (pool_plan.cpp places them so): each takes a share.
+  const uint32_t extra = pool.spare_workers + pool.rollout_surge_workers;
+  for (uint32_t k = 0; k < extra && gpu_count > 0; ++k) ++on[k % gpu_count];
   return on;
 }
 

@@ -43,9 +43,9 @@ struct PoolGpuBudget {
   MemoryShare worker;       // each of those workers' budget: `pool` / `workers`
 };
 
-// The workers (spares included) that `pool` places on each of its `gpu_count` GPUs, in the order
-// of its GPUs: workers_per_gpu on each, and its spares round robin from the first (as plan_pools
-// places them).
+// The workers (spares and surge seats included) that `pool` places on each of its `gpu_count`
+// GPUs, in the order of its GPUs: workers_per_gpu on each, and its spares, then its surge
+// seats, round robin from the first (as plan_pools places them).
 std::vector<uint32_t> workers_on_gpus(const PoolConfig& pool, size_t gpu_count);
 
 // The budgets of every gpu pool on each of its GPUs: `pool_gpus[p]` lists pool p's GPUs (indexes

@@ -336,6 +336,7 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
   std::vector<std::array<uint64_t, std::size(kStates)>> states(pools);
   std::vector<uint64_t> restarts(pools), start_failures(pools);
   for (const auto& w : src.workers->all()) {
+    if (dormant(*w)) continue;  // a surge seat with no process: no worker to count
     restarts[w->pool] += w->restarts;
     start_failures[w->pool] += w->start_failures_total;
     size_t state = 0;
@@ -384,6 +385,16 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
            "Spare workers that took the place of a worker that died or was stopped.");
   for (uint32_t p = 0; p < pools; ++p) {
     e.sample("gpuq_spare_promotions_total", pool_label(p), src.spares->promotions(p));
+  }
+  e.family("gpuq_pool_rollouts_total", "counter",
+           "Rolling restarts of the pool that completed (gpuqctl restart).");
+  for (uint32_t p = 0; p < pools; ++p) {
+    e.sample("gpuq_pool_rollouts_total", pool_label(p), src.rollouts->rollouts(p));
+  }
+  e.family("gpuq_pool_rollout_failures_total", "counter",
+           "Rolling restarts of the pool that stopped (a new worker did not start; no seat).");
+  for (uint32_t p = 0; p < pools; ++p) {
+    e.sample("gpuq_pool_rollout_failures_total", pool_label(p), src.rollouts->failures(p));
   }
   e.family("gpuq_pool_down", "gauge",
            "1 while the pool has had no ready worker for pool_down_fail_ms and its jobs fail "

@@ -126,8 +126,9 @@ Result<PoolPlan> plan_pools(Config& c, const WorkerExecutables& found, const Tes
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     PoolConfig& pool = c.pools[p];
     if (pool.kind == PoolKind::kCpu) {
-      // The spares (after the active workers) go on round robin: each idles on the CPU of an
-      // active worker it may replace, with as many threads as a worker with one CPU starts.
+      // The spares and surge seats (after the active workers) go on round robin: each idles on
+      // the CPU of an active worker it may replace, with as many threads as a worker with one
+      // CPU starts.
       for (uint32_t i = 0; i < pool.entries(); ++i) {
         plan.placements.push_back({{pool.cpus[i % pool.cpus.size()]}, "-1", -1, {}});
       }
@@ -168,6 +169,11 @@ Result<PoolPlan> plan_pools(Config& c, const WorkerExecutables& found, const Tes
     // spare takes the place of a worker on its own GPU only (SparePool).
     for (uint32_t k = 0; k < pool.spare_workers; ++k) {
       plan.placements.push_back(on_gpu[k % on_gpu.size()]);
+    }
+    // Surge seats likewise, on from where the spares stopped (workers_on_gpus counts them the
+    // same way): a rollout starts a new worker on the GPU of the one it replaces.
+    for (uint32_t k = 0; k < pool.rollout_surge_workers; ++k) {
+      plan.placements.push_back(on_gpu[(pool.spare_workers + k) % on_gpu.size()]);
     }
     pool.workers = static_cast<uint32_t>(on_gpu.size()) * pool.workers_per_gpu;
   }

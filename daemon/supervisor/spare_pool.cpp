@@ -33,10 +33,12 @@ std::vector<SpareSeat> SparePool::seats() const {
   std::vector<SpareSeat> out;
   out.reserve(workers_.all().size());
   for (const auto& w : workers_.all()) {
-    // A worker being stopped (forced) is dying, whatever its role.
-    out.push_back({w->pool, w->placement.gpu, w->spare,
-                   w->pid > 0 && w->state == WorkerState::kReady && !w->forced,
-                   &w->placement.cpus});
+    // A worker being stopped (forced) is dying, whatever its role; one retiring goes too; a
+    // surge seat serves its rollout only (PoolRollout).
+    out.push_back(
+        {w->pool, w->placement.gpu, w->spare,
+         w->pid > 0 && w->state == WorkerState::kReady && !w->forced && !w->retiring && !w->surge,
+         &w->placement.cpus});
   }
   return out;
 }
@@ -63,7 +65,7 @@ std::optional<uint32_t> SparePool::vacated(Worker& vacant) {
 }
 
 std::optional<uint32_t> SparePool::spare_ready(Worker& w) {
-  if (!w.spare || workers_.stopping()) return std::nullopt;
+  if (!w.spare || w.surge || w.retiring || workers_.stopping()) return std::nullopt;
   for (const auto& other : workers_.all()) {
     Worker& v = *other;
     if (v.spare || v.pool != w.pool || v.placement.gpu != w.placement.gpu ||
@@ -76,7 +78,18 @@ std::optional<uint32_t> SparePool::spare_ready(Worker& w) {
   return std::nullopt;
 }
 
-void SparePool::promote(Worker& spare, Worker& vacant) {
+void SparePool::take_over(Worker& seat, Worker& old) {
+  // The old worker takes no job from now on (it may have popped one a moment ago: it runs it
+  // to its end, then stops), and the seat serves in its place.
+  old.priv().hold.store(kHoldSpare, std::memory_order_seq_cst);
+  const bool surge = seat.surge;
+  promote(seat, old, false);
+  seat.surge = false;
+  old.surge = surge;  // the seat's role moves to the old entry, as a spare's does
+  workers_.retire(old);
+}
+
+void SparePool::promote(Worker& spare, Worker& vacant, bool count) {
   // The roles and places swap: the spare serves where the vacant worker did; the vacant entry
   // is started again (after its back-off) as a spare, where the spare idled.
   std::swap(spare.placement, vacant.placement);
@@ -88,8 +101,8 @@ void SparePool::promote(Worker& spare, Worker& vacant) {
         .store(cpus.size() == 1 ? cpus.front() : -1, std::memory_order_relaxed);
   }
   if (vacant.pid > 0) {
-    // Being stopped (force_stop killed it a moment ago): until its exit, any CPU of the pool
-    // (see pin_at_exit_), then the stopped worker's.
+    // Being stopped (killed by force_stop, or retiring after its job): until its exit, any CPU of
+    // the pool (see pin_at_exit_), then the stopped worker's.
     std::vector<int> pool_cpus;
     for (const auto& w : workers_.all()) {
       if (w->pool != spare.pool) continue;
@@ -105,7 +118,7 @@ void SparePool::promote(Worker& spare, Worker& vacant) {
   // Lowered before the wakeup: the worker looks at `hold` after it reads the message.
   spare.priv().hold.store(0, std::memory_order_seq_cst);
   workers_.send(spare, WorkerPromoteMessage::kType, encode(WorkerPromoteMessage{}));
-  ++promotions_[spare.pool];
+  if (count) ++promotions_[spare.pool];
   GPUQ_LOG_INFO(
       "spare worker %u (pid %d) takes the place of worker %u (cpus %s); worker %u is "
       "now a spare",

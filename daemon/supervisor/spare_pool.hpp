@@ -55,12 +55,18 @@ class SparePool {
   // (waiting for its restart after a death, or failed), `w` takes its place at once.
   std::optional<uint32_t> spare_ready(Worker& w);
 
+  // A rollout's swap (PoolRollout): `seat` (a spare or surge seat, ready, held out of the ring)
+  // takes the place of `old`, an active worker still serving; `old` gets the seat's role and
+  // `hold`, takes no further job, and retires once its running job ends (WorkerSet::retire).
+  // Not counted as a promotion.
+  void take_over(Worker& seat, Worker& old);
+
   // Spares promoted in pool `pool` since start.
   uint64_t promotions(uint32_t pool) const { return promotions_[pool]; }
 
  private:
   std::vector<SpareSeat> seats() const;
-  void promote(Worker& spare, Worker& vacant);
+  void promote(Worker& spare, Worker& vacant, bool count = true);
   void pin(const Worker& w, const std::vector<int>& cpus);
 
   WorkerSet& workers_;

@@ -106,11 +106,13 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
     uint64_t stops_forced = 0;
     pool["workers"] = json::array();
     for (const auto& w : s_.workers->all()) {
-      if (w->pool != p) continue;
+      if (w->pool != p || dormant(*w)) continue;  // a surge seat shows while it runs
       const WorkerShm& ws = queue.worker(w->id);
       const bool stuck = w->state == WorkerState::kReady && s_.watch->stuck(*w);
-      // Spares serve nothing until promoted: counted apart, never in ready and total.
-      if (w->spare) {
+      // Spares serve nothing until promoted: counted apart, never in ready and total; a surge
+      // seat (running for a rollout) is listed and counted in neither.
+      if (w->surge) {
+      } else if (w->spare) {
         ++spares;
         // Not one being stopped: it gave its place to a spare as it was killed.
         if (w->state == WorkerState::kReady && !w->forced) ++spares_ready;
@@ -143,7 +145,10 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
           waiting ? static_cast<int64_t>(w->respawn_at_ns) - static_cast<int64_t>(now) : 0;
       pool["workers"].push_back(
           {{"id", w->id},
-           {"role", w->spare ? "spare" : "active"},
+           {"role", w->surge   ? "surge"
+                    : w->spare ? "spare"
+                               : "active"},
+           {"generation", w->generation},
            {"pid", w->pid},
            {"cpus", at.cpus},
            {"state", stuck ? "stuck" : worker_state_name(w->state)},
@@ -182,6 +187,17 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
     pool["spares_ready"] = spares_ready;
     pool["spares_total"] = spares;
     pool["spare_promotions"] = s_.spares->promotions(p);
+    // Rolling restarts (docs/design/live_changes.md): the generation new processes run, the
+    // one in progress, and why the last one stopped, kept until the next.
+    pool["generation"] = s_.workers->generation(p);
+    const std::string& failure = s_.rollouts->last_failure(p);
+    pool["rollout"] = {{"state", s_.rollouts->in_progress(p)    ? json("rolling")
+                                 : !failure.empty()             ? json("failed")
+                                 : s_.rollouts->rollouts(p) > 0 ? json("done")
+                                                                : json(nullptr)},
+                       {"error", failure.empty() ? json(nullptr) : json(failure)},
+                       {"completed", s_.rollouts->rollouts(p)},
+                       {"failed", s_.rollouts->failures(p)}};
     pool["stops_forced"] = stops_forced;
     if (const auto& py = c.pools[p].python) {
       json ops = json::array();
@@ -255,6 +271,7 @@ std::vector<PoolHealth> StatusReport::pool_health() const {
     pools[p].down = s_.outage->down(p);
   }
   for (const auto& w : s_.workers->all()) {
+    if (w->surge) continue;  // serves no job, dormant or starting for a rollout
     PoolHealth& h = pools[w->pool];
     if (w->spare) {
       ++h.spares;

@@ -13,6 +13,7 @@
 #include "job_watch.hpp"
 #include "pool_outage.hpp"
 #include "pool_plan.hpp"
+#include "pool_rollout.hpp"
 #include "spare_pool.hpp"
 #include "worker_set.hpp"
 
@@ -47,6 +48,7 @@ class StatusReport {
     const JobWatch* watch;
     const PoolOutage* outage;
     const SparePool* spares;
+    const PoolRollout* rollouts;
     std::string runtime_dir;
     std::string gpu_worker_path;  // empty in a build without CUDA
   };

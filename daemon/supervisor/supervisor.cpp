@@ -140,8 +140,13 @@ Result<void> Supervisor::start() {
   // and that of a worker stopped for a job that did not end as soon as it is killed, not when
   // its exit comes (the kernel takes tens of milliseconds to tear down a process with a large
   // address space): its `hold` is up, so it takes no job meanwhile.
-  workers_->set_on_ready([this](Worker& w) { spares_->spare_ready(w); });
+  workers_->set_on_ready([this](Worker& w) {
+    spares_->spare_ready(w);
+    rollouts_->step();  // a new worker of a rollout may take an old one's place now
+  });
   workers_->set_on_forced([this](Worker& w) { spares_->vacated(w); });
+  rollouts_ = std::make_unique<PoolRollout>(*workers_, *spares_, options_.config);
+  rollouts_->set_on_end([this](uint32_t pool, const Result<void>& r) { restart_ended(pool, r); });
   const StatusReport::Sources sources{&options_.config,
                                       &plan_,
                                       &files_.queue(),
@@ -151,6 +156,7 @@ Result<void> Supervisor::start() {
                                       &watch_,
                                       &outage_,
                                       spares_.get(),
+                                      rollouts_.get(),
                                       options_.runtime_dir,
                                       options_.executables.gpu_worker};
   status_ = std::make_unique<StatusReport>(sources);
@@ -163,6 +169,7 @@ Result<void> Supervisor::start() {
   if (auto r = start_metrics_listener(); !r) return r;
   watch_.attach(workers_.get());
   for (const auto& w : workers_->all()) {
+    if (w->surge) continue;  // a surge seat runs only during a rollout
     if (auto r = workers_->spawn(*w); !r) return r;
   }
   // Per-GPU metrics where NVML (or its stand-in, under the test hooks) found the GPUs some
@@ -226,6 +233,60 @@ void Supervisor::on_child_exit(pid_t pid, int status) {
                             std::to_string(exit->pid) + ") " + exit->how +
                             " while running this job",
                         forced ? &*forced : nullptr);
+  rollouts_->worker_exited(workers_->at(exit->worker));
+  rollouts_->step();
+}
+
+// ---- Rolling restarts (pool_rollout.hpp) -------------------------------------------------------
+
+void Supervisor::restart_pool(Client& client, const std::string& body) {
+  auto refuse = [&](const Error& e) {
+    (void)send_message(client.fd.get(), MessageType::kError, error_body(e));
+  };
+  auto req = decode_restart_request(body);
+  if (!req) return refuse(req.error());
+  const Config& c = options_.config;
+  auto it = std::find_if(c.pools.begin(), c.pools.end(),
+                         [&](const PoolConfig& p) { return p.name == req->pool; });
+  if (it == c.pools.end()) {
+    return refuse(Error(ErrorCode::kUnknownPool,
+                        "no pool named '" + req->pool + "' (gpuqctl status lists the pools)"));
+  }
+  if (draining_) return refuse(Error(ErrorCode::kShuttingDown, "gpuqd is draining"));
+  const auto pool = static_cast<uint32_t>(it - c.pools.begin());
+  if (!plan_.pools[pool].available) {
+    return refuse(Error(ErrorCode::kNoDevice, "pool " + it->name +
+                                                  " is unavailable, with no workers to restart: " +
+                                                  plan_.pools[pool].reason));
+  }
+  // The reply goes when the rollout ends (restart_ended, which may run within start()); a
+  // second request for a pool being rolled waits for the same end.
+  restart_waiters_.emplace_back(pool, client.id);
+  if (rollouts_->in_progress(pool)) return;
+  if (auto g = rollouts_->start(pool); !g) {
+    std::erase(restart_waiters_, std::pair{pool, client.id});
+    refuse(g.error());
+  }
+}
+
+void Supervisor::restart_ended(uint32_t pool, const Result<void>& outcome) {
+  std::vector<std::pair<uint32_t, uint64_t>> waiting;
+  std::erase_if(restart_waiters_, [&](const auto& w) {
+    if (w.first != pool) return false;
+    waiting.push_back(w);
+    return true;
+  });
+  for (const auto& [p, id] : waiting) {
+    Client* client = clients_.find(id);
+    if (client == nullptr) continue;  // it went away meanwhile
+    if (outcome) {
+      (void)send_message(client->fd.get(), RestartReplyMessage::kType,
+                         encode(RestartReplyMessage{options_.config.pools[pool].name,
+                                                    workers_->generation(pool)}));
+    } else {
+      (void)send_message(client->fd.get(), MessageType::kError, error_body(outcome.error()));
+    }
+  }
 }
 
 void Supervisor::update_pools(uint64_t now) {
@@ -301,6 +362,9 @@ void Supervisor::handle_message(Client& client, Message& msg) {
     case MessageType::kStopRequest:
       (void)send_message(client.fd.get(), StopReplyMessage::kType, encode(StopReplyMessage{}));
       begin_drain("stop requested by a client");
+      return;
+    case MessageType::kRestartRequest:
+      restart_pool(client, msg.body);
       return;
     default:
       (void)send_message(client.fd.get(), MessageType::kError,
@@ -479,6 +543,7 @@ void Supervisor::on_timer() {
   recovery_.tick(now);
   watch_.tick(now);
   workers_->tick(now);
+  rollouts_->step();
   clients_.release_retired();
 }
 
@@ -486,6 +551,7 @@ void Supervisor::begin_drain(const char* reason) {
   if (draining_) return;
   draining_ = true;
   drain_deadline_ns_ = monotonic_ns() + uint64_t{options_.config.drain_timeout_ms} * 1'000'000;
+  rollouts_->abort_all("gpuqd is draining");
   GPUQ_LOG_INFO("draining (%s): no new jobs; finishing queued and running ones", reason);
   notify_stopping(reason);
   QueueView& queue = files_.queue();

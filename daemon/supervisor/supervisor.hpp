@@ -9,6 +9,7 @@
 //                   the queued jobs of a pool that is down
 //   PoolOutage      which pools have had no ready worker for pool_down_fail_ms (down)
 //   SparePool       spare workers: which one takes a dead or stopped worker's place
+//   PoolRollout     rolling restarts: new workers made ready, then swapped in one by one
 //   StatusReport    the status document and pool health
 //   MetricsReport   the metrics text (docs/metrics.md); GpuSampler, NVML in a child
 // One epoll loop handles the listening socket, client connections, signals (signalfd), worker
@@ -38,6 +39,7 @@
 #include "metrics_report.hpp"
 #include "pool_outage.hpp"
 #include "pool_plan.hpp"
+#include "pool_rollout.hpp"
 #include "process_launcher.hpp"
 #include "runtime_files.hpp"
 #include "service_notifier.hpp"
@@ -98,6 +100,9 @@ class Supervisor {
   void admit_client(Client& client, const std::string& hello_body);
   void on_worker_started(Worker& w);
   void on_client_leaving(Client& client);
+  // RestartRequest: starts (or joins) a rollout of the pool; the reply goes when it ends.
+  void restart_pool(Client& client, const std::string& body);
+  void restart_ended(uint32_t pool, const Result<void>& outcome);
   // Pools that cannot serve: after each round, each pool's ready workers go to outage_, and a
   // pool that is down stops accepting jobs and has its queued ones failed.
   void update_pools(uint64_t now);
@@ -135,8 +140,11 @@ class Supervisor {
   JobRecovery recovery_;
   JobWatch watch_;
   PoolOutage outage_;
-  std::unique_ptr<WorkerSet> workers_;  // made in start(), once the segment has a name
-  std::unique_ptr<SparePool> spares_;   // with workers_
+  std::unique_ptr<WorkerSet> workers_;     // made in start(), once the segment has a name
+  std::unique_ptr<SparePool> spares_;      // with workers_
+  std::unique_ptr<PoolRollout> rollouts_;  // with workers_
+  // Clients waiting for a rollout's end: {pool, connection id}.
+  std::vector<std::pair<uint32_t, uint64_t>> restart_waiters_;
   std::unique_ptr<StatusReport> status_;
   std::unique_ptr<MetricsReport> metrics_;
   // Scrapes the HTTP listener's thread hands to the loop: it queues a reply and writes the

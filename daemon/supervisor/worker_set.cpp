@@ -67,13 +67,21 @@ WorkerSet::WorkerSet(WorkerSetOptions options, QueueView& queue, EventLoop& loop
 
 Result<void> WorkerSet::create() {
   const Config& c = *options_.config;
+  generations_.assign(c.pools.size(), 1);
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     for (uint32_t i = 0; i < c.pools[p].entries(); ++i) {
       auto w = std::make_unique<Worker>();
       w->id = static_cast<uint32_t>(workers_.size());
       w->pool = p;
       w->placement = options_.plan->placements[w->id];
-      w->spare = i >= c.pools[p].workers;  // the pool's spares come after its active workers
+      // The pool's spares come after its active workers, and its surge seats after those.
+      w->spare = i >= c.pools[p].workers;
+      w->surge = i >= c.pools[p].workers + c.pools[p].spare_workers;
+      if (w->surge) {  // dormant until a rollout starts it
+        w->state = WorkerState::kStopped;
+        queue_.worker(w->id).state.store(static_cast<uint32_t>(WorkerState::kStopped),
+                                         std::memory_order_release);
+      }
       w->backoff = StartBackoff(BackoffSettings::of(c));
       auto page = MemfdSegment::create("gpuq-worker-" + std::to_string(w->id), kWorkerPrivateBytes);
       if (!page) return page.error();
@@ -200,6 +208,8 @@ Result<void> WorkerSet::spawn(Worker& w) {
   w.spawned_ns = monotonic_ns();
   w.start_ns = 0;
   w.forced = false;
+  w.retiring = false;
+  w.generation = generations_[w.pool];
   w.start_timed_out = false;
   auto pid = launcher_.launch(spec);
   if (!pid) return pid.error();
@@ -232,8 +242,10 @@ Result<void> WorkerSet::spawn(Worker& w) {
   ws.pid.store(w.pid, std::memory_order_relaxed);
   const WorkerPlacement& at = w.placement;
   GPUQ_LOG_INFO("%s %u (pool %s, cpus %s%s%s) started as pid %d",
-                w.spare ? "spare worker" : "worker", w.id,
-                options_.config->pools[w.pool].name.c_str(), cpu_list_text(at.cpus).c_str(),
+                w.surge   ? "surge worker"
+                : w.spare ? "spare worker"
+                          : "worker",
+                w.id, options_.config->pools[w.pool].name.c_str(), cpu_list_text(at.cpus).c_str(),
                 at.gpu >= 0 ? ", GPU " : "", at.gpu >= 0 ? at.visible_devices.c_str() : "", w.pid);
   if (on_started_) on_started_(w);
   return {};
@@ -334,7 +346,11 @@ void WorkerSet::on_ready(Worker& w, const Message& m) {
   w.start_error.clear();
   w.start_ns = std::max<uint64_t>(now - w.spawned_ns, 1);
   w.backend_info = ready->backend;  // empty when the backend had nothing to say
-  GPUQ_LOG_INFO("%s %u (pid %d) is ready", w.spare ? "spare worker" : "worker", w.id, w.pid);
+  GPUQ_LOG_INFO("%s %u (pid %d) is ready",
+                w.surge   ? "surge worker"
+                : w.spare ? "spare worker"
+                          : "worker",
+                w.id, w.pid);
   if (stopping_) send(w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
   if (on_ready_) on_ready_(w);
 }
@@ -406,6 +422,16 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
     GPUQ_LOG_INFO("worker %u %s", w.id, exit.how.c_str());
     return exit;
   }
+  if (std::exchange(w.retiring, false) && !w.forced) {
+    // Stopped by a rollout after its last job: a spare seat is started again at once (at the
+    // pool's new generation), a surge seat goes dormant.
+    w.state = w.surge ? WorkerState::kStopped : WorkerState::kRestarting;
+    ws.state.store(static_cast<uint32_t>(w.state), std::memory_order_release);
+    w.respawn_at_ns = now;
+    GPUQ_LOG_INFO("worker %u (pid %d) %s, retired by a rollout%s", w.id, pid, exit.how.c_str(),
+                  w.surge ? "" : "; starting it again as a spare");
+    return exit;
+  }
   w.last_exit = exit.how;
   w.last_exit_line.clear();
   w.last_exit_ns = now;
@@ -413,8 +439,9 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
     // Stopped for its job, not dead of its own accord: replaced at once, back-off untouched.
     ++w.stops_forced;
     ++w.restarts;
-    w.state = WorkerState::kRestarting;
-    ws.state.store(static_cast<uint32_t>(WorkerState::kRestarting), std::memory_order_release);
+    // A surge seat (one retiring as it was stopped) goes dormant instead.
+    w.state = w.surge ? WorkerState::kStopped : WorkerState::kRestarting;
+    ws.state.store(static_cast<uint32_t>(w.state), std::memory_order_release);
     ws.restarts.fetch_add(1, std::memory_order_relaxed);
     w.respawn_at_ns = now;
     GPUQ_LOG_WARN("worker %u (pid %d) %s (stopped for a job that did not end); restarting now",
@@ -438,6 +465,15 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
     const size_t nl = err.rfind('\n');
     w.last_exit_line = err.substr(nl == std::string_view::npos ? 0 : nl + 1);
   }
+  if (w.surge) {
+    // A surge seat is started by a rollout only: dormant again, whatever ended it (the
+    // rollout reads why from start_error and last_exit).
+    w.state = WorkerState::kStopped;
+    ws.state.store(static_cast<uint32_t>(w.state), std::memory_order_release);
+    GPUQ_LOG_WARN("surge worker %u (pid %d) %s; dormant until the next rollout", w.id, pid,
+                  exit.how.c_str());
+    return exit;
+  }
   const StartBackoff::Next next = w.backoff.exited(was_ready, now);
   w.state = next.failed ? WorkerState::kFailed : WorkerState::kRestarting;
   ws.state.store(static_cast<uint32_t>(w.state), std::memory_order_release);
@@ -456,6 +492,14 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
                   next.delay_ms);
   }
   return exit;
+}
+
+void WorkerSet::retire(Worker& w) {
+  if (w.pid == 0) return;
+  w.retiring = true;
+  send(w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
+  GPUQ_LOG_INFO("worker %u (pid %d): retiring (a rollout): it stops after its running job", w.id,
+                w.pid);
 }
 
 std::string WorkerSet::last_exit_of_pool(uint32_t pool) const {

@@ -40,6 +40,16 @@ struct Worker {
   // A spare (SparePool): started with WorkerPrivate::hold = kHoldSpare, so it takes no job
   // until it is promoted. The role belongs to the entry and moves with promotions.
   bool spare = false;
+  // A surge seat (rollout_surge_workers; docs/design/live_changes.md): a spare entry whose
+  // process runs only while a rollout makes it ready to take an old worker's place. With no
+  // process it is dormant: never started by the WorkerSet, hidden from status. The role moves
+  // with a swap, as `spare` does.
+  bool surge = false;
+  // The pool generation its current (or last) process was started at (PoolRollout).
+  uint32_t generation = 1;
+  // Its process was told to stop for a rollout (it took no job since): its exit is no failure,
+  // and it is started again at once (a spare seat) or goes dormant (a surge seat).
+  bool retiring = false;
   UniqueFd control, out, err;
   std::string out_buf, err_buf;
   // The current process's last lines on stderr (at most kErrTailBytes), and those of the last
@@ -158,6 +168,13 @@ class WorkerSet {
   // Kills every running worker (the daemon's exit).
   void kill_all();
 
+  // A pool's generation: what the processes started from now on run (PoolRollout raises it).
+  uint32_t generation(uint32_t pool) const { return generations_[pool]; }
+  void set_generation(uint32_t pool, uint32_t g) { generations_[pool] = g; }
+  // Tells `w`, which serves no job now (a spare, or an active worker whose place a spare has
+  // just taken: its `hold` is kHoldSpare), to stop once its running job ends (WorkerStop).
+  void retire(Worker& w);
+
   bool any_running() const;
   bool any_busy() const;  // a running worker in the middle of a job (its private job_seq)
   const std::vector<std::unique_ptr<Worker>>& all() const { return workers_; }
@@ -180,6 +197,7 @@ class WorkerSet {
   EventLoop& loop_;
   ProcessLauncher& launcher_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<uint32_t> generations_;  // by pool
   std::function<void(Worker&)> on_started_;
   std::function<void(Worker&)> on_ready_;
   std::function<void(Worker&)> on_forced_;
@@ -187,5 +205,10 @@ class WorkerSet {
 };
 
 const char* worker_state_name(WorkerState s);
+
+// A surge seat with no process: an entry that status, health and metrics leave out.
+inline bool dormant(const Worker& w) {
+  return w.surge && w.pid == 0;
+}
 
 }  // namespace gpuq::daemon

@@ -749,6 +749,19 @@ void gpuq_string_free(char* s) {
   std::free(s);
 }
 
+gpuq_status_t gpuq_daemon_restart_pool(const char* runtime_dir, const char* pool,
+                                       uint32_t timeout_s, uint32_t* generation) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (pool == nullptr)
+      return fail(gpuq::Error(gpuq::ErrorCode::kInvalidArgument, "pool is NULL"));
+    gpuq::Result<uint32_t> r =
+        gpuq::daemon_restart_pool(pool, text_or_empty(runtime_dir), timeout_s);
+    if (!r) return fail(r.error());
+    if (generation != nullptr) *generation = *r;
+    return GPUQ_OK;
+  });
+}
+
 gpuq_status_t gpuq_daemon_stop(const char* runtime_dir) {
   return guarded(__func__, [&]() -> gpuq_status_t {
     gpuq::Result<void> r = gpuq::daemon_stop(text_or_empty(runtime_dir));

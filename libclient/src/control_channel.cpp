@@ -71,14 +71,23 @@ Result<void> send_request(int fd, MessageType type, const std::string& body) {
 
 // One request, one reply, on a fresh connection that registers no client.
 Result<Message> control_request(const std::string& runtime_dir, MessageType type,
-                                const std::string& body, MessageType reply_type) {
+                                const std::string& body, MessageType reply_type,
+                                uint32_t reply_timeout_s) {
   auto fd = connect_socket(runtime_dir);
   if (!fd) return fd.error();
+  if (reply_timeout_s != 10) {
+    timeval tv{static_cast<time_t>(reply_timeout_s), 0};
+    if (auto r = GPUQ_POSIX_CALL(::setsockopt, fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        !r) {
+      return r.error();
+    }
+  }
   if (auto r = send_request(fd->get(), type, body); !r) return r.error();
   auto m = receive_reply(fd->get());
   if (!m) {
     if (m.error().code() == ErrorCode::kTimeout) {
-      return Error(ErrorCode::kTimeout, "the daemon did not answer within 10 s");
+      return Error(ErrorCode::kTimeout,
+                   "the daemon did not answer within " + std::to_string(reply_timeout_s) + " s");
     }
     return m.error();
   }
@@ -127,6 +136,17 @@ Result<std::string> daemon_metrics_text(const std::string& runtime_dir) {
     done += static_cast<size_t>(*n);
   }
   return text;
+}
+
+Result<uint32_t> daemon_restart_pool(const std::string& pool, const std::string& runtime_dir,
+                                     uint32_t timeout_s) {
+  auto m =
+      control_request(runtime_dir, RestartRequestMessage::kType,
+                      encode(RestartRequestMessage{pool}), RestartReplyMessage::kType, timeout_s);
+  if (!m) return m.error();
+  auto reply = decode_restart_reply(m->body);
+  if (!reply) return Error(ErrorCode::kProtocolMismatch, reply.error().message());
+  return reply->generation;
 }
 
 Result<void> daemon_stop(const std::string& runtime_dir) {

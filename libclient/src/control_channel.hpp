@@ -23,7 +23,10 @@ Result<Message> receive_reply(int fd);
 Result<void> send_request(int fd, MessageType type, const std::string& body);
 
 // One request, one reply of `reply_type`, on a fresh connection that registers no client.
+// `reply_timeout_s`: how long the reply may take (a daemon that says nothing for that long is
+// wedged; a rolling restart's reply comes when the rollout ends); 0: no limit.
 Result<Message> control_request(const std::string& runtime_dir, MessageType type,
-                                const std::string& body, MessageType reply_type);
+                                const std::string& body, MessageType reply_type,
+                                uint32_t reply_timeout_s = 10);
 
 }  // namespace gpuq::channel

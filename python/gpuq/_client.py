@@ -765,6 +765,26 @@ def status(runtime_dir: Optional[str] = None) -> Dict[str, Any]:
     return json.loads(_native.status_json(runtime_dir or ""))
 
 
+def restart_pool(
+    pool: str, runtime_dir: Optional[str] = None, timeout: Optional[float] = None
+) -> int:
+    """A rolling restart of pool ``pool`` (``gpuqctl restart``; docs/service.md): its workers
+    are replaced one by one by new processes (a Python pool's modules imported anew, its
+    ``on_start`` run), each made ready before the one it replaces stops taking jobs; no queued
+    job is failed or reordered, and no client is disconnected. Returns the pool's new
+    generation once every worker runs it. ``timeout``: seconds to wait for that (None: no
+    limit; the rollout goes on after :class:`gpuq.Timeout`). Raises :class:`gpuq.WorkerDied`
+    when a new worker did not start (its error in the message; the old workers serve on),
+    :class:`gpuq.UnknownPool`, :class:`gpuq.InvalidArgument` when the pool has no seat for a
+    new worker (give it ``spare_workers`` or ``rollout_surge_workers``)."""
+    if timeout is None:
+        seconds = 0
+    else:
+        ns = _options.seconds_to_ns(timeout, "timeout")
+        seconds = max(1, -(-ns // 1_000_000_000)) if ns >= 0 else 0
+    return int(_native.restart_pool(runtime_dir or "", pool, seconds))
+
+
 def metrics(runtime_dir: Optional[str] = None) -> str:
     """The daemon's metrics in the Prometheus text format (``gpuqctl metrics``;
     docs/metrics.md), without connecting a client."""

@@ -236,6 +236,11 @@ def metrics_text(runtime_dir: str) -> str:
 def stop(runtime_dir: str) -> None:
     """Asks the daemon to drain and exit."""
 
+def restart_pool(runtime_dir: str, pool: str, timeout_s: int) -> int:
+    """
+    A rolling restart of the pool; its new generation once every worker runs it.
+    """
+
 def cpp_noop_round_trips(connection: Connection, n: int) -> list[int]:
     """Benchmark helper: n timed C++ no-op round trips."""
 

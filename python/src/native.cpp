@@ -637,6 +637,18 @@ NB_MODULE(_native, m) {
       },
       "runtime_dir"_a, "Asks the daemon to drain and exit.");
   m.def(
+      "restart_pool",
+      [](const std::string& runtime_dir, const std::string& pool, uint32_t timeout_s) {
+        gpuq::Result<uint32_t> r = gpuq::Error(gpuq::ErrorCode::kInternal, "");
+        {
+          nb::gil_scoped_release unlocked;  // a rollout takes seconds
+          r = gpuq::daemon_restart_pool(pool, runtime_dir, timeout_s);
+        }
+        return take(std::move(r));
+      },
+      "runtime_dir"_a, "pool"_a, "timeout_s"_a,
+      "A rolling restart of the pool; its new generation once every worker runs it.");
+  m.def(
       "cpp_noop_round_trips",
       [](Connection& c, uint32_t n) {
         // The C++ client's own loop, for bench/python: n no-op round trips (submit, then wait

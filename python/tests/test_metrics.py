@@ -257,9 +257,12 @@ def test_failing_starts_and_a_pool_down_are_in_the_metrics():
             assert fam is not None and fam.type == kind, name
             for sample in fam.samples:
                 assert set(sample.labels) == set(labels), f"{name}: labels {sample.labels}"
-        assert value(fams, "gpuq_worker_consecutive_start_failures", pool="bad", worker="1",
+        # The pool's worker, by its id in the status (after pool cpu's entries, its surge seat
+        # included).
+        bad = str(st["workers"][0]["id"])
+        assert value(fams, "gpuq_worker_consecutive_start_failures", pool="bad", worker=bad,
                      last_exit="exited with status 1 before it was ready") == 2
-        assert 0 < value(fams, "gpuq_worker_next_start_seconds", pool="bad", worker="1") <= 60
+        assert 0 < value(fams, "gpuq_worker_next_start_seconds", pool="bad", worker=bad) <= 60
         assert value(fams, "gpuq_pool_down", pool="bad") == 1
         assert value(fams, "gpuq_pool_down", pool="cpu") == 0
         assert value(fams, "gpuq_workers", pool="bad", state="failed") == 1

@@ -1,7 +1,8 @@
 // Fuzz target: one datagram received on a control socket, through the frame decoder that
 // receive_message uses (decode_message, common/src/protocol.cpp) and then through the decoder of
 // its body (gpuq/common/messages.hpp, common/src/messages.cpp), as the receiving side decodes it:
-//   Hello                 the supervisor (decode_hello)
+//   Hello, RestartRequest the supervisor (decode_hello, decode_restart_request)
+//   RestartReply          the client library (decode_restart_reply)
 //   Welcome, StopReply    the client library (decode_welcome, decode_stop_reply)
 //   MetricsReply          the client library (decode_metrics_reply)
 //   Error                 the client library (error_from_body)
@@ -101,6 +102,10 @@ void parse_body(MessageType type, const std::string& body) {
       return decode_and_check(body, decode_stop_request, none);
     case MessageType::kStopReply:
       return decode_and_check(body, decode_stop_reply, none);
+    case MessageType::kRestartRequest:
+      return decode_and_check(body, decode_restart_request, none);
+    case MessageType::kRestartReply:
+      return decode_and_check(body, decode_restart_reply, none);
     case MessageType::kMetricsRequest:
       return decode_and_check(body, decode_metrics_request, none);
     case MessageType::kMetricsReply:

@@ -313,6 +313,23 @@ TEST_CASE("StopReply: {\"draining\":true} and back") {
   check_rejected(decode_stop_reply, R"({"draining":"yes"})", "StopReply.draining");
 }
 
+TEST_CASE("RestartRequest and RestartReply: the pool, its generation, and back") {
+  const RestartRequestMessage req{"py"};
+  CHECK(encode(req) == R"({"pool":"py"})");
+  auto req_back = decode_restart_request(encode(req));
+  REQUIRE(req_back.ok());
+  CHECK(*req_back == req);
+  check_rejected(decode_restart_request, "{}", "RestartRequest.pool is missing");
+  check_rejected(decode_restart_request, R"({"pool":3})", "RestartRequest.pool");
+  const RestartReplyMessage reply{"py", 4};
+  auto reply_back = decode_restart_reply(encode(reply));
+  REQUIRE(reply_back.ok());
+  CHECK(*reply_back == reply);
+  check_rejected(decode_restart_reply, R"({"pool":"py"})", "RestartReply.generation is missing");
+  check_rejected(decode_restart_reply, R"({"pool":"py","generation":-1})",
+                 "RestartReply.generation");
+}
+
 // ---- MetricsRequest, MetricsReply -------------------------------------------------------------
 
 TEST_CASE("MetricsRequest is {}; MetricsReply carries the text's size, at most 64 MiB") {

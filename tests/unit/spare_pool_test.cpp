@@ -58,14 +58,16 @@ TEST_CASE("spare pool: a spare already on the vacant worker's CPUs is preferred"
 
 TEST_CASE("spare_workers: parsed, bounded, and counted in the total of workers, not the ring") {
   const std::vector<int> cpus = {0, 1};
-  auto c = parse_config(R"({"pools":[{"name":"a","workers":2,"spare_workers":1}]})", cpus);
+  auto c = parse_config(
+      R"({"pools":[{"name":"a","workers":2,"spare_workers":1,"rollout_surge_workers":0}]})", cpus);
   REQUIRE(c.ok());
   CHECK(c->pools[0].workers == 2);
   CHECK(c->pools[0].spare_workers == 1);
   CHECK(c->pools[0].entries() == 3);
   CHECK(ring_capacity(*c, c->pools[0]) == 20);  // queue_factor x active workers
 
-  auto none = parse_config(R"({"pools":[{"name":"a","workers":2}]})", cpus);
+  auto none =
+      parse_config(R"({"pools":[{"name":"a","workers":2,"rollout_surge_workers":0}]})", cpus);
   REQUIRE(none.ok());
   CHECK(none->pools[0].spare_workers == 0);
   CHECK(none->pools[0].entries() == 2);
@@ -88,8 +90,11 @@ TEST_CASE("spare_workers: a cpu pool's spares are placed after its workers, roun
   const std::vector<int> allowed = allowed_cpus();
   REQUIRE_FALSE(allowed.empty());
   const int cpu = allowed.front();
-  auto c = parse_config(R"({"pools":[{"name":"a","workers":2,"spare_workers":2,"cpus":[)" +
-                            std::to_string(cpu) + "]},{\"name\":\"b\",\"workers\":1,\"cpus\":[" +
+  auto c = parse_config(R"({"pools":[{"name":"a","workers":2,"spare_workers":2,)"
+                        R"("rollout_surge_workers":0,"cpus":[)" +
+                            std::to_string(cpu) +
+                            "]},{\"name\":\"b\",\"workers\":1,\"rollout_surge_workers\":0,"
+                            "\"cpus\":[" +
                             std::to_string(cpu) + "]}]}",
                         allowed);
   REQUIRE(c.ok());

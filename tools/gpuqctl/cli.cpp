@@ -34,6 +34,13 @@ Commands:
   top [OPTIONS]           a live view of the metrics, per pool: jobs/s, p50/p99 queue wait and
                           run time, queue depth, workers by state, mean batch size of
                           batched Python ops; GPU memory (see below)
+  restart POOL [--timeout S]
+                          rolling restart of the pool: its workers are replaced one by one by
+                          new processes (a Python pool's modules imported anew), each made
+                          ready before the one it replaces stops taking jobs; no job is lost.
+                          Waits for the end (--timeout S: at most S seconds, 0 to 86400; 0,
+                          the default: no limit): exit 0, or 1 with why it stopped (a new
+                          worker that did not start: its error; the old workers serve on)
   stop                    ask the daemon to drain (finish its jobs, accept no new ones) and exit
 
 submit options:

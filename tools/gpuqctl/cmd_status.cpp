@@ -121,6 +121,14 @@ void print_status_table(const Json& doc) {
     if (auto limit = number_field(pool, "job_time_limit_ms")) {
       line += ", job time limit " + format_ms(*limit);
     }
+    // Rolling restarts (gpuqctl restart): the generation past the first, one in progress.
+    if (auto g = number_field(pool, "generation"); g && *g > 1) {
+      line += ", generation " + text_field(pool, "generation");
+    }
+    const Json* rollout = pool.is_object() && pool.contains("rollout") ? &pool["rollout"] : nullptr;
+    if (rollout != nullptr && text_field(*rollout, "state", "") == "rolling") {
+      line += ", rolling restart in progress";
+    }
     if (auto forced = number_field(pool, "stops_forced"); forced && *forced > 0) {
       line += ", " + text_field(pool, "stops_forced") + (*forced == 1 ? " worker" : " workers") +
               " stopped for jobs that did not end";
@@ -159,6 +167,9 @@ void print_status_table(const Json& doc) {
         }
       }
     }
+    if (rollout != nullptr && text_field(*rollout, "state", "") == "failed") {
+      print_indented("last rolling restart stopped", text_field(*rollout, "error", ""));
+    }
     print_indented("start error", text_field(pool, "start_error", ""));
 
     auto workers = pool.is_object() ? pool.find("workers") : pool.end();
@@ -171,8 +182,9 @@ void print_status_table(const Json& doc) {
     for (const Json& w : *workers) {
       // A spare: "spare" once ready (held out of the ring), else "spare/<state>".
       std::string state = text_field(w, "state");
-      if (text_field(w, "role", "active") == "spare") {
-        state = state == "ready" ? "spare" : "spare/" + state;
+      const std::string role = text_field(w, "role", "active");
+      if (role == "spare" || role == "surge") {  // a surge seat runs only during a rollout
+        state = state == "ready" ? role : role + "/" + state;
       }
       // The job last: its text has no bound on its length that strf's buffer could hold.
       std::cout << strf("  %6s %8s %-12s %-10s %-4s %10s %8s %8s  ", text_field(w, "id").c_str(),

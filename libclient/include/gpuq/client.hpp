@@ -266,6 +266,17 @@ GPUQ_API Result<std::string> daemon_status_json(const std::string& runtime_dir =
 // ProtocolMismatch for a reply without its text. Blocking.
 GPUQ_API Result<std::string> daemon_metrics_text(const std::string& runtime_dir = {});
 
+// A rolling restart of pool `pool` (docs/design/live_changes.md): its workers are replaced one
+// by one by new processes, each made ready before the one it replaces stops taking jobs; no
+// queued job is failed or reordered. Returns once every worker runs the new generation, with
+// it. `timeout_s`: how long to wait for that (0: no limit; the rollout goes on after a
+// Timeout). Errors: UnknownPool; WorkerDied when a new worker did not start (the message has
+// its stderr; the old workers serve on); InvalidArgument when the pool has no seat for a new
+// worker or a rollout of it is in progress; ShuttingDown; and daemon_status_json's.
+GPUQ_API Result<uint32_t> daemon_restart_pool(const std::string& pool,
+                                              const std::string& runtime_dir = {},
+                                              uint32_t timeout_s = 0);
+
 // Asks the daemon to drain (finish queued and running jobs, accept no new ones) and exit.
 // Returns once the daemon has acknowledged. Errors as daemon_status_json.
 GPUQ_API Result<void> daemon_stop(const std::string& runtime_dir = {});

@@ -503,6 +503,18 @@ GPUQ_API gpuq_status_t gpuq_daemon_status_json(const char* runtime_dir, char** o
 /* Frees a string returned by this library. NULL is ignored. Thread-safe. */
 GPUQ_API void gpuq_string_free(char* s);
 
+/* A rolling restart of pool `pool`: its workers are replaced one by one by new processes, each
+ * made ready before the one it replaces stops taking jobs; no queued job is failed or reordered.
+ * Returns once every worker runs the new generation, stored in `*generation` (when not NULL).
+ * `timeout_s`: how long to wait for that (0: no limit; the rollout goes on after
+ * GPUQ_TIMEOUT). `runtime_dir` as in gpuq_daemon_status_json(). Errors: GPUQ_UNKNOWN_POOL;
+ * GPUQ_WORKER_DIED when a new worker did not start (gpuq_last_error_message() has its error;
+ * the old workers serve on); GPUQ_INVALID_ARGUMENT when the pool has no seat for a new worker
+ * or a NULL pool; GPUQ_SHUTTING_DOWN; those of gpuq_daemon_stop().
+ * Blocking. Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_daemon_restart_pool(const char* runtime_dir, const char* pool,
+                                                uint32_t timeout_s, uint32_t* generation);
+
 /* Asks the daemon to drain (finish queued and running jobs, accept no new ones) and exit.
  * Returns once the daemon has acknowledged. `runtime_dir` as in gpuq_daemon_status_json().
  * Errors: GPUQ_DISCONNECTED (no daemon), GPUQ_PERMISSION_DENIED, GPUQ_PROTOCOL_MISMATCH,

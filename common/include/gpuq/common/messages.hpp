@@ -164,6 +164,28 @@ std::string encode(const StopReplyMessage& m);
 // A missing draining reads as true.
 Result<StopReplyMessage> decode_stop_reply(std::string_view body);
 
+// RestartRequest: {"pool"}: a rolling restart of that pool (docs/design/live_changes.md). The
+// reply comes when the rollout ends: RestartReply, or an Error saying why it stopped.
+struct RestartRequestMessage {
+  static constexpr MessageType kType = MessageType::kRestartRequest;
+  std::string pool;
+  friend bool operator==(const RestartRequestMessage&, const RestartRequestMessage&) = default;
+};
+std::string encode(const RestartRequestMessage& m);
+// Errors: InvalidArgument when the body is not a JSON object or pool is not a string.
+Result<RestartRequestMessage> decode_restart_request(std::string_view body);
+
+// RestartReply: {"pool", "generation"}: every worker of the pool now runs that generation.
+struct RestartReplyMessage {
+  static constexpr MessageType kType = MessageType::kRestartReply;
+  std::string pool;
+  uint32_t generation = 0;
+  friend bool operator==(const RestartReplyMessage&, const RestartReplyMessage&) = default;
+};
+std::string encode(const RestartReplyMessage& m);
+// Errors: InvalidArgument when the body is not a JSON object or a field is missing or wrong.
+Result<RestartReplyMessage> decode_restart_reply(std::string_view body);
+
 // ---- supervisor <-> worker --------------------------------------------------------------------
 
 // WorkerReady: {"worker", "backend", "plugin_ops"}.

@@ -23,15 +23,17 @@ inline constexpr uint32_t kMaxMessageFds = 4;
 
 enum class MessageType : uint16_t {
   // client <-> supervisor
-  kHello = 1,           // client: {"pid", "name", "arena_bytes"}
-  kWelcome = 2,         // daemon: geometry, pools, ops; fd: the client segment
-  kError = 3,           // daemon: {"code", "message"}
-  kStatusRequest = 4,   // client: {}
-  kStatusReply = 5,     // daemon: the status document (gpuqctl status --json)
-  kStopRequest = 6,     // client: {} - drain and exit
-  kStopReply = 7,       // daemon: {"draining": true}
-  kMetricsRequest = 8,  // client: {}
-  kMetricsReply = 9,    // daemon: {"bytes": N}; fd: a sealed memfd holding the metrics text
+  kHello = 1,            // client: {"pid", "name", "arena_bytes"}
+  kWelcome = 2,          // daemon: geometry, pools, ops; fd: the client segment
+  kError = 3,            // daemon: {"code", "message"}
+  kStatusRequest = 4,    // client: {}
+  kStatusReply = 5,      // daemon: the status document (gpuqctl status --json)
+  kStopRequest = 6,      // client: {} - drain and exit
+  kStopReply = 7,        // daemon: {"draining": true}
+  kMetricsRequest = 8,   // client: {}
+  kMetricsReply = 9,     // daemon: {"bytes": N}; fd: a sealed memfd holding the metrics text
+  kRestartRequest = 10,  // client: {"pool"} - a rolling restart of the pool
+  kRestartReply = 11,    // daemon: {"pool", "generation"} once the rollout has completed
   // supervisor <-> worker
   kWorkerReady = 16,    // worker: {"worker": id, "plugin_ops": [...], "backend": {...}}
   kMapClient = 17,      // supervisor: {"client", "session", geometry}; fd: the client segment
