@@ -277,6 +277,9 @@ void JobWatch::client_leaving(const Client& client, uint64_t now) {
     // The slot's word is the client's to write: believe it only where the worker's private
     // page does not say otherwise (it runs this job, or has not published one yet).
     const Worker& w = *workers_->all()[worker];
+    // A dormant surge seat runs nothing: the word is forged (a track on it would never end,
+    // and would keep the client's segment for good).
+    if (dormant(w)) continue;
     const WorkerPrivate& p = w.priv();
     const uint64_t seq = p.job_seq.load(std::memory_order_acquire);
     const bool running_it = (seq & 1) != 0 && p.job.load(std::memory_order_relaxed) == ref &&
