@@ -253,26 +253,14 @@ Result<WorkerPromoteMessage> decode_worker_promote(std::string_view body) {
   return decode_empty<WorkerPromoteMessage>(body, "WorkerPromote");
 }
 
-// ---- Welcome ----------------------------------------------------------------------------------
+// ---- The catalog: pools and ops (Welcome, CatalogReply) ----------------------------------------
 
-bool operator==(const WelcomeMessage& a, const WelcomeMessage& b) {
-  return a.client == b.client && a.session == b.session && a.slot_count == b.slot_count &&
-         same_geometry(a.geometry, b.geometry) && a.epoch == b.epoch &&
-         a.queue_segment == b.queue_segment && a.daemon_version == b.daemon_version &&
-         a.job_clock == b.job_clock && a.tsc_ns_per_tick == b.tsc_ns_per_tick &&
-         a.pools == b.pools && a.ops == b.ops;
-}
+namespace {
 
-std::string encode(const WelcomeMessage& m) {
-  json j = json::object();
-  put_segment(j, m.client, m.session, m.slot_count, m.geometry);
-  j["epoch"] = m.epoch;
-  j["queue_segment"] = m.queue_segment;
-  j["daemon_version"] = m.daemon_version;
-  j["job_clock"] = stamp_clock_name(m.job_clock);
-  if (m.job_clock == StampClock::kTsc) j["tsc_ns_per_tick"] = m.tsc_ns_per_tick;
+void put_catalog(json& j, const std::vector<WelcomePool>& pool_list,
+                 const std::vector<WelcomeOp>& op_list) {
   json pools = json::array();
-  for (const WelcomePool& p : m.pools) {
+  for (const WelcomePool& p : pool_list) {
     pools.push_back({{"name", p.name},
                      {"id", p.id},
                      {"kind", p.kind},
@@ -284,8 +272,78 @@ std::string encode(const WelcomeMessage& m) {
   }
   j["pools"] = std::move(pools);
   json ops = json::array();
-  for (const WelcomeOp& o : m.ops) ops.push_back({{"name", o.name}, {"id", o.id}});
+  for (const WelcomeOp& o : op_list) ops.push_back({{"name", o.name}, {"id", o.id}});
   j["ops"] = std::move(ops);
+}
+
+// Reads "pools" and "ops" of `j` (`what`: "Welcome" or "CatalogReply") and checks them: pool ids
+// unique, each unavailable pool's fallback an available pool of the list.
+Result<void> get_catalog(const json& j, const std::string& what,
+                         std::vector<WelcomePool>& out_pools, std::vector<WelcomeOp>& out_ops) {
+  auto pools = j.find("pools");
+  if (pools == j.end()) return bad(what + ".pools is missing");
+  if (!pools->is_array()) return bad(what + ".pools must be an array");
+  for (size_t i = 0; i < pools->size(); ++i) {
+    const std::string where = what + ".pools[" + std::to_string(i) + "]";
+    auto pool = decode_pool((*pools)[i], where);
+    if (!pool) return pool.error();
+    const uint32_t id = pool->id;
+    if (std::any_of(out_pools.begin(), out_pools.end(),
+                    [&](const auto& p) { return p.id == id; })) {
+      return bad(where + ".id " + std::to_string(id) + " is given to another pool as well");
+    }
+    out_pools.push_back(std::move(*pool));
+  }
+  for (size_t i = 0; i < out_pools.size(); ++i) {
+    const WelcomePool& pool = out_pools[i];
+    if (pool.available || pool.fallback < 0) continue;
+    auto to = std::find_if(out_pools.begin(), out_pools.end(), [&](const WelcomePool& q) {
+      return static_cast<int64_t>(q.id) == pool.fallback;
+    });
+    if (to == out_pools.end() || !to->available) {
+      return bad(what + ".pools[" + std::to_string(i) + "].fallback of pool '" + pool.name +
+                 "' is " + std::to_string(pool.fallback) + ", which is no available pool");
+    }
+  }
+
+  auto ops = j.find("ops");
+  if (ops == j.end()) return bad(what + ".ops is missing");
+  if (!ops->is_array()) return bad(what + ".ops must be an array");
+  for (size_t i = 0; i < ops->size(); ++i) {
+    const std::string where = what + ".ops[" + std::to_string(i) + "]";
+    const json& o = (*ops)[i];
+    if (!o.is_object()) return bad(where + " must be an object");
+    auto name = get_string(o, where, "name");
+    if (!name) return name.error();
+    auto id = get_unsigned(o, where, "id", kU32);
+    if (!id) return id.error();
+    out_ops.push_back({std::move(*name), static_cast<uint32_t>(*id)});
+  }
+  return {};
+}
+
+}  // namespace
+
+// ---- Welcome ----------------------------------------------------------------------------------
+
+bool operator==(const WelcomeMessage& a, const WelcomeMessage& b) {
+  return a.client == b.client && a.session == b.session && a.slot_count == b.slot_count &&
+         same_geometry(a.geometry, b.geometry) && a.epoch == b.epoch &&
+         a.queue_segment == b.queue_segment && a.daemon_version == b.daemon_version &&
+         a.job_clock == b.job_clock && a.tsc_ns_per_tick == b.tsc_ns_per_tick &&
+         a.catalog == b.catalog && a.pools == b.pools && a.ops == b.ops;
+}
+
+std::string encode(const WelcomeMessage& m) {
+  json j = json::object();
+  put_segment(j, m.client, m.session, m.slot_count, m.geometry);
+  j["epoch"] = m.epoch;
+  j["queue_segment"] = m.queue_segment;
+  j["daemon_version"] = m.daemon_version;
+  j["job_clock"] = stamp_clock_name(m.job_clock);
+  if (m.job_clock == StampClock::kTsc) j["tsc_ns_per_tick"] = m.tsc_ns_per_tick;
+  j["catalog"] = m.catalog;
+  put_catalog(j, m.pools, m.ops);
   return dump(j);
 }
 
@@ -325,44 +383,12 @@ Result<WelcomeMessage> decode_welcome(std::string_view body) {
     }
   }
 
-  auto pools = j.find("pools");
-  if (pools == j.end()) return bad("Welcome.pools is missing");
-  if (!pools->is_array()) return bad("Welcome.pools must be an array");
-  for (size_t i = 0; i < pools->size(); ++i) {
-    const std::string where = "Welcome.pools[" + std::to_string(i) + "]";
-    auto pool = decode_pool((*pools)[i], where);
-    if (!pool) return pool.error();
-    const uint32_t id = pool->id;
-    if (std::any_of(w.pools.begin(), w.pools.end(), [&](const auto& p) { return p.id == id; })) {
-      return bad(where + ".id " + std::to_string(id) + " is given to another pool as well");
-    }
-    w.pools.push_back(std::move(*pool));
+  if (j.contains("catalog")) {  // absent: a daemon from before live changes, generation 0
+    auto catalog = get_unsigned(j, "Welcome", "catalog", kU32);
+    if (!catalog) return catalog.error();
+    w.catalog = static_cast<uint32_t>(*catalog);
   }
-  for (size_t i = 0; i < w.pools.size(); ++i) {
-    const WelcomePool& pool = w.pools[i];
-    if (pool.available || pool.fallback < 0) continue;
-    auto to = std::find_if(w.pools.begin(), w.pools.end(), [&](const WelcomePool& q) {
-      return static_cast<int64_t>(q.id) == pool.fallback;
-    });
-    if (to == w.pools.end() || !to->available) {
-      return bad("Welcome.pools[" + std::to_string(i) + "].fallback of pool '" + pool.name +
-                 "' is " + std::to_string(pool.fallback) + ", which is no available pool");
-    }
-  }
-
-  auto ops = j.find("ops");
-  if (ops == j.end()) return bad("Welcome.ops is missing");
-  if (!ops->is_array()) return bad("Welcome.ops must be an array");
-  for (size_t i = 0; i < ops->size(); ++i) {
-    const std::string where = "Welcome.ops[" + std::to_string(i) + "]";
-    const json& o = (*ops)[i];
-    if (!o.is_object()) return bad(where + " must be an object");
-    auto name = get_string(o, where, "name");
-    if (!name) return name.error();
-    auto id = get_unsigned(o, where, "id", kU32);
-    if (!id) return id.error();
-    w.ops.push_back({std::move(*name), static_cast<uint32_t>(*id)});
-  }
+  if (auto r = get_catalog(j, "Welcome", w.pools, w.ops); !r) return r.error();
   return w;
 }
 
@@ -492,6 +518,34 @@ Result<UnmapClientMessage> decode_unmap_client(std::string_view body) {
   auto session = get_unsigned(j, "UnmapClient", "session", kU64);
   if (!session) return session.error();
   return UnmapClientMessage{static_cast<uint32_t>(*client), *session};
+}
+
+// ---- CatalogRequest, CatalogReply --------------------------------------------------------------
+
+std::string encode(const CatalogRequestMessage&) {
+  return "{}";
+}
+
+Result<CatalogRequestMessage> decode_catalog_request(std::string_view body) {
+  return decode_empty<CatalogRequestMessage>(body, "CatalogRequest");
+}
+
+std::string encode(const CatalogReplyMessage& m) {
+  json j = json::object();
+  j["catalog"] = m.catalog;
+  put_catalog(j, m.pools, m.ops);
+  return dump(j);
+}
+
+Result<CatalogReplyMessage> decode_catalog_reply(std::string_view body) {
+  json j;
+  if (auto r = parse_object(body, "CatalogReply", j); !r) return r.error();
+  CatalogReplyMessage m;
+  auto catalog = get_unsigned(j, "CatalogReply", "catalog", kU32);
+  if (!catalog) return catalog.error();
+  m.catalog = static_cast<uint32_t>(*catalog);
+  if (auto r = get_catalog(j, "CatalogReply", m.pools, m.ops); !r) return r.error();
+  return m;
 }
 
 }  // namespace gpuq

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "gpuq/common/assert.hpp"
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/crc32c.hpp"
 
@@ -198,6 +199,69 @@ Result<uint32_t> add_python_op(const std::string& name, const std::string& summa
   reg.push_back(OpInfo{id.value_or(next), p->name.c_str(), p->summary.c_str(), nullptr,
                        std::nullopt, nullptr, p});
   return reg.back().id;
+}
+
+Result<bool> set_python_pool_ops(uint32_t pool, std::vector<ListedPythonOp>& ops) {
+  auto& reg = registry();
+  auto has_pool = [&](const OpInfo& op) {
+    return op.python != nullptr && std::find(op.python->pools.begin(), op.python->pools.end(),
+                                             pool) != op.python->pools.end();
+  };
+  // Checked whole before anything changes.
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const ListedPythonOp& op = ops[i];
+    const std::string where = "python pool " + std::to_string(pool) + ": op '" + op.name + "'";
+    for (size_t j = 0; j < i; ++j) {
+      if (ops[j].name == op.name)
+        return Error(ErrorCode::kInvalidArgument, where + ": listed twice");
+    }
+    if (!valid_op_name(op.name)) {
+      return Error(ErrorCode::kInvalidArgument,
+                   where + ": the name is not 1-48 characters of [a-z0-9_]");
+    }
+    const BatchSettings& b = op.batching;
+    if (b.max_batch_size < 1 || b.max_batch_size > kMaxBatchSize ||
+        b.max_queue_delay_us > kMaxQueueDelayUs) {
+      return Error(ErrorCode::kInvalidArgument,
+                   where + ": max_batch_size " + std::to_string(b.max_batch_size) + " (1 to " +
+                       std::to_string(kMaxBatchSize) + ") or max_queue_delay_us " +
+                       std::to_string(b.max_queue_delay_us) + " (at most " +
+                       std::to_string(kMaxQueueDelayUs) + ") out of range");
+    }
+    for (const OpInfo& have : reg) {
+      if (op.name == have.name && have.python == nullptr) {
+        return Error(ErrorCode::kInvalidArgument,
+                     where + ": the name is taken by " +
+                         (have.plugin != nullptr ? "plug-in " + have.plugin->library
+                                                 : std::string("a built-in op")));
+      }
+    }
+  }
+  std::vector<std::string> before, after;
+  for (const OpInfo& op : reg) {
+    if (has_pool(op)) before.emplace_back(op.name);
+  }
+  forget_python_pool(pool);
+  for (ListedPythonOp& op : ops) {
+    auto id = add_python_op(op.name, op.summary, pool, std::nullopt, op.batching);
+    GPUQ_ASSERT(id.ok());  // checked above
+    op.id = *id;
+    after.push_back(op.name);
+  }
+  std::sort(before.begin(), before.end());
+  std::sort(after.begin(), after.end());
+  return before != after;
+}
+
+std::vector<ListedPythonOp> python_pool_ops(uint32_t pool) {
+  std::vector<ListedPythonOp> out;
+  for (const OpInfo& op : registry()) {
+    if (op.python == nullptr) continue;
+    const auto& pools = op.python->pools;
+    if (std::find(pools.begin(), pools.end(), pool) == pools.end()) continue;
+    out.push_back({op.name, op.summary, op.python->batching_on(pool), op.id});
+  }
+  return out;
 }
 
 void forget_python_pool(uint32_t pool) {

@@ -126,6 +126,25 @@ Result<uint32_t> add_python_op(const std::string& name, const std::string& summa
                                std::optional<uint32_t> id = std::nullopt,
                                BatchSettings batching = {});
 
+// A Python op as a pool's listing reports it (python_pool.hpp), and the id it has once
+// registered.
+struct ListedPythonOp {
+  std::string name;
+  std::string summary;
+  BatchSettings batching;
+  uint32_t id = 0;  // the id it was registered with
+};
+
+// Makes `ops` the Python ops of `pool`, all or nothing: each listed name keeps the id it has
+// (in any pool), a new name gets the next free id (a removed op's id is never given again),
+// `pool` leaves every op not listed, and each op's batching on `pool` is the listed one. Sets
+// each op's `id`. True when the pool's op names changed. Errors (nothing changed): as
+// add_python_op's, and InvalidArgument for a name listed twice. Supervisor only (single
+// thread); a worker's registry is made once, at its start.
+Result<bool> set_python_pool_ops(uint32_t pool, std::vector<ListedPythonOp>& ops);
+// The Python ops of `pool` as set_python_pool_ops takes them (registry order).
+std::vector<ListedPythonOp> python_pool_ops(uint32_t pool);
+
 // Appends plug-in ops to this process's registry, ids kFirstPluginOpId onwards, in order. Call
 // once at start-up, before any thread reads the registry (not thread-safe; the registry is
 // immutable afterwards). Errors: InvalidArgument naming the op and its plug-in when a name is

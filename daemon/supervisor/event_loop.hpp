@@ -23,11 +23,12 @@ enum class Tag : uint64_t {
   kConnection,  // a client's socket; id: the connection id
   kClientExit,  // a client's pidfd (the process has exited); id: the connection id
   kWorkerControl,
-  kWorkerOut,  // id: {worker id << 1 | 1 for stderr}
-  kWatchdog,   // the watchdog keep-alive timer (service_link.cpp)
-  kTestHook,   // SIGUSR2 with GPUQ_TEST_HOOKS=1 (service_link.cpp)
-  kMetrics,    // the HTTP listener's eventfd: scrapes waiting for the metrics text
-  kGpuSampler  // the GPU sampler's stdout (gpu_sampler.hpp)
+  kWorkerOut,   // id: {worker id << 1 | 1 for stderr}
+  kWatchdog,    // the watchdog keep-alive timer (service_link.cpp)
+  kTestHook,    // SIGUSR2 with GPUQ_TEST_HOOKS=1 (service_link.cpp)
+  kMetrics,     // the HTTP listener's eventfd: scrapes waiting for the metrics text
+  kGpuSampler,  // the GPU sampler's stdout (gpu_sampler.hpp)
+  kListing,     // a Python pool's op listing's output (op_listing.hpp); id: OpListings::tag_id
 };
 constexpr uint64_t make_tag(Tag t, uint64_t id) {
   return (static_cast<uint64_t>(t) << 56) | id;

@@ -4,6 +4,7 @@
 #include <string_view>
 #include <utility>
 
+#include "gpuq/common/clock.hpp"
 #include "gpuq/common/log.hpp"
 
 namespace gpuq::daemon {
@@ -66,8 +67,13 @@ RolloutStep PoolRollout::next_step(std::span<const RolloutSeat> seats, uint32_t 
   return {Kind::kDone};
 }
 
-PoolRollout::PoolRollout(WorkerSet& workers, SparePool& spares, const Config& config)
-    : workers_(workers), spares_(spares), config_(config), pools_(config.pools.size()) {}
+PoolRollout::PoolRollout(WorkerSet& workers, SparePool& spares, const Config& config,
+                         OpListings* listings)
+    : workers_(workers),
+      spares_(spares),
+      config_(config),
+      listings_(listings),
+      pools_(config.pools.size()) {}
 
 std::vector<RolloutSeat> PoolRollout::seats_of(uint32_t pool) const {
   std::vector<RolloutSeat> out;
@@ -98,13 +104,48 @@ Result<uint32_t> PoolRollout::start(uint32_t pool) {
     return Error(ErrorCode::kInvalidArgument,
                  "a rolling restart of pool " + pc.name + " is in progress already");
   }
+  const bool list = pc.python && listings_ != nullptr;
+  if (list) {
+    if (auto started = listings_->start(pool, pc, monotonic_ns()); !started) {
+      return Error(started.error().code(),
+                   "rolling restart of pool " + pc.name +
+                       ": cannot list its ops: " + started.error().message());
+    }
+  }
   const uint32_t g = workers_.generation(pool) + 1;
   workers_.set_generation(pool, g);
-  r.running = true;
-  r.failure.clear();
+  r = PoolRolling{true, list, false, false, {}, {}, r.completed, r.failed};
   GPUQ_LOG_INFO("pool %s: rolling restart to generation %u", pc.name.c_str(), g);
   advance(pool);
   return g;
+}
+
+void PoolRollout::listed(uint32_t pool, Result<std::vector<ListedPythonOp>> ops,
+                         const PythonListingDetail& detail) {
+  if (pool >= pools_.size() || !pools_[pool].listing) return;
+  PoolRolling& r = pools_[pool];
+  r.listing = false;
+  const std::string& name = config_.pools[pool].name;
+  const std::string stopped =
+      "rolling restart of pool " + name + " stopped, the old workers serve on: ";
+  if (!ops) {
+    const std::string err = tail(detail.stderr_text);
+    // Its modules do not import: the new version does not start, as a new worker's death says.
+    const ErrorCode code =
+        ops.error().code() == ErrorCode::kTimeout ? ErrorCode::kTimeout : ErrorCode::kWorkerDied;
+    return end(pool, Error(code, stopped + "the new version's ops cannot be listed: " +
+                                     ops.error().message() + (err.empty() ? "" : ":\n" + err)));
+  }
+  r.old_ops = python_pool_ops(pool);
+  auto changed = set_python_pool_ops(pool, *ops);
+  if (!changed)
+    return end(pool, Error(changed.error().code(), stopped + changed.error().message()));
+  if (*changed) {
+    r.ops_changed = true;
+    workers_.set_python_ops(pool, python_op_list(pool));
+    GPUQ_LOG_INFO("pool %s: the new version's ops: %s", name.c_str(), python_op_list(pool).c_str());
+  }
+  advance(pool);
 }
 
 void PoolRollout::worker_exited(const Worker& w) {
@@ -127,6 +168,7 @@ void PoolRollout::step() {
 }
 
 void PoolRollout::advance(uint32_t pool) {
+  if (pools_[pool].listing) return;  // listed() goes on
   // Each action changes what the next look sees (a seat starts, a worker retires), so that one
   // look after another ends in a wait, the end, or a failure.
   for (int i = 0; i < 8 && pools_[pool].running; ++i) {
@@ -150,6 +192,7 @@ void PoolRollout::advance(uint32_t pool) {
                       config_.pools[pool].name.c_str(), s.seat, workers_.at(s.seat).generation,
                       s.old);
         spares_.take_over(workers_.at(s.seat), workers_.at(s.old));
+        pools_[pool].swapped = true;
         break;
       case Kind::kDone:
         end(pool, {});
@@ -176,6 +219,16 @@ void PoolRollout::end(uint32_t pool, const Result<void>& outcome) {
   PoolRolling& r = pools_[pool];
   if (!r.running) return;
   r.running = false;
+  if (r.listing && listings_ != nullptr) listings_->cancel(pool);
+  r.listing = false;
+  if (!outcome && r.ops_changed && !r.swapped) {
+    // No new worker serves: the ops are the old workers' again.
+    (void)set_python_pool_ops(pool, r.old_ops);
+    workers_.set_python_ops(pool, python_op_list(pool));
+    r.ops_changed = false;
+  }
+  if (r.ops_changed && on_ops_changed_) on_ops_changed_(pool);
+  r.ops_changed = false;
   if (outcome) {
     ++r.completed;
     GPUQ_LOG_INFO("pool %s: rolling restart to generation %u done",

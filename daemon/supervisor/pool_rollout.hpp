@@ -7,6 +7,13 @@
 // exits. Old spares are retired and started again at the new generation first. The pool never
 // has fewer ready active workers than before, and nothing here touches a job or a ring.
 //
+// A Python pool's rollout first lists the pool's ops anew (OpListings, without blocking the
+// loop): a version that does not import is refused before any process starts; ops added or
+// removed are registered (set_python_pool_ops: names keep their ids, new ones get new ids) and
+// the new workers get the new list. The catalog clients see changes when the rollout ends
+// (on_ops_changed), once new workers serve; a rollout that fails before any swap puts the old
+// list back.
+//
 // If a new process does not become ready (an import error, on_start raising, start_timeout_ms,
 // an exit), the rollout stops: no further swap, the old workers serve on, and the reason (the
 // new worker's stderr tail) is kept until the next rollout of the pool.
@@ -24,6 +31,7 @@
 #include <vector>
 
 #include "gpuq/error.hpp"
+#include "op_listing.hpp"
 #include "spare_pool.hpp"
 #include "worker_set.hpp"
 
@@ -62,7 +70,9 @@ struct RolloutStep {
 
 class PoolRollout {
  public:
-  PoolRollout(WorkerSet& workers, SparePool& spares, const Config& config);
+  // `listings`: where a Python pool's ops are listed anew; null: they are not (a test's).
+  PoolRollout(WorkerSet& workers, SparePool& spares, const Config& config,
+              OpListings* listings = nullptr);
 
   // Pure: what a rollout of a pool to `generation` does next, given the pool's entries.
   static RolloutStep next_step(std::span<const RolloutSeat> seats, uint32_t generation);
@@ -72,10 +82,20 @@ class PoolRollout {
     on_end_ = std::move(fn);
   }
 
+  // Called when a rollout that ends changed the pool's ops (some new worker serves them): the
+  // catalog is to be published again.
+  void set_on_ops_changed(std::function<void(uint32_t pool)> fn) {
+    on_ops_changed_ = std::move(fn);
+  }
+
   // Starts a rollout of `pool`: its generation is raised. Returns it. Errors: NotFound when
   // the pool has no workers (an unavailable gpu pool: its reason), InvalidArgument when a
-  // rollout of it is in progress already.
+  // rollout of it is in progress already; the listing's start (a Python pool).
   Result<uint32_t> start(uint32_t pool);
+  // A Python pool's listing has ended (OpListings' on_done): the rollout goes on with the ops
+  // listed, or stops, naming why (the module that failed, the stderr's tail).
+  void listed(uint32_t pool, Result<std::vector<ListedPythonOp>> ops,
+              const PythonListingDetail& detail);
   // A worker of some pool has exited (reaped): a new process of a rollout that died before it
   // was ready fails its rollout.
   void worker_exited(const Worker& w);
@@ -93,6 +113,10 @@ class PoolRollout {
  private:
   struct PoolRolling {
     bool running = false;
+    bool listing = false;                 // waiting for the pool's ops listed anew
+    bool swapped = false;                 // a new worker has taken an old one's place
+    bool ops_changed = false;             // the listing changed the pool's op names
+    std::vector<ListedPythonOp> old_ops;  // the pool's ops before the listing
     std::string failure;
     uint64_t completed = 0;
     uint64_t failed = 0;
@@ -104,8 +128,10 @@ class PoolRollout {
   WorkerSet& workers_;
   SparePool& spares_;
   const Config& config_;
+  OpListings* listings_;
   std::vector<PoolRolling> pools_;
   std::function<void(uint32_t, const Result<void>&)> on_end_;
+  std::function<void(uint32_t)> on_ops_changed_;
 };
 
 }  // namespace gpuq::daemon

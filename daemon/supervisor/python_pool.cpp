@@ -40,36 +40,46 @@ bool is_module_file(const std::string& file, const std::string& module) {
          file == rel + ".py";
 }
 
-// Runs the pool's listing child; its ops, or why not (the whole stderr in `traceback`).
-Result<std::vector<ListedPythonOp>> list_python_ops(const PoolConfig& pool, uint32_t pool_id,
-                                                    std::string* traceback) {
+}  // namespace
+
+PythonListingCommand python_listing_command(const PoolConfig& pool, uint32_t pool_id) {
   const PythonPoolConfig& py = *pool.python;
-  std::vector<std::string> argv = python_worker_command(py);
-  argv.insert(argv.end(), {"--list-ops", "--pool-id", std::to_string(pool_id)});
-  for (const auto& m : py.modules) argv.insert(argv.end(), {"--module", m});
-  for (const auto& p : py.path) argv.insert(argv.end(), {"--path", p});
-  std::vector<std::string> env = python_environment(py);
-  env.emplace_back("CUDA_VISIBLE_DEVICES=-1");  // the listing sees no GPU
-  auto child = run_child_for_output(argv, env, kPythonListTimeoutMs);
-  if (!child) {
-    return Error(ErrorCode::kInvalidArgument, "listing its ops " + child.error().message());
-  }
-  *traceback = child->err;
-  if (!WIFEXITED(child->status) || WEXITSTATUS(child->status) != 0) {
-    std::string why = last_line(child->err);
+  PythonListingCommand c;
+  c.argv = python_worker_command(py);
+  c.argv.insert(c.argv.end(), {"--list-ops", "--pool-id", std::to_string(pool_id)});
+  for (const auto& m : py.modules) c.argv.insert(c.argv.end(), {"--module", m});
+  for (const auto& p : py.path) c.argv.insert(c.argv.end(), {"--path", p});
+  c.env = python_environment(py);
+  c.env.emplace_back("CUDA_VISIBLE_DEVICES=-1");  // the listing sees no GPU
+  return c;
+}
+
+Result<std::vector<ListedPythonOp>> parse_python_listing(const PoolConfig& pool,
+                                                         const std::string& out,
+                                                         const std::string& err, int status,
+                                                         PythonListingDetail* detail) {
+  const PythonPoolConfig& py = *pool.python;
+  *detail = {};
+  detail->stderr_text = err;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string why = last_line(err);
     if (why.find("No module named 'gpuq'") != std::string::npos) {
       why += " (install gpuq in the environment of " + py.interpreter + ")";
     }
-    const std::string module = failing_module(py.modules, child->err);
+    detail->module = failing_module(py.modules, err);
     return Error(ErrorCode::kInvalidArgument,
-                 (module.empty() ? std::string("listing its ops failed")
-                                 : "importing module '" + module + "' failed") +
-                     " (" + describe_child_status(child->status) + ")" +
+                 (detail->module.empty() ? std::string("listing its ops failed")
+                                         : "importing module '" + detail->module + "' failed") +
+                     " (" + describe_child_status(status) + ")" +
                      (why.empty() ? std::string() : ": " + why));
   }
   std::vector<ListedPythonOp> ops;
+  ListedPythonOp call;
+  call.name = kPythonCallOp;
+  call.summary = "runs a client's pickled callable (gpuq.Executor)";
+  ops.push_back(std::move(call));
   try {
-    for (const auto& j : nlohmann::json::parse(child->out)) {
+    for (const auto& j : nlohmann::json::parse(out)) {
       ListedPythonOp op;
       op.name = j.at("name").get<std::string>();
       op.summary = j.at("summary").get<std::string>();
@@ -83,7 +93,16 @@ Result<std::vector<ListedPythonOp>> list_python_ops(const PoolConfig& pool, uint
   return ops;
 }
 
-}  // namespace
+Result<void> resolve_python_interpreter(PoolConfig& pool) {
+  const std::string found = find_executable(pool.python->interpreter);
+  if (found.empty()) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "python.interpreter: '" + pool.python->interpreter +
+                     "' is not an executable (an absolute path, or a name in PATH)");
+  }
+  pool.python->interpreter = found;
+  return {};
+}
 
 std::vector<std::string> python_worker_command(const PythonPoolConfig& py) {
   return {py.interpreter, "-c",
@@ -160,30 +179,17 @@ std::string failing_module(const std::vector<std::string>& modules, const std::s
 Result<std::vector<ListedPythonOp>> learn_python_pool(PoolConfig& pool, uint32_t pool_id,
                                                       PythonListingDetail* detail) {
   *detail = {};
-  const std::string found = find_executable(pool.python->interpreter);
-  if (found.empty()) {
-    return Error(ErrorCode::kInvalidArgument,
-                 "python.interpreter: '" + pool.python->interpreter +
-                     "' is not an executable (an absolute path, or a name in PATH)");
+  if (auto r = resolve_python_interpreter(pool); !r) return r.error();
+  const PythonListingCommand command = python_listing_command(pool, pool_id);
+  auto child = run_child_for_output(command.argv, command.env, kPythonListTimeoutMs);
+  if (!child) {
+    return Error(ErrorCode::kInvalidArgument, "listing its ops " + child.error().message());
   }
-  pool.python->interpreter = found;
-  auto ops = list_python_ops(pool, pool_id, &detail->stderr_text);
-  if (!ops) {
-    detail->module = failing_module(pool.python->modules, detail->stderr_text);
-    return ops.error();
-  }
-  ListedPythonOp call;
-  call.name = kPythonCallOp;
-  call.summary = "runs a client's pickled callable (gpuq.Executor)";
-  ops->insert(ops->begin(), std::move(call));
-  for (ListedPythonOp& op : *ops) {
-    auto id = add_python_op(op.name, op.summary, pool_id, std::nullopt, op.batching);
-    if (!id) {
-      // No op is this pool's, not even those registered before the one that failed.
-      forget_python_pool(pool_id);
-      return Error(ErrorCode::kInvalidArgument, id.error().message());
-    }
-    op.id = *id;
+  auto ops = parse_python_listing(pool, child->out, child->err, child->status, detail);
+  if (!ops) return ops.error();
+  if (auto r = set_python_pool_ops(pool_id, *ops); !r) {
+    // No op is this pool's (set_python_pool_ops changed nothing).
+    return Error(ErrorCode::kInvalidArgument, r.error().message());
   }
   return ops;
 }

@@ -29,19 +29,31 @@ std::vector<std::string> python_worker_command(const PythonPoolConfig& py);
 // process's, less the CUDA variables, plus the pool's `python.env` and PYTHONUNBUFFERED=1.
 std::vector<std::string> python_environment(const PythonPoolConfig& py);
 
-// A Python op as the pool's listing child reports it.
-struct ListedPythonOp {
-  std::string name;
-  std::string summary;
-  BatchSettings batching;
-  uint32_t id = 0;  // the id it was registered with
-};
-
 // More on a failed listing than its error's one line.
 struct PythonListingDetail {
   std::string module;       // the pool's module that failed to import; empty when unknown
   std::string stderr_text;  // all the child printed on stderr (the traceback); empty: nothing
 };
+
+// The listing child of pool `pool_id` (`pool` must have `python`, its interpreter resolved):
+// its argv and environment. Its stdout is the op list, its stderr what the modules printed.
+struct PythonListingCommand {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;
+};
+PythonListingCommand python_listing_command(const PoolConfig& pool, uint32_t pool_id);
+
+// What a listing child's output says: its ops, python_call first (not registered yet), or why
+// not, in one line ("importing module 'm' failed (exit status 1): RuntimeError: ..."), with
+// `detail` filled from `err`. `status`: as waitpid() reports it.
+Result<std::vector<ListedPythonOp>> parse_python_listing(const PoolConfig& pool,
+                                                         const std::string& out,
+                                                         const std::string& err, int status,
+                                                         PythonListingDetail* detail);
+
+// Resolves the pool's interpreter in PATH (writing the absolute path back into
+// `pool.python->interpreter`). Errors: InvalidArgument naming python.interpreter.
+Result<void> resolve_python_interpreter(PoolConfig& pool);
 
 // Lists pool `pool_id`'s ops (`pool` must have `python`) as the daemon does: resolves its
 // interpreter in PATH (writing the absolute path back into `pool.python->interpreter`), runs the

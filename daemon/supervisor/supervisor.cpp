@@ -39,6 +39,7 @@ MapClientMessage map_client_message(const Client& c) {
 Supervisor::Supervisor(SupervisorOptions options)
     : options_(std::move(options)),
       files_(options_.config, options_.runtime_dir),
+      catalog_(options_.config, plan_, files_.queue()),
       clients_(options_.config, files_.queue(), loop_),
       recovery_(options_.config, files_.queue(), clients_, job_clock_),
       watch_(options_.config, clients_, stamps_),
@@ -145,8 +146,16 @@ Result<void> Supervisor::start() {
     rollouts_->step();  // a new worker of a rollout may take an old one's place now
   });
   workers_->set_on_forced([this](Worker& w) { spares_->vacated(w); });
-  rollouts_ = std::make_unique<PoolRollout>(*workers_, *spares_, options_.config);
+  listings_ = std::make_unique<OpListings>(loop_, *options_.launcher,
+                                           uint64_t{kPythonListTimeoutMs} * 1'000'000);
+  rollouts_ = std::make_unique<PoolRollout>(*workers_, *spares_, options_.config, listings_.get());
   rollouts_->set_on_end([this](uint32_t pool, const Result<void>& r) { restart_ended(pool, r); });
+  listings_->set_on_done([this](uint32_t pool, Result<std::vector<ListedPythonOp>> ops,
+                                const PythonListingDetail& detail) {
+    rollouts_->listed(pool, std::move(ops), detail);
+  });
+  // New ops are published once a new worker serves them: connected clients see them then.
+  rollouts_->set_on_ops_changed([this](uint32_t) { catalog_.publish(); });
   const StatusReport::Sources sources{&options_.config,
                                       &plan_,
                                       &files_.queue(),
@@ -187,6 +196,7 @@ Result<void> Supervisor::start() {
                     r.error().to_string().c_str());
     }
   }
+  catalog_.publish();  // before the first Welcome
   QueueView& queue = files_.queue();
   queue.header().daemon_state.store(static_cast<uint32_t>(DaemonState::kRunning),
                                     std::memory_order_release);
@@ -223,6 +233,7 @@ void Supervisor::on_worker_started(Worker& w) {
 
 void Supervisor::on_child_exit(pid_t pid, int status) {
   if (gpu_sampler_ && gpu_sampler_->on_exit(pid, status)) return;
+  if (listings_ && listings_->on_exit(pid, status)) return;
   auto exit = workers_->reap(pid, status, monotonic_ns());
   if (!exit) return;  // not a worker (a discovery or plug-in listing child is reaped there)
   // A ready spare takes its place first: a job retried below goes to a worker that is warm.
@@ -366,12 +377,21 @@ void Supervisor::handle_message(Client& client, Message& msg) {
     case MessageType::kRestartRequest:
       restart_pool(client, msg.body);
       return;
+    case MessageType::kCatalogRequest:
+      send_catalog(client);
+      return;
     default:
       (void)send_message(client.fd.get(), MessageType::kError,
                          error_body(Error(ErrorCode::kInvalidArgument,
                                           "unexpected message type " +
                                               std::to_string(static_cast<int>(msg.type)))));
   }
+}
+
+void Supervisor::send_catalog(Client& client) {
+  (void)send_message(
+      client.fd.get(), CatalogReplyMessage::kType,
+      encode(CatalogReplyMessage{catalog_.generation(), catalog_.pools(), catalog_.ops()}));
 }
 
 // Hello: register the client, hand its segment to every worker, then Welcome it (the workers
@@ -388,7 +408,6 @@ void Supervisor::admit_client(Client& client, const std::string& hello_body) {
     return;
   }
   if (auto r = clients_.admit(client, hello_body, draining_); !r) return refuse(r.error());
-  const Config& c = options_.config;
   const MapClientMessage map = map_client_message(client);
   workers_->send_all(MapClientMessage::kType, encode(map), client.segment.fd());
 
@@ -402,15 +421,9 @@ void Supervisor::admit_client(Client& client, const std::string& hello_body) {
   welcome.daemon_version = GPUQ_VERSION;
   welcome.job_clock = job_clock_;
   if (job_clock_ == StampClock::kTsc) welcome.tsc_ns_per_tick = tsc_rate_.ns_per_tick();
-  for (uint32_t p = 0; p < c.pools.size(); ++p) {
-    const PoolShm& ps = files_.queue().pool(p);
-    // "available", "reason" and "fallback" (the pool id that runs this pool's jobs while it is
-    // unavailable, or -1): a client checks them in submit (docs/design/protocol.md).
-    welcome.pools.push_back({c.pools[p].name, p, c.pools[p].kind == PoolKind::kGpu ? "gpu" : "cpu",
-                             ps.capacity, ps.client_share, plan_.pools[p].available,
-                             plan_.pools[p].reason, c.pools[p].fallback_pool});
-  }
-  for (const auto& op : op_registry()) welcome.ops.push_back({op.name, op.id});
+  welcome.catalog = catalog_.generation();
+  welcome.pools = catalog_.pools();
+  welcome.ops = catalog_.ops();
   if (auto r = send_message(client.fd.get(), WelcomeMessage::kType, encode(welcome),
                             {client.segment.fd()});
       !r) {
@@ -478,6 +491,9 @@ Result<bool> Supervisor::step(int timeout_ms) {
       case Tag::kGpuSampler:
         if (gpu_sampler_) gpu_sampler_->on_readable(monotonic_ns());
         break;
+      case Tag::kListing:
+        if (listings_) listings_->on_output(tag_id(tag));
+        break;
     }
   }
   update_pools(monotonic_ns());
@@ -543,6 +559,7 @@ void Supervisor::on_timer() {
   recovery_.tick(now);
   watch_.tick(now);
   workers_->tick(now);
+  listings_->tick(now);
   rollouts_->step();
   clients_.release_retired();
 }
@@ -688,6 +705,7 @@ void Supervisor::on_metrics_requests() {
 void Supervisor::cleanup() {
   metrics_http_.reset();  // its thread first: nothing may queue a scrape after this
   gpu_sampler_.reset();
+  if (listings_) listings_->stop_all();
   files_.remove();
   if (workers_) workers_->kill_all();
 }

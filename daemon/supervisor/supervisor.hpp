@@ -5,11 +5,13 @@
 //   WorkerSet       worker processes: spawn (through a ProcessLauncher), control channel,
 //                   output, exit, back-off, stop
 //   ClientRegistry  connections: accept, authenticate, register, unregister, index reuse
+//   Catalog         the pools and ops clients are told of, and its generation
 //   JobRecovery     jobs a dead worker or a scribbling client would lose; the ring audit;
 //                   the queued jobs of a pool that is down
 //   PoolOutage      which pools have had no ready worker for pool_down_fail_ms (down)
 //   SparePool       spare workers: which one takes a dead or stopped worker's place
 //   PoolRollout     rolling restarts: new workers made ready, then swapped in one by one
+//   OpListings      a Python pool's ops listed anew for a rollout, without blocking the loop
 //   StatusReport    the status document and pool health
 //   MetricsReport   the metrics text (docs/metrics.md); GpuSampler, NVML in a child
 // One epoll loop handles the listening socket, client connections, signals (signalfd), worker
@@ -25,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "catalog.hpp"
 #include "client_registry.hpp"
 #include "config.hpp"
 #include "event_loop.hpp"
@@ -37,6 +40,7 @@
 #include "job_watch.hpp"
 #include "metrics_http.hpp"
 #include "metrics_report.hpp"
+#include "op_listing.hpp"
 #include "pool_outage.hpp"
 #include "pool_plan.hpp"
 #include "pool_rollout.hpp"
@@ -103,6 +107,8 @@ class Supervisor {
   // RestartRequest: starts (or joins) a rollout of the pool; the reply goes when it ends.
   void restart_pool(Client& client, const std::string& body);
   void restart_ended(uint32_t pool, const Result<void>& outcome);
+  // CatalogRequest: the pools and ops as published now.
+  void send_catalog(Client& client);
   // Pools that cannot serve: after each round, each pool's ready workers go to outage_, and a
   // pool that is down stops accepting jobs and has its queued ones failed.
   void update_pools(uint64_t now);
@@ -136,12 +142,14 @@ class Supervisor {
   PoolPlan plan_;
   EventLoop loop_;
   RuntimeFiles files_;
+  Catalog catalog_;
   ClientRegistry clients_;
   JobRecovery recovery_;
   JobWatch watch_;
   PoolOutage outage_;
   std::unique_ptr<WorkerSet> workers_;     // made in start(), once the segment has a name
   std::unique_ptr<SparePool> spares_;      // with workers_
+  std::unique_ptr<OpListings> listings_;   // a rollout's listing of a Python pool's ops
   std::unique_ptr<PoolRollout> rollouts_;  // with workers_
   // Clients waiting for a rollout's end: {pool, connection id}.
   std::vector<std::pair<uint32_t, uint64_t>> restart_waiters_;

@@ -171,6 +171,11 @@ class WorkerSet {
   // A pool's generation: what the processes started from now on run (PoolRollout raises it).
   uint32_t generation(uint32_t pool) const { return generations_[pool]; }
   void set_generation(uint32_t pool, uint32_t g) { generations_[pool] = g; }
+  // The op list (python_op_list) a Python pool's workers start with from now on and must report
+  // ready with (a rollout re-listed the pool's ops).
+  void set_python_ops(uint32_t pool, std::string list) {
+    options_.python_ops[pool] = std::move(list);
+  }
   // Tells `w`, which serves no job now (a spare, or an active worker whose place a spare has
   // just taken: its `hold` is kHoldSpare), to stop once its running job ends (WorkerStop).
   void retire(Worker& w);

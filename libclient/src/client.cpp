@@ -66,6 +66,67 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     int fallback = -1;  // while unavailable: the id of the pool that runs its jobs, or -1
   };
 
+  // The daemon's pools and ops as one Welcome or CatalogReply gave them (immutable).
+  struct Catalog {
+    uint32_t generation = 0;  // QueueHeader::catalog_generation it is of
+    std::vector<Pool> pools;
+    std::vector<PoolInfo> infos;  // Client::pools()
+    OpTable ops;
+
+    const Pool* find_pool(std::string_view name) const noexcept {
+      for (const Pool& p : pools) {
+        if (p.info.name == name) return &p;
+      }
+      return nullptr;
+    }
+    const Pool* find_pool_id(uint32_t id) const noexcept {
+      for (const Pool& p : pools) {
+        if (p.id == id) return &p;
+      }
+      return nullptr;
+    }
+  };
+
+  // A catalog of the pools and ops a Welcome or CatalogReply gave (decode_welcome and
+  // decode_catalog_reply checked them: unique ids, each unavailable pool's fallback available).
+  static std::unique_ptr<Catalog> make_catalog(uint32_t generation,
+                                               std::vector<WelcomePool> welcome_pools,
+                                               std::vector<WelcomeOp> welcome_ops) {
+    auto c = std::make_unique<Catalog>();
+    c->generation = generation;
+    for (WelcomePool& p : welcome_pools) {
+      Pool pool;
+      pool.id = p.id;
+      pool.info.name = std::move(p.name);
+      pool.info.kind = std::move(p.kind);
+      pool.info.capacity = p.capacity;
+      pool.info.client_share = p.client_share;
+      pool.info.available = p.available;
+      pool.info.unavailable_reason = std::move(p.reason);
+      if (!pool.info.available) pool.fallback = p.fallback;
+      c->pools.push_back(std::move(pool));
+    }
+    for (Pool& pool : c->pools) {
+      const Pool* to =
+          pool.info.available ? nullptr : c->find_pool_id(static_cast<uint32_t>(pool.fallback));
+      pool.info.runs_on = pool.info.available ? pool.info.name
+                          : to != nullptr     ? to->info.name
+                                              : std::string();
+      c->infos.push_back(pool.info);
+    }
+    std::vector<std::pair<std::string, uint32_t>> ops;
+    for (WelcomeOp& o : welcome_ops) ops.emplace_back(std::move(o.name), o.id);
+    c->ops = OpTable(std::move(ops));
+    return c;
+  }
+
+  // Whether every pool of `c` has a record in the queue segment as this client mapped it.
+  bool fits_queue(const Catalog& c) const noexcept {
+    return !c.pools.empty() && std::all_of(c.pools.begin(), c.pools.end(), [&](const Pool& p) {
+      return p.id < queue_.layout().pool_count;
+    });
+  }
+
   ~ClientImpl() = default;  // members unmap and close; the daemon sees the socket close
 
   bool forked() const noexcept {
@@ -141,30 +202,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     epoch_ = w.epoch;
     slot_count_ = w.slot_count;
     const ClientSegmentGeometry g = w.geometry;
-    for (WelcomePool& p : w.pools) {
-      Pool pool;
-      pool.id = p.id;
-      pool.info.name = std::move(p.name);
-      pool.info.kind = std::move(p.kind);
-      pool.info.capacity = p.capacity;
-      pool.info.client_share = p.client_share;
-      pool.info.available = p.available;
-      pool.info.unavailable_reason = std::move(p.reason);
-      if (!pool.info.available) pool.fallback = p.fallback;
-      pools_.push_back(std::move(pool));
-    }
-    for (Pool& pool : pools_) {
-      auto to = std::find_if(pools_.begin(), pools_.end(), [&](const Pool& q) {
-        return static_cast<int>(q.id) == pool.fallback;
-      });
-      pool.info.runs_on = pool.info.available  ? pool.info.name
-                          : to != pools_.end() ? to->info.name
-                                               : std::string();
-      pool_infos_.push_back(pool.info);
-    }
-    std::vector<std::pair<std::string, uint32_t>> ops;
-    for (WelcomeOp& o : w.ops) ops.emplace_back(std::move(o.name), o.id);
-    ops_ = OpTable(std::move(ops));
+    auto catalog = make_catalog(w.catalog, std::move(w.pools), std::move(w.ops));
     // What the job stamps count in (clock.hpp, "Job stamps").
     stamps_.clock = w.job_clock;
     if (stamps_.clock == StampClock::kTsc) stamps_.ns_per_tick = w.tsc_ns_per_tick;
@@ -176,12 +214,12 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     queue_ = *view;
     const QueueHeader& h = queue_.header();
     if (h.epoch != epoch_ || index_ >= queue_.layout().max_clients ||
-        slot_count_ > kMaxSlotsPerClient || pools_.empty() ||
-        std::any_of(pools_.begin(), pools_.end(),
-                    [&](const Pool& p) { return p.id >= queue_.layout().pool_count; })) {
+        slot_count_ > kMaxSlotsPerClient || !fits_queue(*catalog)) {
       return Error(ErrorCode::kProtocolMismatch,
                    "the daemon's queue segment does not match its handshake");
     }
+    catalog_.store(catalog.get(), std::memory_order_release);
+    catalogs_.push_back(std::move(catalog));
     auto seg = MemfdSegment::map(std::move(m->fds[0]), g.segment_bytes);
     if (!seg) return seg.error();
     segment_ = std::move(*seg);
@@ -191,6 +229,44 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     readers_ = std::make_unique<std::atomic<uint32_t>[]>(slot_count_);
     arena_.reset(view_.arena_bytes());
     return {};
+  }
+
+  // ---- The catalog: pools and ops ----
+
+  // The catalog held now. Each one stays until the client is destroyed (a reference from
+  // pools() or a Pool* of a submit in flight stays valid); they are few (one per change of the
+  // daemon's pools or ops that this client looked at).
+  const Catalog& catalog() const noexcept { return *catalog_.load(std::memory_order_acquire); }
+
+  // The catalog, asked of the daemon again first when the queue header's generation says it
+  // changed since (docs/design/live_changes.md, "Clients see it without reconnecting"): on a
+  // name that does not resolve, and in pools()/ops(). One relaxed load when nothing changed.
+  // A failed request keeps the catalog held (the error is the caller's, when it needs one).
+  const Catalog& fresh_catalog() {
+    const Catalog* held = catalog_.load(std::memory_order_acquire);
+    if (forked() ||
+        queue_.header().catalog_generation.load(std::memory_order_relaxed) == held->generation) {
+      return *held;
+    }
+    std::lock_guard lock(catalog_mutex_);
+    held = catalog_.load(std::memory_order_relaxed);
+    if (queue_.header().catalog_generation.load(std::memory_order_acquire) == held->generation) {
+      return *held;
+    }
+    // On this client's own connection: the daemon that registered it answers (a fresh
+    // connection might reach a daemon started since). Nothing else reads the socket after
+    // Welcome; the mutex keeps two requests from crossing.
+    auto sent = channel::send_request(socket_.get(), CatalogRequestMessage::kType,
+                                      encode(CatalogRequestMessage{}));
+    auto m = sent ? channel::receive_reply(socket_.get()) : Result<Message>(sent.error());
+    if (!m || m->type != CatalogReplyMessage::kType) return *held;
+    auto reply = decode_catalog_reply(m->body);
+    if (!reply || reply->catalog == held->generation) return *held;
+    auto next = make_catalog(reply->catalog, std::move(reply->pools), std::move(reply->ops));
+    if (!fits_queue(*next)) return *held;  // a pool this client's layout has no record of
+    catalog_.store(next.get(), std::memory_order_release);
+    catalogs_.push_back(std::move(next));
+    return *catalogs_.back();
   }
 
   // ---- Buffers ----
@@ -441,22 +517,24 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
   Result<Job> submit(const JobSpec& spec, int64_t timeout_ns, bool blocking) {
     if (forked()) return forked_error();
-    const uint32_t* op = ops_.find(spec.op);
+    const Catalog* cat = &catalog();
+    const uint32_t* op = cat->ops.find(spec.op);
+    const Pool* pool = spec.pool.empty() ? &cat->pools.front() : cat->find_pool(spec.pool);
+    if (op == nullptr || pool == nullptr) {
+      // A name this catalog does not have: the daemon's may have it since.
+      cat = &fresh_catalog();
+      op = cat->ops.find(spec.op);
+      pool = spec.pool.empty() ? &cat->pools.front() : cat->find_pool(spec.pool);
+    }
     if (op == nullptr) {
       std::string known;
-      for (const auto& [name, id] : ops_.entries()) known += (known.empty() ? "" : ", ") + name;
+      for (const auto& [name, id] : cat->ops.entries()) known += (known.empty() ? "" : ", ") + name;
       return Error(
           ErrorCode::kUnknownOp,
           "op '" + spec.op + "' is not registered with the daemon (registered: " + known + ")");
     }
-    const Pool* pool = &pools_.front();
-    if (!spec.pool.empty()) {
-      auto it = std::find_if(pools_.begin(), pools_.end(),
-                             [&](const Pool& p) { return p.info.name == spec.pool; });
-      if (it == pools_.end()) {
-        return Error(ErrorCode::kUnknownPool, "no pool named '" + spec.pool + "'");
-      }
-      pool = &*it;
+    if (pool == nullptr) {
+      return Error(ErrorCode::kUnknownPool, "no pool named '" + spec.pool + "'");
     }
     if (!pool->info.available) {
       // An unavailable pool has no worker: its jobs go to its fallback pool, or fail here, at
@@ -465,9 +543,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
         return Error(ErrorCode::kNoDevice, "pool '" + pool->info.name + "' is unavailable: " +
                                                pool->info.unavailable_reason);
       }
-      pool = &*std::find_if(pools_.begin(), pools_.end(), [&](const Pool& p) {
-        return static_cast<int>(p.id) == pool->fallback;
-      });
+      pool = cat->find_pool_id(static_cast<uint32_t>(pool->fallback));
     }
     if (spec.time_limit.count() < 0 || spec.time_limit.count() > UINT32_MAX) {
       return Error(ErrorCode::kInvalidArgument,
@@ -927,8 +1003,6 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
   }
 
-  std::vector<PoolInfo> pool_infos_;
-  OpTable ops_;
   uint64_t epoch_ = 0;
   uint32_t slot_count_ = 0;
   uint64_t segment_bytes() const { return segment_.size(); }
@@ -948,7 +1022,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   ClientSegmentView view_;
   uint32_t index_ = 0;
   uint64_t session_ = 0;
-  std::vector<Pool> pools_;
+  // The catalog held (catalog()), and every one this client has held: none is freed before the
+  // client (catalog_mutex_ guards catalogs_ and the request for a new one).
+  std::atomic<const Catalog*> catalog_{nullptr};
+  std::mutex catalog_mutex_;
+  std::vector<std::unique_ptr<const Catalog>> catalogs_;
   std::atomic<bool> disconnected_{false};
   std::atomic<uint64_t> wake_requests_{0};  // wake_waiters() calls, for wait_any()
   ConnectOptions options_;                  // as given to connect(), for Client::reconnect
@@ -1093,11 +1171,11 @@ Result<Job> Client::try_submit(const JobSpec& spec) {
 }
 
 const std::vector<PoolInfo>& Client::pools() const noexcept {
-  return impl_->pool_infos_;
+  return impl_->fresh_catalog().infos;
 }
 std::vector<std::string> Client::ops() const {
   std::vector<std::string> names;
-  for (const auto& [name, id] : impl_->ops_.entries()) names.push_back(name);
+  for (const auto& [name, id] : impl_->fresh_catalog().ops.entries()) names.push_back(name);
   std::sort(names.begin(), names.end());
   return names;
 }

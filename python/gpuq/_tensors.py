@@ -71,6 +71,8 @@ def submit_tensor(
 def _runs_on_kind(conn: Any, pool: Optional[str]) -> Optional[str]:
     """The kind of the pool that would run a job for ``pool`` (its fallback while it is
     unavailable), or None when that is unknown (the submit reports the error)."""
+    if pool and pool not in conn.pools:  # added since connect (a reload): the catalog again
+        conn.pools = {p[0]: p for p in conn.native.pools()}
     p = conn.pools.get(pool) if pool else next(iter(conn.pools.values()), None)
     if p is not None and not p[4]:  # (name, kind, capacity, share, available, reason, runs_on)
         p = conn.pools.get(p[6])

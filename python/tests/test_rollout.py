@@ -147,6 +147,35 @@ def test_a_version_that_does_not_import_is_refused_and_the_old_one_serves(tmp_pa
             assert st["rollout"]["failed"] == 1
 
 
+def test_ops_added_and_removed_by_a_rollout_reach_connected_clients(tmp_path):
+    """A rollout lists the pool's ops anew: an op the new version adds is callable by a client
+    connected before it (no reconnect), and one it drops is gone from that client's list."""
+    twice = '@gpuq.op("twice")\ndef twice(x):\n    return 2 * x\n'
+    write_module(tmp_path, 1)
+    with gpuq.testing.Daemon({"pools": [pool(tmp_path)]}) as d:
+        with gpuq.connect(d.runtime_dir) as c:
+            ops_before = set(c.ops)
+            assert "twice" not in ops_before
+            with pytest.raises(gpuq.UnknownOp):
+                c.call("twice", 21, pool="py")
+            write_module(tmp_path, 2, extra=twice)
+            gpuq.restart_pool("py", runtime_dir=d.runtime_dir, timeout=120)
+            assert c.call("twice", 21, pool="py") == 42
+            assert set(c.ops) == ops_before | {"twice"}
+            assert "twice" in pool_status(d)["python"]["ops"]
+            # Another client connected before, which has not looked since, finds it too.
+            write_module(tmp_path, 3)
+            gpuq.restart_pool("py", runtime_dir=d.runtime_dir, timeout=120)
+            assert set(c.ops) == ops_before
+            with pytest.raises(gpuq.UnknownOp):
+                c.call("twice", 21, pool="py")
+            assert c.call("version", pool="py")["version"] == 3
+            # Listed again later: the op gets back its id (ids are never reused for another).
+            write_module(tmp_path, 4, extra=twice)
+            gpuq.restart_pool("py", runtime_dir=d.runtime_dir, timeout=120)
+            assert c.call("twice", 4, pool="py") == 8
+
+
 def test_gpuqctl_restart(tmp_path):
     write_module(tmp_path, 1)
     with gpuq.testing.Daemon({"pools": [pool(tmp_path)]}) as d:

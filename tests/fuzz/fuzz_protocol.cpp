@@ -64,6 +64,19 @@ void decode_and_check(const std::string& body, Decode decode, Check check) {
   GPUQ_ASSERT(*again == *m);
 }
 
+// What decode_welcome and decode_catalog_reply promise of the pools.
+void check_pools(const std::vector<WelcomePool>& pools) {
+  for (const WelcomePool& p : pools) {
+    GPUQ_ASSERT(p.id < kMaxPools);
+    GPUQ_ASSERT(std::count_if(pools.begin(), pools.end(),
+                              [&](const WelcomePool& q) { return q.id == p.id; }) == 1);
+    if (p.available || p.fallback < 0) continue;
+    GPUQ_ASSERT(std::any_of(pools.begin(), pools.end(), [&](const WelcomePool& q) {
+      return static_cast<int64_t>(q.id) == p.fallback && q.available;
+    }));
+  }
+}
+
 void parse_body(MessageType type, const std::string& body) {
   auto none = [](const auto&) {};
   switch (type) {
@@ -80,16 +93,11 @@ void parse_body(MessageType type, const std::string& body) {
         if (w.job_clock == StampClock::kTsc) {
           GPUQ_ASSERT(w.tsc_ns_per_tick > 0.01 && w.tsc_ns_per_tick < 100.0);
         }
-        for (const WelcomePool& p : w.pools) {
-          GPUQ_ASSERT(p.id < kMaxPools);
-          GPUQ_ASSERT(std::count_if(w.pools.begin(), w.pools.end(),
-                                    [&](const WelcomePool& q) { return q.id == p.id; }) == 1);
-          if (p.available || p.fallback < 0) continue;
-          GPUQ_ASSERT(std::any_of(w.pools.begin(), w.pools.end(), [&](const WelcomePool& q) {
-            return static_cast<int64_t>(q.id) == p.fallback && q.available;
-          }));
-        }
+        check_pools(w.pools);
       });
+    case MessageType::kCatalogReply:
+      return decode_and_check(body, decode_catalog_reply,
+                              [](const CatalogReplyMessage& c) { check_pools(c.pools); });
     case MessageType::kError: {
       Error e = error_from_body(body);
       const auto code = static_cast<int32_t>(e.code());

@@ -136,6 +136,9 @@ std::vector<Seed> seeds() {
                    {"gpu", 1, "gpu", 20, 5, false, "no GPU found", 0}};
   welcome.ops = {{"noop", 1}, {"echo", 2}, {"saxpy", 2000}};
   s.push_back({"fuzz_protocol", "welcome", frame(WelcomeMessage::kType, encode(welcome))});
+  const CatalogReplyMessage catalog{4, welcome.pools, welcome.ops};
+  s.push_back(
+      {"fuzz_protocol", "catalog_reply", frame(CatalogReplyMessage::kType, encode(catalog))});
   const WorkerReadyMessage ready{2, R"({"device":"GPU-0"})", R"([[2000,"saxpy"]])"};
   s.push_back({"fuzz_protocol", "worker_ready", frame(WorkerReadyMessage::kType, encode(ready))});
   s.push_back(

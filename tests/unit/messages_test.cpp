@@ -37,6 +37,7 @@ WelcomeMessage sample_welcome() {
   w.pools = {{"cpu", 0, "cpu", 40, 10, true, "", -1},
              {"gpu", 1, "gpu", 20, 5, false, "no GPU found", 0}};
   w.ops = {{"noop", 1}, {"echo", 2}, {"saxpy", 2000}};
+  w.catalog = 2;
   return w;
 }
 
@@ -155,16 +156,16 @@ TEST_CASE("Welcome: encode writes the field names and shapes older clients read"
 
   const std::string body = encode(w);
 
-  CHECK(body ==
-        "{\"arena_bytes\":" + std::to_string(g.arena_bytes) +
-            ",\"arena_offset\":" + std::to_string(g.arena_offset) +
-            ",\"client\":3,\"daemon_version\":\"0.1.0\",\"epoch\":" + std::to_string(w.epoch) +
-            ",\"job_clock\":\"monotonic\",\"ops\":[{\"id\":1,\"name\":\"noop\"}],"
-            "\"pools\":[{\"available\":true,\"capacity\":40,\"client_share\":10,"
-            "\"fallback\":-1,\"id\":0,\"kind\":\"cpu\",\"name\":\"cpu\",\"reason\":\"\"}],"
-            "\"queue_segment\":\"/gpuq-queue-1000\",\"segment_bytes\":" +
-            std::to_string(g.segment_bytes) + ",\"session\":7,\"slot_count\":8," +
-            "\"slots_offset\":" + std::to_string(g.slots_offset) + "}");
+  CHECK(body == "{\"arena_bytes\":" + std::to_string(g.arena_bytes) +
+                    ",\"arena_offset\":" + std::to_string(g.arena_offset) +
+                    ",\"catalog\":2,\"client\":3,\"daemon_version\":\"0.1.0\",\"epoch\":" +
+                    std::to_string(w.epoch) +
+                    ",\"job_clock\":\"monotonic\",\"ops\":[{\"id\":1,\"name\":\"noop\"}],"
+                    "\"pools\":[{\"available\":true,\"capacity\":40,\"client_share\":10,"
+                    "\"fallback\":-1,\"id\":0,\"kind\":\"cpu\",\"name\":\"cpu\",\"reason\":\"\"}],"
+                    "\"queue_segment\":\"/gpuq-queue-1000\",\"segment_bytes\":" +
+                    std::to_string(g.segment_bytes) + ",\"session\":7,\"slot_count\":8," +
+                    "\"slots_offset\":" + std::to_string(g.slots_offset) + "}");
 }
 
 TEST_CASE("Welcome: an older daemon's reply (no availability, clock or version) is accepted") {
@@ -179,6 +180,7 @@ TEST_CASE("Welcome: an older daemon's reply (no availability, clock or version) 
   CHECK(w->pools[0].reason.empty());
   REQUIRE(w->ops.size() == 1);
   CHECK(w->ops[0] == WelcomeOp{"noop", 1});
+  CHECK(w->catalog == 0);
 }
 
 TEST_CASE("Welcome: decode names each missing or mistyped field") {
@@ -193,6 +195,8 @@ TEST_CASE("Welcome: decode names each missing or mistyped field") {
   check_rejected(decode_welcome, welcome_with("client", "4294967296"), "Welcome.client");
   check_rejected(decode_welcome, welcome_with("daemon_version", "1"), "Welcome.daemon_version");
   check_rejected(decode_welcome, welcome_with("job_clock", "1"), "Welcome.job_clock");
+  check_rejected(decode_welcome, welcome_with("catalog", "-1"), "Welcome.catalog");
+  check_rejected(decode_welcome, welcome_with("catalog", "\"2\""), "Welcome.catalog");
   check_rejected(decode_welcome, "null", "Welcome body");
   check_rejected(decode_welcome, "{", "Welcome body");
 }
@@ -282,6 +286,32 @@ TEST_CASE("Welcome: decode checks the ops") {
                  "Welcome.ops[0].id is missing");
   check_rejected(decode_welcome, welcome_with("ops", R"([{"name":2,"id":1}])"),
                  "Welcome.ops[0].name");
+}
+
+// ---- CatalogRequest, CatalogReply -------------------------------------------------------------
+
+TEST_CASE("CatalogReply: the generation, pools and ops, and back; checked as Welcome's") {
+  const WelcomeMessage w = sample_welcome();
+  const CatalogReplyMessage reply{5, w.pools, w.ops};
+  auto back = decode_catalog_reply(encode(reply));
+  REQUIRE(back.ok());
+  CHECK(*back == reply);
+  CHECK(encode(CatalogRequestMessage{}) == "{}");
+  CHECK(decode_catalog_request("{}").ok());
+  check_rejected(decode_catalog_request, "[]", "CatalogRequest body");
+  check_rejected(decode_catalog_reply, R"({"pools":[],"ops":[]})",
+                 "CatalogReply.catalog is missing");
+  check_rejected(decode_catalog_reply, R"({"catalog":1,"ops":[]})",
+                 "CatalogReply.pools is missing");
+  check_rejected(decode_catalog_reply, R"({"catalog":1,"pools":[]})",
+                 "CatalogReply.ops is missing");
+  check_rejected(decode_catalog_reply,
+                 R"({"catalog":1,"ops":[],"pools":[)"
+                 R"({"name":"a","id":0,"kind":"cpu","capacity":4,"client_share":1},)"
+                 R"({"name":"b","id":0,"kind":"cpu","capacity":4,"client_share":1}]})",
+                 "CatalogReply.pools[1].id 0 is given to another pool as well");
+  check_rejected(decode_catalog_reply, R"({"catalog":1,"pools":[],"ops":[{"id":3}]})",
+                 "CatalogReply.ops[0].name is missing");
 }
 
 // ---- StatusRequest, StopRequest, StopReply, WorkerStop ----------------------------------------

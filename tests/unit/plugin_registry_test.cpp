@@ -173,6 +173,47 @@ TEST_CASE("python ops: ids after every other op, one per name, listed per pool")
   CHECK(python_op_list(0) == "[[" + c + ",\"python_call\"],[" + k + ",\"classify\"]]");
 }
 
+TEST_CASE("set_python_pool_ops: a pool's ops re-listed keep their ids, all or nothing") {
+  std::vector<ListedPythonOp> first = {{"rl_keep", "", {}}, {"rl_drop", "", {4, 10}}};
+  auto changed = set_python_pool_ops(40, first);
+  REQUIRE_MESSAGE(changed.ok(), changed.error().message());
+  CHECK(*changed);  // from none
+  const uint32_t keep = first[0].id, drop = first[1].id;
+  CHECK(keep != drop);
+  // The same names again (batching changed): the same ids, "not changed".
+  std::vector<ListedPythonOp> same = {{"rl_drop", "", {8, 0}}, {"rl_keep", "", {}}};
+  REQUIRE(set_python_pool_ops(40, same).ok());
+  CHECK(!set_python_pool_ops(40, same).value());
+  CHECK(same[0].id == drop);
+  CHECK(find_op(drop)->python->batching_on(40).max_batch_size == 8);
+  // One op dropped, one added: the new one gets an id above every id so far.
+  std::vector<ListedPythonOp> next = {{"rl_keep", "", {}}, {"rl_new", "", {}}};
+  REQUIRE(set_python_pool_ops(40, next).value());
+  CHECK(next[0].id == keep);
+  CHECK(next[1].id > drop);
+  for (const OpInfo& op : op_registry()) CHECK(op.id <= next[1].id);
+  CHECK(python_op_list(40) == "[[" + std::to_string(keep) + ",\"rl_keep\"],[" +
+                                  std::to_string(next[1].id) + ",\"rl_new\"]]");
+  REQUIRE(find_op(drop) != nullptr);  // its id stays reserved, no pool has it
+  CHECK(find_op(drop)->python->pools.empty());
+  // Dropped, then listed again: its old id.
+  std::vector<ListedPythonOp> back = {{"rl_drop", "", {}}};
+  REQUIRE(set_python_pool_ops(41, back).value());
+  CHECK(back[0].id == drop);
+  // A bad list changes nothing, and says which op.
+  const std::string before = python_op_list(40);
+  for (std::vector<ListedPythonOp> bad :
+       std::vector<std::vector<ListedPythonOp>>{{{"rl_fine", "", {}}, {"echo", "", {}}},
+                                                {{"rl_fine", "", {}}, {"rl_fine", "", {}}},
+                                                {{"Bad-Name", "", {}}},
+                                                {{"rl_fine", "", {0, 0}}}}) {
+    auto r = set_python_pool_ops(40, bad);
+    REQUIRE(!r.ok());
+    CHECK(r.error().message().find("python pool 40: op '") == 0);
+    CHECK(python_op_list(40) == before);
+  }
+}
+
 TEST_CASE("config: a pool's python section") {
   const std::vector<int> cpus = {0, 1};
   auto c = parse_config(R"({"pools":[{"name":"py","workers":1,"python":{

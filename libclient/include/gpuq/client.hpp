@@ -237,7 +237,9 @@ class GPUQ_API Client {
                    const Tensor& y, const GemmOptions& options = {}, const std::string& pool = {},
                    std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
 
-  // Static facts from the connection handshake.
+  // The daemon's pools and ops: from the handshake, asked of the daemon again when its catalog
+  // has changed since (a rolling restart that added or removed ops; a reload). A reference from
+  // pools() stays valid as long as the Client.
   const std::vector<PoolInfo>& pools() const noexcept;
   std::vector<std::string> ops() const;
   uint64_t segment_bytes() const noexcept;

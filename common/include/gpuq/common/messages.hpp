@@ -128,7 +128,7 @@ struct WelcomeOp {
 // Welcome: the reply to Hello, with the client's segment as its one descriptor. The geometry
 // fields are MapClient's ({"client", "session", "slot_count", "slots_offset", "arena_offset",
 // "arena_bytes", "segment_bytes"}), then "epoch", "queue_segment", "daemon_version", "job_clock",
-// "tsc_ns_per_tick" (only with "tsc"), "pools" and "ops".
+// "tsc_ns_per_tick" (only with "tsc"), "catalog", "pools" and "ops".
 struct WelcomeMessage {
   static constexpr MessageType kType = MessageType::kWelcome;
   uint32_t client = 0;   // the client's index
@@ -140,6 +140,9 @@ struct WelcomeMessage {
   std::string daemon_version;  // empty when absent
   StampClock job_clock = StampClock::kMonotonic;  // "monotonic" when absent
   double tsc_ns_per_tick = 0;  // with kTsc: in (0.01, 100); 0 otherwise (not sent)
+  // The catalog's generation (QueueHeader::catalog_generation) the pools and ops below are of;
+  // 0 when absent.
+  uint32_t catalog = 0;
   std::vector<WelcomePool> pools;
   std::vector<WelcomeOp> ops;
 };
@@ -185,6 +188,31 @@ struct RestartReplyMessage {
 std::string encode(const RestartReplyMessage& m);
 // Errors: InvalidArgument when the body is not a JSON object or a field is missing or wrong.
 Result<RestartReplyMessage> decode_restart_reply(std::string_view body);
+
+// CatalogRequest: {}: the pools and ops as they are now (docs/design/live_changes.md, "Clients
+// see it without reconnecting"). A connected client asks, on a connection of its own, when the
+// queue header's catalog generation has moved since its Welcome.
+struct CatalogRequestMessage {
+  static constexpr MessageType kType = MessageType::kCatalogRequest;
+  friend bool operator==(const CatalogRequestMessage&, const CatalogRequestMessage&) = default;
+};
+std::string encode(const CatalogRequestMessage& m);
+// Errors: InvalidArgument when the body is not a JSON object.
+Result<CatalogRequestMessage> decode_catalog_request(std::string_view body);
+
+// CatalogReply: {"catalog", "pools", "ops"}, the same pools and ops as Welcome's, of that
+// catalog generation.
+struct CatalogReplyMessage {
+  static constexpr MessageType kType = MessageType::kCatalogReply;
+  uint32_t catalog = 0;
+  std::vector<WelcomePool> pools;
+  std::vector<WelcomeOp> ops;
+  friend bool operator==(const CatalogReplyMessage&, const CatalogReplyMessage&) = default;
+};
+std::string encode(const CatalogReplyMessage& m);
+// Checked as Welcome's pools and ops are. Errors: InvalidArgument naming the field
+// (CatalogReply.pools[1].id ...).
+Result<CatalogReplyMessage> decode_catalog_reply(std::string_view body);
 
 // ---- supervisor <-> worker --------------------------------------------------------------------
 

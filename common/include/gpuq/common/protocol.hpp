@@ -34,6 +34,8 @@ enum class MessageType : uint16_t {
   kMetricsReply = 9,     // daemon: {"bytes": N}; fd: a sealed memfd holding the metrics text
   kRestartRequest = 10,  // client: {"pool"} - a rolling restart of the pool
   kRestartReply = 11,    // daemon: {"pool", "generation"} once the rollout has completed
+  kCatalogRequest = 12,  // client: {} - the pools and ops as they are now
+  kCatalogReply = 13,    // daemon: {"catalog", "pools", "ops"}
   // supervisor <-> worker
   kWorkerReady = 16,    // worker: {"worker": id, "plugin_ops": [...], "backend": {...}}
   kMapClient = 17,      // supervisor: {"client", "session", geometry}; fd: the client segment

@@ -268,7 +268,12 @@ struct alignas(64) QueueHeader {
   uint64_t workers_offset;
   uint64_t clients_offset;
   std::atomic<uint32_t> daemon_state;  // DaemonState
-  std::atomic<uint32_t> reserved_atomic;
+  // Raised (release) by the supervisor whenever the pools or the ops change (a rollout that
+  // re-listed a Python pool's ops; a reload): a client compares it with the generation of the
+  // catalog it holds (Welcome.catalog) and asks for the new one (CatalogRequest) when they
+  // differ. A client may scribble on it: that costs it, and anyone it fooled, one needless
+  // request (docs/design/live_changes.md, "Clients see it without reconnecting").
+  std::atomic<uint32_t> catalog_generation;
 };
 
 // PoolShm::accepting: whether a submit may push to the pool. A client reads it (seq_cst) before
