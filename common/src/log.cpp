@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 
 #include "gpuq/common/posix_call.hpp"
@@ -9,16 +10,21 @@
 namespace gpuq {
 namespace {
 const char* g_program = "gpuq";
-LogLevel g_min_level = LogLevel::kInfo;
+// Atomic: a reload changes it (set_log_level) while other threads log.
+std::atomic<LogLevel> g_min_level{LogLevel::kInfo};
 }  // namespace
 
 void log_init(const char* program, LogLevel min_level) {
   g_program = program;
-  g_min_level = min_level;
+  g_min_level.store(min_level, std::memory_order_relaxed);
+}
+
+void set_log_level(LogLevel min_level) {
+  g_min_level.store(min_level, std::memory_order_relaxed);
 }
 
 void log_message(LogLevel level, const char* fmt, ...) {
-  if (level < g_min_level) return;
+  if (level < g_min_level.load(std::memory_order_relaxed)) return;
   static const char* const kNames[] = {"debug", "info", "warning", "error"};
   char line[2048];
   int n = std::snprintf(line, sizeof line, "%s[%d] %s: ", g_program, static_cast<int>(getpid()),

@@ -548,4 +548,34 @@ Result<CatalogReplyMessage> decode_catalog_reply(std::string_view body) {
   return m;
 }
 
+// ---- ReloadRequest, ReloadReply ---------------------------------------------------------------
+
+std::string encode(const ReloadRequestMessage&) {
+  return "{}";
+}
+
+Result<ReloadRequestMessage> decode_reload_request(std::string_view body) {
+  return decode_empty<ReloadRequestMessage>(body, "ReloadRequest");
+}
+
+std::string encode(const ReloadReplyMessage& m) {
+  return dump(json{{"changes", m.changes}});
+}
+
+Result<ReloadReplyMessage> decode_reload_reply(std::string_view body) {
+  json j;
+  if (auto r = parse_object(body, "ReloadReply", j); !r) return r.error();
+  auto it = j.find("changes");
+  if (it == j.end()) return bad("ReloadReply.changes is missing");
+  if (!it->is_array()) return bad("ReloadReply.changes must be an array");
+  ReloadReplyMessage m;
+  for (size_t i = 0; i < it->size(); ++i) {
+    if (!(*it)[i].is_string()) {
+      return bad("ReloadReply.changes[" + std::to_string(i) + "] must be a string");
+    }
+    m.changes.push_back((*it)[i].get<std::string>());
+  }
+  return m;
+}
+
 }  // namespace gpuq

@@ -84,6 +84,9 @@ struct PoolConfig {
   // This pool's workers' idle spin; unset: the top-level worker_spin_us, and for a Python pool
   // at least kPythonPoolSpinUs (spin_us_of).
   std::optional<uint32_t> worker_spin_us;
+  // Not a key: set by the supervisor when a config reload removed the pool. It stays in the
+  // list (pool ids are indexes, and its record stays reserved), drains, and serves no more.
+  bool removed = false;
 };
 
 // A Python pool's least default spin: its clients' own Python takes longer than the usual 50 us

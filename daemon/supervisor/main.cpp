@@ -286,7 +286,9 @@ int main(int argc, char** argv) {
     executables.worker = "gpuq-worker";
   }
   gpuq::daemon::SupervisorOptions options;
+  options.file_config = *config;
   options.config = std::move(*config);
+  options.config_path = config_path;
   options.runtime_dir = gpuq::resolve_daemon_runtime_dir(runtime_dir);
   options.executables = std::move(executables);
   options.notifier = notifier;

@@ -23,6 +23,9 @@ class PoolOutage {
   PoolOutage(uint32_t pools, uint64_t fail_after_ns)
       : pools_(pools), fail_after_ns_(fail_after_ns) {}
 
+  // pool_down_fail_ms changed by a config reload.
+  void set_fail_after(uint64_t fail_after_ns) { fail_after_ns_ = fail_after_ns; }
+
   enum class Change { kNone, kDown, kUp };
   // Pool `p` at `now_ns` has `ready` ready workers (busy ones included), and `start_failed`
   // says whether one of its workers has failed to start since it was last ready (or since the

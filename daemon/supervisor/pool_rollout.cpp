@@ -94,6 +94,24 @@ std::vector<RolloutSeat> PoolRollout::seats_of(uint32_t pool) const {
   return out;
 }
 
+Result<void> PoolRollout::can_start(uint32_t pool) const {
+  const PoolConfig& pc = config_.pools[pool];
+  if (pc.entries() == 0) {
+    return Error(ErrorCode::kNotFound, "pool " + pc.name + " has no workers to restart");
+  }
+  if (pools_[pool].running) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "a rolling restart of pool " + pc.name + " is in progress already");
+  }
+  if (pc.spare_workers == 0 && pc.rollout_surge_workers == 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "pool " + pc.name +
+                     " has no seat for a new worker: give it a spare (spare_workers) or a "
+                     "surge seat (rollout_surge_workers)");
+  }
+  return {};
+}
+
 Result<uint32_t> PoolRollout::start(uint32_t pool) {
   const PoolConfig& pc = config_.pools[pool];
   if (pc.entries() == 0) {

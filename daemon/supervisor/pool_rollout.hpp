@@ -92,6 +92,12 @@ class PoolRollout {
   // the pool has no workers (an unavailable gpu pool: its reason), InvalidArgument when a
   // rollout of it is in progress already; the listing's start (a Python pool).
   Result<uint32_t> start(uint32_t pool);
+  // Whether start(pool) would begin now: the pool has workers, none of its rollouts runs, and
+  // it has a seat for a new worker (a spare or a surge seat). A config reload asks before it
+  // changes anything. Errors: start()'s, and InvalidArgument naming the keys for a seat.
+  Result<void> can_start(uint32_t pool) const;
+  // Whether the pool's last (or current) rollout has swapped a new worker in.
+  bool swapped(uint32_t pool) const { return pools_[pool].swapped; }
   // A Python pool's listing has ended (OpListings' on_done): the rollout goes on with the ops
   // listed, or stops, naming why (the module that failed, the stderr's tail).
   void listed(uint32_t pool, Result<std::vector<ListedPythonOp>> ops,

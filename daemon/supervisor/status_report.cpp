@@ -93,6 +93,16 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
               {"ring_cells_retired", s_.recovery->cells_retired(p)},
               {"ring_positions_restored", s_.recovery->positions_restored(p)},
               {"jobs_requeued", s_.recovery->jobs_requeued(p)}};
+    if (c.pools[p].removed) {
+      // Removed by a config reload: what is left of it (its drain), no longer offered.
+      bool running = false;
+      for (const auto& w : s_.workers->all()) running = running || (w->pool == p && w->pid > 0);
+      pool["status"] = "removed";
+      pool["reason"] =
+          running ? "removed by a config reload: draining" : "removed by a config reload";
+      s["pools"].push_back(pool);
+      continue;
+    }
     const PoolState& st = plan.pools[p];
     if (c.pools[p].kind == PoolKind::kGpu) {
       pool["gpus"] = json::array();
@@ -267,11 +277,13 @@ std::vector<PoolHealth> StatusReport::pool_health() const {
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     pools[p].name = c.pools[p].name;
     pools[p].capacity = s_.queue->pool(p).capacity;
-    pools[p].unavailable = !s_.plan->pools[p].available;
+    // A pool a reload removed counts as one that cannot serve, as an unavailable one does.
+    pools[p].unavailable = !s_.plan->pools[p].available || c.pools[p].removed;
     pools[p].down = s_.outage->down(p);
   }
   for (const auto& w : s_.workers->all()) {
     if (w->surge) continue;  // serves no job, dormant or starting for a rollout
+    if (c.pools[w->pool].removed) continue;
     PoolHealth& h = pools[w->pool];
     if (w->spare) {
       ++h.spares;

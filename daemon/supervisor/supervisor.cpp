@@ -156,6 +156,13 @@ Result<void> Supervisor::start() {
   });
   // New ops are published once a new worker serves them: connected clients see them then.
   rollouts_->set_on_ops_changed([this](uint32_t) { catalog_.publish(); });
+  reload_ = std::make_unique<ConfigReload>(
+      ConfigReload::Parts{&options_.config, options_.config_path, &files_.queue(), workers_.get(),
+                          rollouts_.get(), &outage_, &catalog_, &recovery_},
+      options_.file_config);
+  reload_->set_on_done([this](uint64_t requester, const Result<std::vector<std::string>>& r) {
+    reload_ended(requester, r);
+  });
   const StatusReport::Sources sources{&options_.config,
                                       &plan_,
                                       &files_.queue(),
@@ -258,7 +265,7 @@ void Supervisor::restart_pool(Client& client, const std::string& body) {
   if (!req) return refuse(req.error());
   const Config& c = options_.config;
   auto it = std::find_if(c.pools.begin(), c.pools.end(),
-                         [&](const PoolConfig& p) { return p.name == req->pool; });
+                         [&](const PoolConfig& p) { return !p.removed && p.name == req->pool; });
   if (it == c.pools.end()) {
     return refuse(Error(ErrorCode::kUnknownPool,
                         "no pool named '" + req->pool + "' (gpuqctl status lists the pools)"));
@@ -281,6 +288,7 @@ void Supervisor::restart_pool(Client& client, const std::string& body) {
 }
 
 void Supervisor::restart_ended(uint32_t pool, const Result<void>& outcome) {
+  reload_->rollout_ended(pool, outcome);
   std::vector<std::pair<uint32_t, uint64_t>> waiting;
   std::erase_if(restart_waiters_, [&](const auto& w) {
     if (w.first != pool) return false;
@@ -306,6 +314,7 @@ void Supervisor::update_pools(uint64_t now) {
   QueueView& queue = files_.queue();
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     if (!plan_.pools[p].available) continue;  // no workers: clients are told at Welcome
+    if (c.pools[p].removed) continue;         // accepting stays kPoolRemoved
     uint32_t ready = 0;
     bool start_failed = false;
     for (const auto& w : workers_->all()) {
@@ -380,11 +389,26 @@ void Supervisor::handle_message(Client& client, Message& msg) {
     case MessageType::kCatalogRequest:
       send_catalog(client);
       return;
+    case MessageType::kReloadRequest:
+      reload_->request(client.id, draining_);
+      return;
     default:
       (void)send_message(client.fd.get(), MessageType::kError,
                          error_body(Error(ErrorCode::kInvalidArgument,
                                           "unexpected message type " +
                                               std::to_string(static_cast<int>(msg.type)))));
+  }
+}
+
+void Supervisor::reload_ended(uint64_t requester, const Result<std::vector<std::string>>& outcome) {
+  if (requester == 0) return;  // SIGHUP: the log has it
+  Client* client = clients_.find(requester);
+  if (client == nullptr) return;  // it went away meanwhile
+  if (outcome) {
+    (void)send_message(client->fd.get(), ReloadReplyMessage::kType,
+                       encode(ReloadReplyMessage{outcome.value()}));
+  } else {
+    (void)send_message(client->fd.get(), MessageType::kError, error_body(outcome.error()));
   }
 }
 
@@ -543,7 +567,10 @@ void Supervisor::on_signal() {
     if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
       begin_drain(si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
     } else if (si.ssi_signo == SIGHUP) {
-      GPUQ_LOG_INFO("SIGHUP ignored (the config is read at start only)");
+      GPUQ_LOG_INFO("SIGHUP: reading %s again", options_.config_path.empty()
+                                                    ? "the config (none: started without --config)"
+                                                    : options_.config_path.c_str());
+      reload_->request(0, draining_);
     }
   }
   // SIGCHLD may coalesce: reap every child that has exited.
@@ -561,6 +588,7 @@ void Supervisor::on_timer() {
   workers_->tick(now);
   listings_->tick(now);
   rollouts_->step();
+  reload_->tick(now);
   clients_.release_retired();
 }
 

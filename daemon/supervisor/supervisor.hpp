@@ -11,6 +11,7 @@
 //   PoolOutage      which pools have had no ready worker for pool_down_fail_ms (down)
 //   SparePool       spare workers: which one takes a dead or stopped worker's place
 //   PoolRollout     rolling restarts: new workers made ready, then swapped in one by one
+//   ConfigReload    gpuqctl reload and SIGHUP: the config file read again, the change applied
 //   OpListings      a Python pool's ops listed anew for a rollout, without blocking the loop
 //   StatusReport    the status document and pool health
 //   MetricsReport   the metrics text (docs/metrics.md); GpuSampler, NVML in a child
@@ -30,6 +31,7 @@
 #include "catalog.hpp"
 #include "client_registry.hpp"
 #include "config.hpp"
+#include "config_reload.hpp"
 #include "event_loop.hpp"
 #include "gpu_sampler.hpp"
 #include "gpuq/common/clock.hpp"
@@ -56,6 +58,11 @@ namespace gpuq::daemon {
 
 struct SupervisorOptions {
   Config config;
+  // The file `config` was read from (empty: none, the defaults), which a reload reads again,
+  // and `config` as it said, which a reload compares the file with (the supervisor resolves
+  // interpreters and gpu pools' workers in `config`).
+  std::string config_path;
+  Config file_config;
   std::string runtime_dir;  // already resolved
   // gpuq-worker, and gpuq-gpu-worker, which C++ gpu pools run (empty when this build has none:
   // built without CUDA; those pools are then unavailable). The supervisor only execs them.
@@ -109,6 +116,8 @@ class Supervisor {
   void restart_ended(uint32_t pool, const Result<void>& outcome);
   // CatalogRequest: the pools and ops as published now.
   void send_catalog(Client& client);
+  // A reload's end (ConfigReload): the reply to the client that asked (none for SIGHUP).
+  void reload_ended(uint64_t requester, const Result<std::vector<std::string>>& outcome);
   // Pools that cannot serve: after each round, each pool's ready workers go to outage_, and a
   // pool that is down stops accepting jobs and has its queued ones failed.
   void update_pools(uint64_t now);
@@ -151,6 +160,7 @@ class Supervisor {
   std::unique_ptr<SparePool> spares_;      // with workers_
   std::unique_ptr<OpListings> listings_;   // a rollout's listing of a Python pool's ops
   std::unique_ptr<PoolRollout> rollouts_;  // with workers_
+  std::unique_ptr<ConfigReload> reload_;   // with workers_
   // Clients waiting for a rollout's end: {pool, connection id}.
   std::vector<std::pair<uint32_t, uint64_t>> restart_waiters_;
   std::unique_ptr<StatusReport> status_;

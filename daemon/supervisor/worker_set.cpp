@@ -351,7 +351,7 @@ void WorkerSet::on_ready(Worker& w, const Message& m) {
                 : w.spare ? "spare worker"
                           : "worker",
                 w.id, w.pid);
-  if (stopping_) send(w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
+  if (stopping_ || w.removed) send(w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
   if (on_ready_) on_ready_(w);
 }
 
@@ -416,7 +416,7 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
   ws.asleep.store(0, std::memory_order_seq_cst);
   ws.pid.store(0, std::memory_order_relaxed);
   w.pid = 0;
-  if (stopping_) {
+  if (stopping_ || w.removed) {
     w.state = WorkerState::kStopped;
     ws.state.store(static_cast<uint32_t>(WorkerState::kStopped), std::memory_order_release);
     GPUQ_LOG_INFO("worker %u %s", w.id, exit.how.c_str());
@@ -572,6 +572,27 @@ void WorkerSet::kill_all() {
 
 bool WorkerSet::any_running() const {
   return std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->pid > 0; });
+}
+
+bool WorkerSet::pool_busy(uint32_t pool) const {
+  return std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) {
+    return w->pool == pool && w->pid > 0 &&
+           (w->priv().job_seq.load(std::memory_order_acquire) & 1) != 0;
+  });
+}
+
+void WorkerSet::stop_pool(uint32_t pool) {
+  for (auto& w : workers_) {
+    if (w->pool != pool) continue;
+    w->removed = true;
+    if (w->pid > 0) {
+      send(*w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
+    } else {
+      w->state = WorkerState::kStopped;
+      queue_.worker(w->id).state.store(static_cast<uint32_t>(WorkerState::kStopped),
+                                       std::memory_order_release);
+    }
+  }
 }
 
 bool WorkerSet::any_busy() const {

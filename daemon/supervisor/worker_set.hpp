@@ -45,6 +45,8 @@ struct Worker {
   // process it is dormant: never started by the WorkerSet, hidden from status. The role moves
   // with a swap, as `spare` does.
   bool surge = false;
+  // Its pool was removed by a config reload (stop_pool): it is not started again.
+  bool removed = false;
   // The pool generation its current (or last) process was started at (PoolRollout).
   uint32_t generation = 1;
   // Its process was told to stop for a rollout (it took no job since): its exit is no failure,
@@ -158,7 +160,7 @@ class WorkerSet {
   // failed), at its respawn_at_ns.
   bool awaits_start(const Worker& w) const {
     return (w.state == WorkerState::kRestarting || w.state == WorkerState::kFailed) && w.pid == 0 &&
-           !stopping_;
+           !stopping_ && !w.removed;
   }
 
   // The end of a drain: tells every worker to stop, and kills those still running after
@@ -182,6 +184,10 @@ class WorkerSet {
 
   bool any_running() const;
   bool any_busy() const;  // a running worker in the middle of a job (its private job_seq)
+  bool pool_busy(uint32_t pool) const;  // the same, among `pool`'s workers
+  // A pool removed by a config reload, drained: its workers stop after their running job
+  // (WorkerStop) and are not started again; those with no process stay so.
+  void stop_pool(uint32_t pool);
   const std::vector<std::unique_ptr<Worker>>& all() const { return workers_; }
   Worker& at(uint32_t id) { return *workers_[id]; }
   // The most recent exit of pool `pool`'s workers, for the error its jobs fail with while it

@@ -762,6 +762,23 @@ gpuq_status_t gpuq_daemon_restart_pool(const char* runtime_dir, const char* pool
   });
 }
 
+gpuq_status_t gpuq_daemon_reload(const char* runtime_dir, uint32_t timeout_s, char** changes) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    gpuq::Result<std::vector<std::string>> r =
+        gpuq::daemon_reload(text_or_empty(runtime_dir), timeout_s);
+    if (!r) return fail(r.error());
+    if (changes != nullptr) {
+      std::string text;
+      for (const std::string& line : *r) text += line + "\n";
+      char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+      if (copy == nullptr) return fail(gpuq::ErrorCode::kOutOfMemory, "no memory for the changes");
+      std::memcpy(copy, text.c_str(), text.size() + 1);
+      *changes = copy;
+    }
+    return GPUQ_OK;
+  });
+}
+
 gpuq_status_t gpuq_daemon_stop(const char* runtime_dir) {
   return guarded(__func__, [&]() -> gpuq_status_t {
     gpuq::Result<void> r = gpuq::daemon_stop(text_or_empty(runtime_dir));

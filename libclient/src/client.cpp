@@ -648,10 +648,12 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       if (held(pool.id) <= share) return true;
       return (force || looks++ % 16 == 0) && recount(pool.id) <= share;
     };
-    // 1 pushed, 0 no room, -1 not accepting (draining), -2 the pool is down.
+    // 1 pushed, 0 no room, -1 not accepting (draining), -2 the pool is down, -3 removed.
     auto try_once = [&]() -> int {
       const uint32_t accepting = ps.accepting.load(std::memory_order_seq_cst);
-      if (accepting != kPoolAccepting) return accepting == kPoolDown ? -2 : -1;
+      if (accepting != kPoolAccepting) {
+        return accepting == kPoolDown ? -2 : accepting == kPoolRemoved ? -3 : -1;
+      }
       if (!share_has_room(true)) return 0;
       return ring.try_push(ref) ? 1 : 0;
     };
@@ -663,6 +665,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
         std::string why = pool_down_reason(ps);
         if (why.empty()) why = "pool '" + pool.info.name + "' has no ready worker";
         return Error(ErrorCode::kPoolDown, std::move(why));
+      }
+      if (r == -3) {
+        return Error(ErrorCode::kUnknownPool,
+                     "pool '" + pool.info.name +
+                         "' was removed by a config reload (gpuqctl status lists the pools)");
       }
       if (r < 0) {
         return Error(

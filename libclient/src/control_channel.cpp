@@ -149,6 +149,15 @@ Result<uint32_t> daemon_restart_pool(const std::string& pool, const std::string&
   return reply->generation;
 }
 
+Result<std::vector<std::string>> daemon_reload(const std::string& runtime_dir, uint32_t timeout_s) {
+  auto m = control_request(runtime_dir, ReloadRequestMessage::kType, encode(ReloadRequestMessage{}),
+                           ReloadReplyMessage::kType, timeout_s);
+  if (!m) return m.error();
+  auto reply = decode_reload_reply(m->body);
+  if (!reply) return Error(ErrorCode::kProtocolMismatch, reply.error().message());
+  return std::move(reply->changes);
+}
+
 Result<void> daemon_stop(const std::string& runtime_dir) {
   auto m = control_request(runtime_dir, StopRequestMessage::kType, encode(StopRequestMessage{}),
                            StopReplyMessage::kType);

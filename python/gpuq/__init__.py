@@ -25,7 +25,14 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _native
-from ._client import Client, default_runtime_dir, metrics, restart_pool, status
+from ._client import (
+    Client,
+    default_runtime_dir,
+    metrics,
+    reload_config,
+    restart_pool,
+    status,
+)
 from ._errors import *  # noqa: F401,F403 - the exception classes
 from ._errors import SystemError  # noqa: F401, A004 - gpuq.SystemError, by the code's name
 from ._errors import __all__ as _error_names
@@ -58,6 +65,7 @@ __all__ = [
     "array",
     "status",
     "metrics",
+    "reload_config",
     "restart_pool",
     "default_runtime_dir",
     *_error_names,

@@ -777,12 +777,28 @@ def restart_pool(
     when a new worker did not start (its error in the message; the old workers serve on),
     :class:`gpuq.UnknownPool`, :class:`gpuq.InvalidArgument` when the pool has no seat for a
     new worker (give it ``spare_workers`` or ``rollout_surge_workers``)."""
+    return int(_native.restart_pool(runtime_dir or "", pool, _wait_seconds(timeout)))
+
+
+def reload_config(runtime_dir: Optional[str] = None, timeout: Optional[float] = None) -> List[str]:
+    """The daemon reads its config file again and applies what changed (``gpuqctl reload``,
+    SIGHUP; docs/service.md, "Config reload"): daemon keys that may change live at once, a
+    Python pool whose modules, path or environment changed rolled (as :func:`restart_pool`),
+    a removed pool drained (its jobs finish; new ones raise :class:`gpuq.UnknownPool`). No
+    client is disconnected. Returns one line per change once it is applied and its rollouts
+    have ended. ``timeout``: seconds to wait (None: no limit). Raises
+    :class:`gpuq.InvalidArgument` naming the keys that cannot change while gpuqd runs, or the
+    file's error (nothing changed), :class:`gpuq.WorkerDied` when a rollout it started failed
+    (that pool's settings are back as they were)."""
+    return list(_native.reload(runtime_dir or "", _wait_seconds(timeout)))
+
+
+def _wait_seconds(timeout: Optional[float]) -> int:
+    """A control call's wait in whole seconds (0: no limit)."""
     if timeout is None:
-        seconds = 0
-    else:
-        ns = _options.seconds_to_ns(timeout, "timeout")
-        seconds = max(1, -(-ns // 1_000_000_000)) if ns >= 0 else 0
-    return int(_native.restart_pool(runtime_dir or "", pool, seconds))
+        return 0
+    ns = _options.seconds_to_ns(timeout, "timeout")
+    return max(1, -(-ns // 1_000_000_000)) if ns >= 0 else 0
 
 
 def metrics(runtime_dir: Optional[str] = None) -> str:

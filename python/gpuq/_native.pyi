@@ -241,6 +241,11 @@ def restart_pool(runtime_dir: str, pool: str, timeout_s: int) -> int:
     A rolling restart of the pool; its new generation once every worker runs it.
     """
 
+def reload(runtime_dir: str, timeout_s: int) -> list[str]:
+    """
+    Reads the daemon's config file again and applies it; one line per change.
+    """
+
 def cpp_noop_round_trips(connection: Connection, n: int) -> list[int]:
     """Benchmark helper: n timed C++ no-op round trips."""
 

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import _errors, _native, daemon
 from .daemon import find_gpuqd
@@ -100,6 +100,20 @@ class Daemon:
 
     def status(self) -> Dict[str, Any]:
         return json.loads(_native.status_json(self.runtime_dir))
+
+    def reload(self, config: Dict[str, Any], timeout: Optional[float] = 300.0) -> List[str]:
+        """Writes ``config`` over this daemon's config file and has it read again
+        (:func:`gpuq.reload_config`, docs/service.md "Config reload"); its lines."""
+        if self.config is None:
+            raise RuntimeError("this Daemon was started without a config: there is no file")
+        path = os.path.join(self.tmp, "gpuqd.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(config, f)
+        os.replace(path + ".tmp", path)
+        self.config = config
+        return list(
+            _native.reload(self.runtime_dir, 0 if timeout is None else max(1, int(timeout)))
+        )
 
     def log(self) -> str:
         try:

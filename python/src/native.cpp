@@ -649,6 +649,18 @@ NB_MODULE(_native, m) {
       "runtime_dir"_a, "pool"_a, "timeout_s"_a,
       "A rolling restart of the pool; its new generation once every worker runs it.");
   m.def(
+      "reload",
+      [](const std::string& runtime_dir, uint32_t timeout_s) {
+        gpuq::Result<std::vector<std::string>> r = gpuq::Error(gpuq::ErrorCode::kInternal, "");
+        {
+          nb::gil_scoped_release unlocked;  // its rollouts take seconds
+          r = gpuq::daemon_reload(runtime_dir, timeout_s);
+        }
+        return take(std::move(r));
+      },
+      "runtime_dir"_a, "timeout_s"_a,
+      "Reads the daemon's config file again and applies it; one line per change.");
+  m.def(
       "cpp_noop_round_trips",
       [](Connection& c, uint32_t n) {
         // The C++ client's own loop, for bench/python: n no-op round trips (submit, then wait

@@ -114,6 +114,12 @@ void parse_body(MessageType type, const std::string& body) {
       return decode_and_check(body, decode_restart_request, none);
     case MessageType::kRestartReply:
       return decode_and_check(body, decode_restart_reply, none);
+    case MessageType::kReloadRequest:
+      return decode_and_check(body, decode_reload_request, none);
+    case MessageType::kReloadReply:
+      return decode_and_check(body, decode_reload_reply, none);
+    case MessageType::kCatalogRequest:
+      return decode_and_check(body, decode_catalog_request, none);
     case MessageType::kMetricsRequest:
       return decode_and_check(body, decode_metrics_request, none);
     case MessageType::kMetricsReply:

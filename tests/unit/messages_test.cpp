@@ -314,6 +314,21 @@ TEST_CASE("CatalogReply: the generation, pools and ops, and back; checked as Wel
                  "CatalogReply.ops[0].name is missing");
 }
 
+TEST_CASE("ReloadRequest is {}; ReloadReply carries one line per change, and back") {
+  CHECK(encode(ReloadRequestMessage{}) == "{}");
+  CHECK(decode_reload_request("{}").ok());
+  check_rejected(decode_reload_request, "[]", "ReloadRequest body");
+  const ReloadReplyMessage reply{{"log_level: changed, in effect now", "pool py: removed"}};
+  auto back = decode_reload_reply(encode(reply));
+  REQUIRE(back.ok());
+  CHECK(*back == reply);
+  CHECK(decode_reload_reply(R"({"changes":[]})").ok());
+  check_rejected(decode_reload_reply, "{}", "ReloadReply.changes is missing");
+  check_rejected(decode_reload_reply, R"({"changes":"x"})", "ReloadReply.changes must be an array");
+  check_rejected(decode_reload_reply, R"({"changes":["a",2]})",
+                 "ReloadReply.changes[1] must be a string");
+}
+
 // ---- StatusRequest, StopRequest, StopReply, WorkerStop ----------------------------------------
 
 TEST_CASE("the bodiless requests encode as {} and decode any JSON object") {

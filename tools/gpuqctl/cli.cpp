@@ -41,6 +41,11 @@ Commands:
                           Waits for the end (--timeout S: at most S seconds, 0 to 86400; 0,
                           the default: no limit): exit 0, or 1 with why it stopped (a new
                           worker that did not start: its error; the old workers serve on)
+  reload [--timeout S]    the daemon reads its config file again and applies what changed, as
+                          SIGHUP does: live keys at once, pools rolled for new Python settings,
+                          removed pools drained. Prints one line per change; exit 1 with why
+                          when nothing changed (a key that cannot change live, a bad file) or
+                          a rolling restart it started failed
   stop                    ask the daemon to drain (finish its jobs, accept no new ones) and exit
 
 submit options:

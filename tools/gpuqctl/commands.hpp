@@ -15,6 +15,7 @@ int cmd_metrics(ArgCursor& cursor, std::string& runtime_dir);
 int cmd_top(ArgCursor& cursor, std::string& runtime_dir);
 int cmd_stop(ArgCursor& cursor, std::string& runtime_dir);
 int cmd_restart(ArgCursor& cursor, std::string& runtime_dir);
+int cmd_reload(ArgCursor& cursor, std::string& runtime_dir);
 int cmd_submit(ArgCursor& cursor, std::string& runtime_dir);
 
 }  // namespace gpuq::ctl

@@ -3,7 +3,7 @@
 //
 // This file reads the global options and hands the rest of the command line to the command
 // (commands.hpp: cmd_status.cpp, cmd_ready.cpp, cmd_metrics.cpp, cmd_top.cpp, cmd_submit.cpp,
-// cmd_restart.cpp, cmd_stop.cpp).
+// cmd_restart.cpp, cmd_reload.cpp, cmd_stop.cpp).
 //
 // Exit status: 0 success, 1 a daemon or job error, 2 bad usage.
 #include <exception>
@@ -39,7 +39,8 @@ int run(int argc, char** argv) {
     if (!error.empty()) return usage_error(error);
   }
   if (cursor.done()) {
-    return usage_error("no command given (status, ready, metrics, top, submit, restart or stop)");
+    return usage_error(
+        "no command given (status, ready, metrics, top, submit, restart, reload or stop)");
   }
   const std::string command(cursor.next());
 
@@ -51,11 +52,12 @@ int run(int argc, char** argv) {
   if (command == "ready") return cmd_ready(cursor, runtime_dir);
   if (command == "stop") return cmd_stop(cursor, runtime_dir);
   if (command == "restart") return cmd_restart(cursor, runtime_dir);
+  if (command == "reload") return cmd_reload(cursor, runtime_dir);
   if (command == "metrics") return cmd_metrics(cursor, runtime_dir);
   if (command == "top") return cmd_top(cursor, runtime_dir);
   if (command == "submit") return cmd_submit(cursor, runtime_dir);
   return usage_error("unknown command '" + command +
-                     "' (expected status, ready, metrics, top, submit, restart or stop)");
+                     "' (expected status, ready, metrics, top, submit, restart, reload or stop)");
 }
 
 }  // namespace

@@ -279,6 +279,16 @@ GPUQ_API Result<uint32_t> daemon_restart_pool(const std::string& pool,
                                               const std::string& runtime_dir = {},
                                               uint32_t timeout_s = 0);
 
+// Asks the daemon to read its config file again and apply what changed (docs/service.md,
+// "Config reload"): daemon keys that may change live, pools rolled for new Python settings,
+// pools removed (they drain). Returns once applied and the rolling restarts it started have
+// ended: one line per change. `timeout_s`: how long to wait (0: no limit). Errors:
+// InvalidArgument naming the keys that cannot change live, or the file's error (nothing
+// changed); WorkerDied when a rollout it started failed (that pool's settings are back);
+// ShuttingDown; and daemon_status_json's.
+GPUQ_API Result<std::vector<std::string>> daemon_reload(const std::string& runtime_dir = {},
+                                                        uint32_t timeout_s = 0);
+
 // Asks the daemon to drain (finish queued and running jobs, accept no new ones) and exit.
 // Returns once the daemon has acknowledged. Errors as daemon_status_json.
 GPUQ_API Result<void> daemon_stop(const std::string& runtime_dir = {});

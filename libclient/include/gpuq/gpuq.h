@@ -515,6 +515,16 @@ GPUQ_API void gpuq_string_free(char* s);
 GPUQ_API gpuq_status_t gpuq_daemon_restart_pool(const char* runtime_dir, const char* pool,
                                                 uint32_t timeout_s, uint32_t* generation);
 
+/* Asks the daemon to read its config file again and apply what changed (docs/service.md,
+ * "Config reload"). Returns once applied and the rolling restarts it started have ended; when
+ * `changes` is not NULL, `*changes` gets one line per change, newline-separated, to be freed
+ * with gpuq_string_free(). `timeout_s`: how long to wait (0: no limit). Errors:
+ * GPUQ_INVALID_ARGUMENT (keys that cannot change live, a bad file: nothing changed),
+ * GPUQ_WORKER_DIED (a rollout it started failed), GPUQ_SHUTTING_DOWN, those of
+ * gpuq_daemon_stop(). Blocking. Thread-safe. */
+GPUQ_API gpuq_status_t gpuq_daemon_reload(const char* runtime_dir, uint32_t timeout_s,
+                                          char** changes);
+
 /* Asks the daemon to drain (finish queued and running jobs, accept no new ones) and exit.
  * Returns once the daemon has acknowledged. `runtime_dir` as in gpuq_daemon_status_json().
  * Errors: GPUQ_DISCONNECTED (no daemon), GPUQ_PERMISSION_DENIED, GPUQ_PROTOCOL_MISMATCH,

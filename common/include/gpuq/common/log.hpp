@@ -10,6 +10,8 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 
 // Sets the program name printed in each line and the lowest level printed.
 void log_init(const char* program, LogLevel min_level);
+// Changes the lowest level printed (gpuqd's config reload), from any thread.
+void set_log_level(LogLevel min_level);
 void log_message(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
 }  // namespace gpuq

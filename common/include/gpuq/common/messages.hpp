@@ -214,6 +214,29 @@ std::string encode(const CatalogReplyMessage& m);
 // (CatalogReply.pools[1].id ...).
 Result<CatalogReplyMessage> decode_catalog_reply(std::string_view body);
 
+// ReloadRequest: {}: read the config file again and apply what changed
+// (docs/design/live_changes.md, "Config reload"). The reply comes when it is applied and the
+// rolling restarts it started have ended: ReloadReply, or an Error saying why nothing changed
+// (or which rollout failed).
+struct ReloadRequestMessage {
+  static constexpr MessageType kType = MessageType::kReloadRequest;
+  friend bool operator==(const ReloadRequestMessage&, const ReloadRequestMessage&) = default;
+};
+std::string encode(const ReloadRequestMessage& m);
+// Errors: InvalidArgument when the body is not a JSON object.
+Result<ReloadRequestMessage> decode_reload_request(std::string_view body);
+
+// ReloadReply: {"changes": ["pool py: python.modules changed: rolling restart", ...]}.
+struct ReloadReplyMessage {
+  static constexpr MessageType kType = MessageType::kReloadReply;
+  std::vector<std::string> changes;
+  friend bool operator==(const ReloadReplyMessage&, const ReloadReplyMessage&) = default;
+};
+std::string encode(const ReloadReplyMessage& m);
+// Errors: InvalidArgument when the body is not a JSON object or changes is not an array of
+// strings.
+Result<ReloadReplyMessage> decode_reload_reply(std::string_view body);
+
 // ---- supervisor <-> worker --------------------------------------------------------------------
 
 // WorkerReady: {"worker", "backend", "plugin_ops"}.

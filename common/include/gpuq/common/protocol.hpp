@@ -36,6 +36,8 @@ enum class MessageType : uint16_t {
   kRestartReply = 11,    // daemon: {"pool", "generation"} once the rollout has completed
   kCatalogRequest = 12,  // client: {} - the pools and ops as they are now
   kCatalogReply = 13,    // daemon: {"catalog", "pools", "ops"}
+  kReloadRequest = 14,   // client: {} - read the config file again and apply it
+  kReloadReply = 15,     // daemon: {"changes": ["..."]} once applied (and its rollouts ended)
   // supervisor <-> worker
   kWorkerReady = 16,    // worker: {"worker": id, "plugin_ops": [...], "backend": {...}}
   kMapClient = 17,      // supervisor: {"client", "session", geometry}; fd: the client segment

@@ -283,6 +283,9 @@ inline constexpr uint32_t kPoolAccepting = 1;
 // No ready worker for pool_down_fail_ms: a submit fails with PoolDown and `down_reason`
 // (docs/design/faults.md, "A pool that cannot serve").
 inline constexpr uint32_t kPoolDown = 2;
+// Removed by a config reload (docs/design/live_changes.md): a submit fails with UnknownPool, its
+// queued and running jobs finish. For good: the record is never given to another pool.
+inline constexpr uint32_t kPoolRemoved = 3;
 inline constexpr uint32_t kPoolDownReasonBytes = kMessageBytes;
 
 struct alignas(64) PoolShm {

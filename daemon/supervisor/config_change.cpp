@@ -1,0 +1,157 @@
+#include "config_change.hpp"
+
+#include <algorithm>
+
+namespace gpuq::daemon {
+namespace {
+
+bool same_gpus(const PoolConfig& a, const PoolConfig& b) {
+  if (a.all_gpus != b.all_gpus || a.gpus.size() != b.gpus.size()) return false;
+  for (size_t i = 0; i < a.gpus.size(); ++i) {
+    const GpuSelector &x = a.gpus[i], &y = b.gpus[i];
+    if (x.by_uuid != y.by_uuid || (x.by_uuid ? x.uuid != y.uuid : x.index != y.index)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool same_listen(const std::optional<ListenAddress>& a, const std::optional<ListenAddress>& b) {
+  if (a.has_value() != b.has_value()) return false;
+  return !a || (a->host == b->host && a->port == b->port);
+}
+
+// The daemon keys: those that take effect at once go to `live`, the others to `fixed`.
+void diff_daemon(const Config& a, const Config& b, ConfigChange& out) {
+  auto fixed = [&](bool differ, const char* key, const char* why) {
+    if (differ) out.fixed.push_back(std::string(key) + " (" + why + ")");
+  };
+  const char* layout = "it sizes the queue segment every client maps";
+  fixed(a.queue_factor != b.queue_factor, "queue_factor", layout);
+  fixed(a.max_clients != b.max_clients, "max_clients", layout);
+  fixed(a.max_jobs_per_client != b.max_jobs_per_client, "max_jobs_per_client",
+        "it sizes each client's segment");
+  fixed(a.client_queue_share != b.client_queue_share, "client_queue_share",
+        "clients hold their share from their handshake");
+  fixed(a.client_segment_bytes != b.client_segment_bytes, "client_segment_bytes",
+        "it sizes each client's segment");
+  fixed(a.max_client_segment_bytes != b.max_client_segment_bytes, "max_client_segment_bytes",
+        "it sizes each client's segment");
+  fixed(a.job_clock != b.job_clock, "job_clock", "clients read job stamps in it");
+  fixed(a.group_set != b.group_set || a.group != b.group, "group",
+        "the socket and the queue segment were made with it");
+  fixed(a.job_metrics != b.job_metrics, "job_metrics", "every worker was started with it");
+  fixed(!same_listen(a.metrics_listen, b.metrics_listen), "metrics_listen",
+        "the listener was bound at start");
+  fixed(a.plugins != b.plugins, "plugins", "their ops' ids were given to clients");
+  auto live = [&](bool differ, const char* key) {
+    if (differ) out.daemon_keys.emplace_back(key);
+  };
+  live(a.log_level != b.log_level, "log_level");
+  live(a.drain_timeout_ms != b.drain_timeout_ms, "drain_timeout_ms");
+  live(a.cancel_grace_ms != b.cancel_grace_ms, "cancel_grace_ms");
+  live(a.restart_backoff_initial_ms != b.restart_backoff_initial_ms, "restart_backoff_initial_ms");
+  live(a.restart_backoff_max_ms != b.restart_backoff_max_ms, "restart_backoff_max_ms");
+  live(a.max_start_failures != b.max_start_failures, "max_start_failures");
+  live(a.start_backoff_initial_ms != b.start_backoff_initial_ms, "start_backoff_initial_ms");
+  live(a.start_backoff_max_ms != b.start_backoff_max_ms, "start_backoff_max_ms");
+  live(a.start_timeout_ms != b.start_timeout_ms, "start_timeout_ms");
+  live(a.pool_down_fail_ms != b.pool_down_fail_ms, "pool_down_fail_ms");
+  live(a.allowed_uids != b.allowed_uids, "allowed_users");
+  live(a.allowed_gids != b.allowed_gids, "allowed_groups");
+  // worker_spin_us is compared per pool, as each pool's effective spin (below).
+}
+
+// One running pool against its namesake in the new file.
+void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const PoolConfig& b,
+               uint32_t index, ConfigChange& out) {
+  const std::string at = "pools[" + a.name + "].";
+  auto fixed = [&](bool differ, const std::string& key, const char* why) {
+    if (differ) out.fixed.push_back(at + key + " (" + why + ")");
+  };
+  const char* layout = "its ring and worker records are fixed in the queue segment";
+  fixed(a.kind != b.kind, "kind", "clients hold the pool's kind; add a pool of another name");
+  fixed(a.workers != b.workers, "workers", layout);
+  fixed(a.spare_workers != b.spare_workers, "spare_workers", layout);
+  fixed(a.rollout_surge_workers != b.rollout_surge_workers, "rollout_surge_workers", layout);
+  fixed(a.workers_per_gpu != b.workers_per_gpu, "workers_per_gpu", layout);
+  fixed(!same_gpus(a, b), "gpus", layout);
+  fixed(a.cpus != b.cpus, "cpus", "its workers' places were planned at start");
+  fixed(a.fallback != b.fallback, "fallback", "clients hold the pool's fallback");
+  fixed(a.memory_limit_bytes != b.memory_limit_bytes ||
+            a.memory_limit_fraction != b.memory_limit_fraction,
+        "memory_limit", "the GPUs' budgets were planned at start");
+  fixed(a.python.has_value() != b.python.has_value(), "python",
+        "a pool cannot become a Python pool or stop being one; add a pool of another name");
+  PoolChange change{a.name, index, {}, false};
+  if (a.python && b.python) {
+    const PythonPoolConfig &x = *a.python, &y = *b.python;
+    auto rolled = [&](bool differ, const char* key) {
+      if (differ) change.keys.emplace_back(key);
+    };
+    rolled(x.interpreter != y.interpreter, "python.interpreter");
+    rolled(x.modules != y.modules, "python.modules");
+    rolled(x.path != y.path, "python.path");
+    rolled(x.env != y.env, "python.env");
+    rolled(x.allow_callables != y.allow_callables, "python.allow_callables");
+  }
+  if (spin_us_of(ca, a) != spin_us_of(cb, b)) change.keys.emplace_back("worker_spin_us");
+  change.rollout = !change.keys.empty();
+  if (a.job_time_limit_ms != b.job_time_limit_ms) change.keys.emplace_back("job_time_limit_ms");
+  if (!change.keys.empty()) out.pools.push_back(std::move(change));
+}
+
+}  // namespace
+
+ConfigChange diff_configs(const Config& running, const Config& next) {
+  ConfigChange out;
+  diff_daemon(running, next, out);
+  for (uint32_t p = 0; p < running.pools.size(); ++p) {
+    const PoolConfig& a = running.pools[p];
+    if (a.removed) continue;
+    auto it = std::find_if(next.pools.begin(), next.pools.end(),
+                           [&](const PoolConfig& b) { return b.name == a.name; });
+    if (it == next.pools.end()) {
+      out.removed.push_back(p);
+      continue;
+    }
+    diff_pool(running, a, next, *it, p, out);
+  }
+  for (const PoolConfig& b : next.pools) {
+    const bool runs =
+        std::any_of(running.pools.begin(), running.pools.end(),
+                    [&](const PoolConfig& a) { return !a.removed && a.name == b.name; });
+    if (!runs) {
+      out.fixed.push_back("pools[" + b.name +
+                          "] (a pool cannot be added while gpuqd runs yet: its ring and worker "
+                          "records are fixed in the queue segment)");
+    }
+  }
+  // Removing every pool would leave clients nothing to submit to: keep one.
+  if (!out.removed.empty() &&
+      std::none_of(next.pools.begin(), next.pools.end(), [&](const PoolConfig& b) {
+        return std::any_of(running.pools.begin(), running.pools.end(),
+                           [&](const PoolConfig& a) { return !a.removed && a.name == b.name; });
+      })) {
+    out.fixed.push_back("pools (every running pool would be removed: keep at least one)");
+  }
+  return out;
+}
+
+std::vector<std::string> ConfigChange::describe(const Config& running) const {
+  std::vector<std::string> lines;
+  for (const std::string& key : daemon_keys) lines.push_back(key + ": changed, in effect now");
+  for (const PoolChange& c : pools) {
+    std::string keys;
+    for (const std::string& k : c.keys) keys += (keys.empty() ? "" : ", ") + k;
+    lines.push_back("pool " + c.name + ": " + keys +
+                    (c.rollout ? " changed: rolling restart" : " changed, in effect now"));
+  }
+  for (uint32_t p : removed) {
+    lines.push_back("pool " + running.pools[p].name +
+                    ": removed: its queued and running jobs finish, new ones fail UnknownPool");
+  }
+  return lines;
+}
+
+}  // namespace gpuq::daemon

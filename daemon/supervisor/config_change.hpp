@@ -1,0 +1,49 @@
+// ConfigChange: what a config reload changes (docs/design/live_changes.md, "Config reload"),
+// decided whole before anything is touched. diff_configs() compares the config gpuqd runs on
+// (as its file said, before the supervisor resolved anything) with the file as it is now, both
+// parsed and checked by the same code as at start and `gpuqd --check-config` (load_config), and
+// sorts every difference:
+//   - daemon keys that take effect at once (log_level, time limits, back-offs, who may connect);
+//   - pools removed (they drain), pools whose changes take effect by a rolling restart (a Python
+//     pool's modules and environment, worker_spin_us), and pool keys that take effect at once
+//     (job_time_limit_ms);
+//   - what cannot change while gpuqd runs: the queue layout every client copied once (ring
+//     sizes, worker and pool records) and the files and ids fixed at start. Any of these makes
+//     the reload fail whole, naming each key, and nothing changes.
+// Pure: no state, no I/O. The Supervisor applies the result.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+
+namespace gpuq::daemon {
+
+struct PoolChange {
+  std::string name;
+  uint32_t pool = 0;              // its index in the running config
+  std::vector<std::string> keys;  // the keys that changed ("python.modules", "job_time_limit_ms")
+  bool rollout = false;           // a rolling restart makes them take effect
+};
+
+struct ConfigChange {
+  // Keys that cannot change while gpuqd runs, as the file names them ("queue_factor",
+  // "pools[classify].workers"), each with why; the reload fails whole when there is one.
+  std::vector<std::string> fixed;
+  std::vector<std::string> daemon_keys;  // daemon keys that take effect at once
+  std::vector<PoolChange> pools;         // running pools that changed
+  std::vector<uint32_t> removed;         // running pools the file no longer has (they drain)
+  bool empty() const {
+    return fixed.empty() && daemon_keys.empty() && pools.empty() && removed.empty();
+  }
+  // One line per change, for the reply, the log and `gpuqctl reload`.
+  std::vector<std::string> describe(const Config& running) const;
+};
+
+// What reloading `next` over `running` changes. `running`: the config as the file said when
+// gpuqd started or last reloaded (pools it removed since are marked `removed` and stay out of
+// the comparison).
+ConfigChange diff_configs(const Config& running, const Config& next);
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,89 @@
+// ConfigReload: `gpuqctl reload` and SIGHUP (docs/design/live_changes.md, "Config reload").
+// The config file gpuqd was started with is read again and checked by the same code as at start
+// and by `gpuqd --check-config` (load_config), compared with the config it runs on
+// (diff_configs) and, only when nothing in it is refused, applied:
+//   - daemon keys that change live take effect at once;
+//   - a pool's job_time_limit_ms takes effect at once; a Python pool whose modules, path,
+//     environment or interpreter changed, or a pool whose worker_spin_us changed, is rolled
+//     (PoolRollout). A rollout that fails (the new modules do not import) puts that pool's
+//     settings back: its old workers serve on, and the reload's reply says why;
+//   - a removed pool stops accepting (a submit gets UnknownPool, "removed by a reload"), its
+//     queued and running jobs finish, then its workers stop; its record stays reserved. The
+//     catalog is published again, so connected clients no longer list it.
+// The reply (ReloadReply, one line per change) goes when the rollouts it started have ended.
+// Not thread-safe: the supervisor's loop owns it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "catalog.hpp"
+#include "config.hpp"
+#include "config_change.hpp"
+#include "gpuq/common/shm_layout.hpp"
+#include "gpuq/error.hpp"
+#include "job_recovery.hpp"
+#include "pool_outage.hpp"
+#include "pool_rollout.hpp"
+#include "worker_set.hpp"
+
+namespace gpuq::daemon {
+
+class ConfigReload {
+ public:
+  struct Parts {
+    Config* config = nullptr;  // the config gpuqd runs on (changed in place)
+    std::string path;          // the file it was started with; empty: none
+    const QueueView* queue = nullptr;
+    WorkerSet* workers = nullptr;
+    PoolRollout* rollouts = nullptr;
+    PoolOutage* outage = nullptr;
+    Catalog* catalog = nullptr;
+    JobRecovery* recovery = nullptr;
+  };
+  // `file_config`: the config as the file said at start (before the supervisor resolved the
+  // interpreters and the gpu pools' workers): what the next reload is compared with.
+  ConfigReload(Parts parts, Config file_config);
+
+  // A reload's end: who asked (a connection id; 0: SIGHUP), and its lines or why it failed.
+  using Done = std::function<void(uint64_t requester, const Result<std::vector<std::string>>&)>;
+  void set_on_done(Done fn) { on_done_ = std::move(fn); }
+
+  // Reads the file again and applies it; on_done runs now (an error, nothing to roll) or when
+  // the rollouts it started have ended. `draining`: gpuqd is draining (ShuttingDown).
+  void request(uint64_t requester, bool draining);
+  // A rollout of `pool` has ended (PoolRollout's on_end).
+  void rollout_ended(uint32_t pool, const Result<void>& outcome);
+  // Removed pools' drains: a pool with nothing queued and nothing running has its workers
+  // stopped; one still busy after drain_timeout_ms has its queued jobs failed first.
+  void tick(uint64_t now);
+  // Whether a removed pool still drains (its workers not yet told to stop).
+  bool draining(uint32_t pool) const;
+
+ private:
+  struct Pending {
+    uint64_t requester = 0;
+    std::vector<std::string> lines;
+    std::vector<uint32_t> rolling;  // pools whose rollout it waits for
+    std::vector<std::string> failures;
+    // Each rolled pool's settings before the reload, put back if its rollout fails.
+    std::vector<std::pair<uint32_t, PoolConfig>> before;
+    std::vector<std::pair<uint32_t, PoolConfig>> file_before;
+  };
+  struct Removal {
+    uint32_t pool = 0;
+    uint64_t deadline_ns = 0;
+  };
+  Result<std::vector<std::string>> apply(uint64_t requester);
+  void finish();
+
+  Parts parts_;
+  Config file_config_;
+  std::vector<Pending> pending_;  // at most one
+  std::vector<Removal> removals_;
+  Done on_done_;
+};
+
+}  // namespace gpuq::daemon

@@ -1,0 +1,202 @@
+"""Config reload (``gpuqctl reload``, SIGHUP, ``gpuq.reload_config``; docs/design/live_changes.md)
+with a real gpuqd and real Python workers: while 32 client processes call a Python pool without
+pause, a reload points the pool at a new version of its module (the pool is rolled: every call
+answered, none failed, answers switch to the new version) and removes another pool (its callers
+get UnknownPool once it is gone, never an answer after its drain); the same with a spare as the
+rollout's seat. A reload that asks for what cannot change live, a file that does not parse, and a
+new version that does not import are refused, and the daemon serves on unchanged. SIGHUP and
+gpuqctl do the same."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import gpuq
+import gpuq.testing
+
+CLIENTS = int(os.environ.get("GPUQ_TEST_RELOAD_CLIENTS", "32"))
+
+MODULE = '''
+import os, gpuq
+
+VERSION = {version}
+{extra}
+
+@gpuq.op("version")
+def version(x=0):
+    return {{"version": VERSION, "pid": os.getpid(), "x": x}}
+'''
+
+
+def write_module(directory: pathlib.Path, version: int, extra: str = "") -> pathlib.Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / "relmod.py.tmp"
+    tmp.write_text(MODULE.format(version=version, extra=extra))
+    os.replace(tmp, directory / "relmod.py")
+    return directory
+
+
+def pool(name, directory, workers=2, **extra):
+    return {"name": name, "kind": "cpu", "workers": workers, "cpus": [0, 1],
+            "python": {"interpreter": sys.executable, "modules": ["relmod"],
+                       "path": [str(directory)], "env": {"PYTHONDONTWRITEBYTECODE": "1"}},
+            **extra}
+
+
+def pool_status(daemon, name):
+    return next(p for p in daemon.status()["pools"] if p["name"] == name)
+
+
+def _caller(runtime_dir, index, pool_name, stop, started, out):
+    """Calls `version` on `pool_name` until told to stop, or until the pool is gone (an
+    UnknownPool ends a removed pool's caller); reports (pool, calls, failures, versions seen,
+    answers after UnknownPool)."""
+    calls, failures, seen, gone, after_gone = 0, [], [], False, 0
+    try:
+        with gpuq.connect(runtime_dir, name=f"reload-client-{index}") as c:
+            while not stop.is_set():
+                try:
+                    r = c.call("version", calls, pool=pool_name, timeout=60)
+                    assert r["x"] == calls
+                    after_gone += gone
+                    if not seen:
+                        started.put(index)
+                    if not seen or seen[-1] != r["version"]:
+                        seen.append(r["version"])
+                except gpuq.UnknownPool:
+                    gone = True
+                    time.sleep(0.01)
+                except Exception as e:  # noqa: BLE001 - every failure is reported
+                    failures.append(repr(e))
+                calls += 1
+    except BaseException as e:  # noqa: BLE001
+        failures.append(repr(e))
+    out.put((pool_name, calls, failures, seen, gone, after_gone))
+
+
+@pytest.mark.parametrize("seat", ["surge", "spare"])
+def test_a_reload_rolls_one_pool_and_removes_another_under_load(tmp_path, seat):
+    v1 = write_module(tmp_path / "v1", 1)
+    v2 = write_module(tmp_path / "v2", 2)
+    extra = {"spare_workers": 1, "rollout_surge_workers": 0} if seat == "spare" else {}
+    before = {"pools": [pool("py", v1, **extra), pool("old", v1, workers=1)]}
+    after = {"pools": [pool("py", v2, **extra)]}
+    with gpuq.testing.Daemon(before) as d:
+        ctx = mp.get_context("spawn")
+        stop, started, out = ctx.Event(), ctx.Queue(), ctx.Queue()
+        names = ["py"] * CLIENTS + ["old"] * 4
+        procs = [ctx.Process(target=_caller, args=(d.runtime_dir, i, n, stop, started, out))
+                 for i, n in enumerate(names)]
+        for p in procs:
+            p.start()
+        try:
+            for _ in procs:  # every client has had an answer: the reload comes mid-stream
+                started.get(timeout=120)
+            with gpuq.connect(d.runtime_dir, name="reload-checker") as c:
+                assert {p["name"] for p in c.pools} == {"py", "old"}
+                lines = d.reload(after)
+                assert "pool py: python.path changed: rolling restart" in lines, lines
+                assert any(line.startswith("pool old: removed") for line in lines), lines
+                # The rollout has ended: only the new version answers.
+                for _ in range(20):
+                    assert c.call("version", pool="py")["version"] == 2
+                # The removed pool drains, then its workers stop; it is no longer offered.
+                deadline = time.monotonic() + 60
+                while pool_status(d, "old")["reason"] != "removed by a config reload":
+                    assert time.monotonic() < deadline, pool_status(d, "old")
+                    time.sleep(0.05)
+                assert pool_status(d, "old")["status"] == "removed"
+                with pytest.raises(gpuq.UnknownPool):
+                    c.call("version", pool="old")
+                assert {p["name"] for p in c.pools} == {"py"}
+                assert pool_status(d, "py")["generation"] == 2
+                time.sleep(0.5)
+        finally:
+            stop.set()
+            results = [out.get(timeout=120) for _ in procs]
+            for p in procs:
+                p.join(60)
+    failures = [(n, f) for n, _, fs, _, _, _ in results for f in fs]
+    assert not failures, failures[:5]
+    for name, calls, _, seen, gone, after_gone in results:
+        assert calls > 0
+        if name == "py":
+            assert not gone and seen[-1] == 2, seen
+        else:
+            # Answered by version 1 until removed, then UnknownPool only: never an answer after.
+            assert gone and seen == [1] and after_gone == 0
+
+
+def test_what_cannot_change_live_is_refused_and_nothing_changes(tmp_path):
+    v1 = write_module(tmp_path / "v1", 1)
+    bad = write_module(tmp_path / "bad", 2, extra="raise RuntimeError('the weights file is missing')")
+    config = {"pools": [pool("py", v1)]}
+    with gpuq.testing.Daemon(config) as d:
+        with gpuq.connect(d.runtime_dir) as c:
+            with pytest.raises(gpuq.InvalidArgument, match=r"queue_factor \(it sizes"):
+                d.reload({"queue_factor": 4, "pools": [pool("py", v1)]})
+            with pytest.raises(gpuq.InvalidArgument, match=r"pools\[py\]\.workers"):
+                d.reload({"pools": [pool("py", v1, workers=1)]})
+            with pytest.raises(gpuq.InvalidArgument, match=r"pools\[new\]"):
+                d.reload({"pools": [pool("py", v1), pool("new", v1)]})
+            with pytest.raises(gpuq.InvalidArgument, match="nothing changed"):
+                d.reload({"pools": [pool("py", v1, job_time_limit_ms="soon")]})
+            assert c.call("version", pool="py")["version"] == 1
+            st = pool_status(d, "py")
+            assert st["generation"] == 1 and st["job_time_limit_ms"] is None
+            # A new version that does not import: refused, the old one serves, the pool's
+            # settings are back, so the same file reloads once mended.
+            with pytest.raises(gpuq.WorkerDied, match="the weights file is missing"):
+                d.reload({"pools": [pool("py", bad)]})
+            for _ in range(10):
+                assert c.call("version", pool="py")["version"] == 1
+            write_module(bad, 3)
+            lines = d.reload({"pools": [pool("py", bad)]})
+            assert "pool py: python.path changed: rolling restart" in lines
+            assert c.call("version", pool="py")["version"] == 3
+            assert d.reload({"pools": [pool("py", bad)]}) == ["nothing changed"]
+
+
+def test_sighup_and_gpuqctl_reload(tmp_path):
+    v1 = write_module(tmp_path / "v1", 1)
+    with gpuq.testing.Daemon({"pools": [pool("py", v1)]}) as d:
+        path = os.path.join(d.tmp, "gpuqd.json")
+        pathlib.Path(path).write_text(
+            '{"cancel_grace_ms": 500, "pools": [' + _json(pool("py", v1, job_time_limit_ms=900)) + "]}")
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while pool_status(d, "py")["job_time_limit_ms"] != 900:
+            assert time.monotonic() < deadline, d.log()[-2000:]
+            time.sleep(0.05)
+        assert "config reload: pool py: job_time_limit_ms changed, in effect now" in d.log()
+        gpuqctl = str(pathlib.Path(gpuq.testing.find_gpuqd()).parent.parent / "tools" / "gpuqctl")
+        if not os.path.exists(gpuqctl):
+            pytest.skip(f"{gpuqctl} not built")
+        r = subprocess.run([gpuqctl, "--runtime-dir", d.runtime_dir, "reload"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout == "nothing changed\n", (r.stdout, r.stderr)
+        pathlib.Path(path).write_text('{"max_clients": 300, "pools": [' + _json(pool("py", v1)) + "]}")
+        r = subprocess.run([gpuqctl, "--runtime-dir", d.runtime_dir, "reload"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "max_clients" in r.stderr, (r.stdout, r.stderr)
+        assert pool_status(d, "py")["job_time_limit_ms"] == 900  # nothing changed
+
+
+def test_a_daemon_without_a_config_file_says_so():
+    with gpuq.testing.Daemon() as d:
+        with pytest.raises(gpuq.InvalidArgument, match="without --config"):
+            gpuq.reload_config(runtime_dir=d.runtime_dir)
+
+
+def _json(value) -> str:
+    import json
+
+    return json.dumps(value)

@@ -1,0 +1,102 @@
+// diff_configs (daemon/supervisor/config_change.hpp): what a config reload changes, from two
+// parsed config files: daemon keys live or fixed (named with why), pool keys rolled, live or
+// fixed, pools removed, pools added (not live yet), and a reload that would remove every pool.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "config_change.hpp"
+
+namespace gpuq::daemon {
+namespace {
+
+Config parse(const std::string& text) {
+  auto c = parse_config(text, {0, 1});
+  REQUIRE_MESSAGE(c.ok(), c.error().message());
+  return *c;
+}
+
+bool mentions(const std::vector<std::string>& lines, const std::string& what) {
+  for (const std::string& l : lines) {
+    if (l.find(what) != std::string::npos) return true;
+  }
+  return false;
+}
+
+const char* const kBase = R"({"log_level":"info","pools":[
+  {"name":"cpu","workers":2},
+  {"name":"py","workers":1,"python":{"modules":["a"],"path":["/srv/v1"]}},
+  {"name":"old","workers":1}]})";
+
+TEST_CASE("diff_configs: the same file changes nothing") {
+  const ConfigChange c = diff_configs(parse(kBase), parse(kBase));
+  CHECK(c.empty());
+  CHECK(c.describe(parse(kBase)).empty());
+}
+
+TEST_CASE("diff_configs: live daemon keys, a rolled Python pool, a live pool key, a removal") {
+  const Config running = parse(kBase);
+  const ConfigChange c = diff_configs(running, parse(R"({"log_level":"debug","cancel_grace_ms":5,
+    "pools":[{"name":"cpu","workers":2,"job_time_limit_ms":900},
+             {"name":"py","workers":1,"python":{"modules":["a","b"],"path":["/srv/v2"]}}]})"));
+  CHECK(c.fixed.empty());
+  CHECK(c.daemon_keys == std::vector<std::string>{"log_level", "cancel_grace_ms"});
+  REQUIRE(c.pools.size() == 2);
+  CHECK(c.pools[0].name == "cpu");
+  CHECK(c.pools[0].keys == std::vector<std::string>{"job_time_limit_ms"});
+  CHECK(!c.pools[0].rollout);
+  CHECK(c.pools[1].name == "py");
+  CHECK(c.pools[1].pool == 1);
+  CHECK(c.pools[1].keys == std::vector<std::string>{"python.modules", "python.path"});
+  CHECK(c.pools[1].rollout);
+  CHECK(c.removed == std::vector<uint32_t>{2});
+  const std::vector<std::string> lines = c.describe(running);
+  CHECK(mentions(lines, "log_level: changed, in effect now"));
+  CHECK(mentions(lines, "pool py: python.modules, python.path changed: rolling restart"));
+  CHECK(mentions(lines, "pool cpu: job_time_limit_ms changed, in effect now"));
+  CHECK(mentions(lines, "pool old: removed"));
+}
+
+TEST_CASE("diff_configs: a pool's effective worker_spin_us, from the top-level key too") {
+  const ConfigChange c = diff_configs(
+      parse(R"({"worker_spin_us":50,"pools":[{"name":"a"},{"name":"b","worker_spin_us":9}]})"),
+      parse(R"({"worker_spin_us":70,"pools":[{"name":"a"},{"name":"b","worker_spin_us":9}]})"));
+  CHECK(c.fixed.empty());
+  REQUIRE(c.pools.size() == 1);  // b's own key did not move
+  CHECK(c.pools[0].name == "a");
+  CHECK(c.pools[0].keys == std::vector<std::string>{"worker_spin_us"});
+  CHECK(c.pools[0].rollout);
+}
+
+TEST_CASE("diff_configs: what cannot change live is named, with why") {
+  const ConfigChange c = diff_configs(parse(kBase), parse(R"({"queue_factor":4,"max_clients":300,
+    "pools":[{"name":"cpu","workers":1,"cpus":[1]},
+             {"name":"py","kind":"gpu","python":{"modules":["a"],"path":["/srv/v1"]}},
+             {"name":"old","workers":1},{"name":"new","workers":1}]})"));
+  CHECK(mentions(c.fixed, "queue_factor (it sizes the queue segment every client maps)"));
+  CHECK(mentions(c.fixed, "max_clients"));
+  CHECK(mentions(c.fixed, "pools[cpu].workers"));
+  CHECK(mentions(c.fixed, "pools[cpu].cpus"));
+  CHECK(mentions(c.fixed, "pools[py].kind"));
+  CHECK(mentions(c.fixed, "pools[new] (a pool cannot be added while gpuqd runs yet"));
+  CHECK(!mentions(c.fixed, "pools[old]"));
+}
+
+TEST_CASE("diff_configs: removing every pool is refused; a removed pool is not compared again") {
+  Config running = parse(kBase);
+  const ConfigChange all = diff_configs(running, parse(R"({"pools":[{"name":"other"}]})"));
+  CHECK(mentions(all.fixed, "every running pool would be removed"));
+  running.pools[2].removed = true;
+  const ConfigChange again = diff_configs(running, parse(R"({"log_level":"info","pools":[
+    {"name":"cpu","workers":2},
+    {"name":"py","workers":1,"python":{"modules":["a"],"path":["/srv/v1"]}}]})"));
+  CHECK(again.empty());
+  // Its name given to a new pool: that is an added pool.
+  const ConfigChange reuse = diff_configs(running, parse(kBase));
+  CHECK(mentions(reuse.fixed, "pools[old] (a pool cannot be added"));
+}
+
+}  // namespace
+}  // namespace gpuq::daemon
