@@ -514,6 +514,22 @@ const std::vector<Key>& key_table() {
       uint_key("start_backoff_max_ms", &Config::start_backoff_max_ms, 1, 86400000),
       uint_key("start_timeout_ms", &Config::start_timeout_ms, 0, 86400000),
       uint_key("pool_down_fail_ms", &Config::pool_down_fail_ms, 0, 86400000),
+      {"max_pools",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         if (v.is_string() && v.get<std::string>() == "auto") return {};  // resolved later
+         auto x = read_uint(v, p, 1, kMaxPools);
+         if (!x) return x.error();
+         c.max_pools = c.max_pools_setting = static_cast<uint32_t>(*x);
+         return {};
+       }},
+      {"added_pool_workers",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         if (v.is_string() && v.get<std::string>() == "auto") return {};  // resolved later
+         auto x = read_uint(v, p, 1, kMaxWorkers);
+         if (!x) return x.error();
+         c.added_pool_workers = c.added_pool_workers_setting = static_cast<uint32_t>(*x);
+         return {};
+       }},
       {"allowed_users",
        [](Config& c, const json& v, const std::string& p) -> Result<void> {
          if (!v.is_array()) return bad(p, "must be a list of user names or uids");
@@ -658,6 +674,17 @@ Result<Config> parse_config(const std::string& json_text, const std::vector<int>
     p.workers = static_cast<uint32_t>(available_cpus.size());
     c.pools.push_back(p);
   }
+  // "auto" sizes of what a reload may add.
+  const auto configured = static_cast<uint32_t>(c.pools.size());
+  if (c.max_pools == 0) c.max_pools = std::min(kMaxPools, configured + kAutoSpareRecords);
+  if (c.max_pools < configured) {
+    return bad("max_pools", std::to_string(c.max_pools) + " is fewer than the " +
+                                std::to_string(configured) + " pools configured");
+  }
+  if (c.added_pool_workers == 0) {
+    c.added_pool_workers = std::min<uint32_t>(kMaxAutoAddedPoolWorkers,
+                                              static_cast<uint32_t>(available_cpus.size()) + 2);
+  }
   // Cross-key checks.
   std::set<std::string> names;
   for (size_t i = 0; i < c.pools.size(); ++i) {
@@ -709,10 +736,19 @@ Result<void> check_pool_sizes(const Config& c) {
     // yet (a gpu pool with "gpus": "all") is checked again once it is.
     total_workers += p.workers == 0 ? 0 : p.entries();
   }
+  // The free pool records' rings and worker entries (a pool a reload adds).
+  const uint32_t free = free_pool_records(c);
+  if (free > 0 && uint64_t{c.queue_factor} * c.added_pool_workers > 8192) {
+    return bad("added_pool_workers",
+               "queue_factor x added_pool_workers = " +
+                   std::to_string(uint64_t{c.queue_factor} * c.added_pool_workers) +
+                   " exceeds 8192 ring cells");
+  }
+  total_workers += uint64_t{free} * c.added_pool_workers;
   if (total_workers > kMaxWorkers) {
     return bad("pools", "more than " + std::to_string(kMaxWorkers) +
-                            " workers in all (spare_workers included, and "
-                            "rollout_surge_workers)");
+                            " workers in all (spare_workers included, rollout_surge_workers, "
+                            "and added_pool_workers for each free record of max_pools)");
   }
   return {};
 }

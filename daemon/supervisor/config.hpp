@@ -104,6 +104,14 @@ inline uint32_t default_max_clients(size_t available_cpus) {
       std::min<uint64_t>(std::max<uint64_t>(by_cpus, kMinDefaultMaxClients), kMaxClients - 1));
 }
 
+// Pool records a config reload may add pools in (docs/design/live_changes.md): "max_pools",
+// "auto" = the pools configured plus kAutoSpareRecords, at most kMaxPools.
+inline constexpr uint32_t kAutoSpareRecords = 4;
+// Worker entries (workers, spares and surge seats) of a pool a reload adds: "added_pool_workers",
+// "auto" = the daemon's CPUs + 2 (a pool of one worker per CPU, a spare and a surge seat), at
+// most kMaxAutoAddedPoolWorkers.
+inline constexpr uint32_t kMaxAutoAddedPoolWorkers = 66;
+
 struct Config {
   uint32_t queue_factor = 10;  // ring capacity = queue_factor x workers
   // Connected clients at once; parse_config sets default_max_clients() of the daemon's CPUs.
@@ -144,6 +152,14 @@ struct Config {
   bool job_metrics = true;
   std::optional<ListenAddress> metrics_listen;
   std::vector<PoolConfig> pools;
+  // Pool records in the queue segment: the pools configured, and free ones a reload may add
+  // pools in; each free one has `added_pool_workers` worker entries and a ring of queue_factor x
+  // that many cells (parse_config resolves "auto").
+  uint32_t max_pools = 0;
+  uint32_t added_pool_workers = 0;
+  // As the file says them (0: "auto"), which a reload compares.
+  uint32_t max_pools_setting = 0;
+  uint32_t added_pool_workers_setting = 0;
   // Plug-in libraries (gpuq/plugin.h), absolute paths, in the order their ops get ids.
   std::vector<std::string> plugins;
 };
@@ -169,6 +185,12 @@ inline uint32_t spin_us_of(const Config& c, const PoolConfig& p) {
 // job enters it (its `accepting` stays 0).
 inline uint32_t ring_capacity(const Config& c, const PoolConfig& p) {
   return p.workers == 0 ? 1 : c.queue_factor * p.workers;
+}
+
+// The pool records a reload may still add a pool in: max_pools less the pools in `c` (removed
+// ones included: their records stay reserved).
+inline uint32_t free_pool_records(const Config& c) {
+  return c.max_pools > c.pools.size() ? c.max_pools - static_cast<uint32_t>(c.pools.size()) : 0;
 }
 
 // The checks on sizes across pools (ring cells per pool, worker entries in all, spares

@@ -44,6 +44,8 @@ void diff_daemon(const Config& a, const Config& b, ConfigChange& out) {
   fixed(!same_listen(a.metrics_listen, b.metrics_listen), "metrics_listen",
         "the listener was bound at start");
   fixed(a.plugins != b.plugins, "plugins", "their ops' ids were given to clients");
+  fixed(a.max_pools_setting != b.max_pools_setting, "max_pools", layout);
+  fixed(a.added_pool_workers_setting != b.added_pool_workers_setting, "added_pool_workers", layout);
   auto live = [&](bool differ, const char* key) {
     if (differ) out.daemon_keys.emplace_back(key);
   };
@@ -117,28 +119,41 @@ ConfigChange diff_configs(const Config& running, const Config& next) {
     }
     diff_pool(running, a, next, *it, p, out);
   }
-  for (const PoolConfig& b : next.pools) {
+  uint32_t free = free_pool_records(running);
+  for (uint32_t i = 0; i < next.pools.size(); ++i) {
+    const PoolConfig& b = next.pools[i];
     const bool runs =
         std::any_of(running.pools.begin(), running.pools.end(),
                     [&](const PoolConfig& a) { return !a.removed && a.name == b.name; });
-    if (!runs) {
-      out.fixed.push_back("pools[" + b.name +
-                          "] (a pool cannot be added while gpuqd runs yet: its ring and worker "
-                          "records are fixed in the queue segment)");
+    if (runs) continue;
+    const std::string at = "pools[" + b.name + "] (a new pool: ";
+    if (b.kind == PoolKind::kGpu) {
+      out.fixed.push_back(at +
+                          "a gpu pool cannot be added while gpuqd runs yet: its GPUs and "
+                          "memory budgets are planned at start)");
+    } else if (free == 0) {
+      out.fixed.push_back(at + "no free pool record left: max_pools is " +
+                          std::to_string(running.max_pools) + ", and removed pools keep theirs)");
+    } else if (b.entries() > running.added_pool_workers) {
+      out.fixed.push_back(at + std::to_string(b.entries()) +
+                          " worker entries (workers, spare_workers, rollout_surge_workers), more "
+                          "than added_pool_workers, " +
+                          std::to_string(running.added_pool_workers) + ")");
+    } else {
+      --free;
+      out.added.push_back(i);
     }
   }
   // Removing every pool would leave clients nothing to submit to: keep one.
-  if (!out.removed.empty() &&
-      std::none_of(next.pools.begin(), next.pools.end(), [&](const PoolConfig& b) {
-        return std::any_of(running.pools.begin(), running.pools.end(),
-                           [&](const PoolConfig& a) { return !a.removed && a.name == b.name; });
-      })) {
+  const auto running_pools = static_cast<size_t>(std::count_if(
+      running.pools.begin(), running.pools.end(), [](const PoolConfig& a) { return !a.removed; }));
+  if (!out.removed.empty() && out.removed.size() == running_pools && out.added.empty()) {
     out.fixed.push_back("pools (every running pool would be removed: keep at least one)");
   }
   return out;
 }
 
-std::vector<std::string> ConfigChange::describe(const Config& running) const {
+std::vector<std::string> ConfigChange::describe(const Config& running, const Config& next) const {
   std::vector<std::string> lines;
   for (const std::string& key : daemon_keys) lines.push_back(key + ": changed, in effect now");
   for (const PoolChange& c : pools) {
@@ -146,6 +161,10 @@ std::vector<std::string> ConfigChange::describe(const Config& running) const {
     for (const std::string& k : c.keys) keys += (keys.empty() ? "" : ", ") + k;
     lines.push_back("pool " + c.name + ": " + keys +
                     (c.rollout ? " changed: rolling restart" : " changed, in effect now"));
+  }
+  for (uint32_t i : added) {
+    lines.push_back("pool " + next.pools[i].name + ": added, " +
+                    std::to_string(next.pools[i].workers) + " workers");
   }
   for (uint32_t p : removed) {
     lines.push_back("pool " + running.pools[p].name +

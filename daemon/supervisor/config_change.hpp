@@ -4,9 +4,10 @@
 // parsed and checked by the same code as at start and `gpuqd --check-config` (load_config), and
 // sorts every difference:
 //   - daemon keys that take effect at once (log_level, time limits, back-offs, who may connect);
-//   - pools removed (they drain), pools whose changes take effect by a rolling restart (a Python
-//     pool's modules and environment, worker_spin_us), and pool keys that take effect at once
-//     (job_time_limit_ms);
+//   - pools added (cpu pools, each in a free pool record of max_pools with at most
+//     added_pool_workers entries), pools removed (they drain), pools whose changes take effect by a
+//     rolling restart (a Python pool's modules and environment, worker_spin_us), and pool keys that
+//     take effect at once (job_time_limit_ms);
 //   - what cannot change while gpuqd runs: the queue layout every client copied once (ring
 //     sizes, worker and pool records) and the files and ids fixed at start. Any of these makes
 //     the reload fail whole, naming each key, and nothing changes.
@@ -34,11 +35,13 @@ struct ConfigChange {
   std::vector<std::string> daemon_keys;  // daemon keys that take effect at once
   std::vector<PoolChange> pools;         // running pools that changed
   std::vector<uint32_t> removed;         // running pools the file no longer has (they drain)
+  std::vector<uint32_t> added;           // pools new to the file (their index in it), in its order
   bool empty() const {
-    return fixed.empty() && daemon_keys.empty() && pools.empty() && removed.empty();
+    return fixed.empty() && daemon_keys.empty() && pools.empty() && removed.empty() &&
+           added.empty();
   }
   // One line per change, for the reply, the log and `gpuqctl reload`.
-  std::vector<std::string> describe(const Config& running) const;
+  std::vector<std::string> describe(const Config& running, const Config& next) const;
 };
 
 // What reloading `next` over `running` changes. `running`: the config as the file said when

@@ -13,7 +13,7 @@ ConfigReload::ConfigReload(Parts parts, Config file_config)
     : parts_(std::move(parts)), file_config_(std::move(file_config)) {}
 
 void ConfigReload::request(uint64_t requester, bool draining) {
-  auto fail = [&](Error e) {
+  auto fail = [&](const Error& e) {
     GPUQ_LOG_ERROR("config reload refused: %s", e.message().c_str());
     if (on_done_) on_done_(requester, e);
   };
@@ -73,11 +73,27 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     }
     updated.emplace_back(c.pool, std::move(now));
   }
+  std::vector<PoolConfig> added;  // as they will run (interpreter resolved)
+  for (uint32_t i : change.added) {
+    PoolConfig pool = next->pools[i];
+    pool.fallback_pool = -1;  // a cpu pool's; its index in `next` means nothing here
+    if (pool.python) {
+      if (auto found = resolve_python_interpreter(pool); !found) {
+        return Error(found.error().code(),
+                     "pools[" + pool.name + "]." + found.error().message() + "; nothing changed");
+      }
+    }
+    if (auto program = worker_program(pool, *parts_.executables, false); !program) {
+      return Error(program.error().code(),
+                   "pools[" + pool.name + "]: " + program.error().message() + "; nothing changed");
+    }
+    added.push_back(std::move(pool));
+  }
 
   // Applied from here on.
   Pending pending;
   pending.requester = requester;
-  pending.lines = change.describe(file_config_);
+  pending.lines = change.describe(file_config_, *next);
   if (pending.lines.empty()) pending.lines.emplace_back("nothing changed");
   Config& c = running;
   const Config& n = *next;
@@ -113,7 +129,8 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     }
     fp = *it;
   }
-  for (auto& [p, now] : updated) {
+  for (auto& [id, now] : updated) {
+    const uint32_t p = id;  // a lambda may not capture a structured binding (before C++20's fix)
     const bool rolled =
         std::any_of(change.pools.begin(), change.pools.end(),
                     [&](const PoolChange& ch) { return ch.pool == p && ch.rollout; });
@@ -138,10 +155,38 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     removals_.push_back({p, now_ns + uint64_t{c.drain_timeout_ms} * 1'000'000});
     GPUQ_LOG_INFO("pool %s removed by a reload: it drains", pool.name.c_str());
   }
-  if (!change.removed.empty()) parts_.catalog->publish();
+  for (size_t k = 0; k < added.size(); ++k) {
+    const auto id = static_cast<uint32_t>(running.pools.size());
+    PoolConfig& pool = running.pools.emplace_back(std::move(added[k]));
+    file_config_.pools.push_back(n.pools[change.added[k]]);
+    PoolState st;
+    st.program = worker_program(pool, *parts_.executables, false).value();  // checked above
+    parts_.plan->pools.push_back(std::move(st));
+    PoolShm& ps = parts_.queue->pool(id);
+    for (uint32_t b = 0; b < kPoolNameBytes; ++b) {
+      std::atomic_ref<char>(ps.name[b])
+          .store(b < pool.name.size() && b + 1 < kPoolNameBytes ? pool.name[b] : '\0',
+                 std::memory_order_relaxed);
+    }
+    ps.kind = static_cast<uint32_t>(pool.kind);
+    GPUQ_LOG_INFO("pool %s added by a reload (record %u)", pool.name.c_str(), id);
+    if (pool.python) {
+      if (auto r = parts_.listings->start(id, pool, now_ns); !r) {
+        pending.failures.push_back("pool " + pool.name + " not added: " + r.error().message());
+        forget_added(id);
+        continue;
+      }
+      pending.adding.push_back(id);
+      continue;
+    }
+    if (auto r = start_added(id); !r) {
+      pending.failures.push_back("pool " + pool.name + " not added: " + r.error().message());
+    }
+  }
+  if (!change.removed.empty() || !change.added.empty()) parts_.catalog->publish();
   for (const std::string& line : pending.lines) GPUQ_LOG_INFO("config reload: %s", line.c_str());
-  if (!pending.rolling.empty()) {
-    pending_.push_back(std::move(pending));  // replied to when its rollouts end
+  if (!pending.rolling.empty() || !pending.adding.empty()) {
+    pending_.push_back(std::move(pending));  // replied to when its rollouts and adds end
     return std::vector<std::string>{};
   }
   if (!pending.failures.empty()) {
@@ -150,6 +195,69 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     return Error(ErrorCode::kWorkerDied, "config reload: " + why);
   }
   return pending.lines;
+}
+
+Result<void> ConfigReload::start_added(uint32_t pool) {
+  const PoolConfig& pc = parts_.config->pools[pool];
+  // As plan_pools places a cpu pool's entries: its CPUs, round robin (spares and surge seats
+  // on the CPUs of the workers they may replace).
+  std::vector<WorkerPlacement> placements;
+  for (uint32_t i = 0; i < pc.entries(); ++i) {
+    placements.push_back({{pc.cpus[i % pc.cpus.size()]}, "-1", -1, {}});
+  }
+  if (auto r = parts_.workers->add_pool(pool, placements); !r) {
+    forget_added(pool);
+    return r;
+  }
+  parts_.queue->pool(pool).accepting.store(kPoolAccepting, std::memory_order_seq_cst);
+  return {};
+}
+
+void ConfigReload::forget_added(uint32_t pool) {
+  Config& running = *parts_.config;
+  parts_.workers->stop_pool(pool);  // those started (none, or up to the one that failed)
+  if (pool + 1 == running.pools.size() && !parts_.workers->pool_running(pool)) {
+    running.pools.pop_back();  // the last record taken: free again
+    file_config_.pools.pop_back();
+    parts_.plan->pools.pop_back();
+    parts_.workers->release_pool(pool);
+    return;
+  }
+  running.pools[pool].removed = true;
+  file_config_.pools[pool].removed = true;
+}
+
+bool ConfigReload::adding(uint32_t pool) const {
+  return !pending_.empty() &&
+         std::find(pending_.front().adding.begin(), pending_.front().adding.end(), pool) !=
+             pending_.front().adding.end();
+}
+
+void ConfigReload::listed(uint32_t pool, Result<std::vector<ListedPythonOp>> ops,
+                          const PythonListingDetail& detail) {
+  if (!adding(pool)) return;
+  Pending& p = pending_.front();
+  std::erase(p.adding, pool);
+  const std::string name = parts_.config->pools[pool].name;
+  Result<void> started;
+  if (!ops) {
+    const std::string err = tail_lines(detail.stderr_text, 20, 1500);
+    started =
+        Error(ErrorCode::kWorkerDied, ops.error().message() + (err.empty() ? "" : ":\n" + err));
+    forget_added(pool);
+  } else if (auto set = set_python_pool_ops(pool, *ops); !set) {
+    started = set.error();
+    forget_added(pool);
+  } else {
+    parts_.workers->set_python_ops(pool, python_op_list(pool));
+    started = start_added(pool);  // forgets the pool itself when it fails
+  }
+  if (!started) {
+    p.failures.push_back("pool " + name + " not added: " + started.error().message());
+    GPUQ_LOG_ERROR("config reload: %s", p.failures.back().c_str());
+  }
+  parts_.catalog->publish();  // its ops (and the pool), or the pool gone
+  if (p.rolling.empty() && p.adding.empty()) finish();
 }
 
 void ConfigReload::rollout_ended(uint32_t pool, const Result<void>& outcome) {
@@ -173,7 +281,7 @@ void ConfigReload::rollout_ended(uint32_t pool, const Result<void>& outcome) {
                     parts_.config->pools[pool].name.c_str());
     }
   }
-  if (p.rolling.empty()) finish();
+  if (p.rolling.empty() && p.adding.empty()) finish();
 }
 
 void ConfigReload::finish() {

@@ -7,6 +7,11 @@
 //     environment or interpreter changed, or a pool whose worker_spin_us changed, is rolled
 //     (PoolRollout). A rollout that fails (the new modules do not import) puts that pool's
 //     settings back: its old workers serve on, and the reload's reply says why;
+//   - an added pool (a cpu pool, in a free pool record of max_pools) has its entries placed on
+//     its CPUs and its workers started, after its ops are listed (a Python pool: OpListings,
+//     as a rollout lists); then it accepts jobs and the catalog is published, so connected
+//     clients see it. One whose modules do not import is not added (its record is given back
+//     when it is the last one taken, else kept as a removed pool's);
 //   - a removed pool stops accepting (a submit gets UnknownPool, "removed by a reload"), its
 //     queued and running jobs finish, then its workers stop; its record stays reserved. The
 //     catalog is published again, so connected clients no longer list it.
@@ -25,7 +30,9 @@
 #include "gpuq/common/shm_layout.hpp"
 #include "gpuq/error.hpp"
 #include "job_recovery.hpp"
+#include "op_listing.hpp"
 #include "pool_outage.hpp"
+#include "pool_plan.hpp"
 #include "pool_rollout.hpp"
 #include "worker_set.hpp"
 
@@ -42,6 +49,9 @@ class ConfigReload {
     PoolOutage* outage = nullptr;
     Catalog* catalog = nullptr;
     JobRecovery* recovery = nullptr;
+    PoolPlan* plan = nullptr;  // an added pool's PoolState goes here
+    const WorkerExecutables* executables = nullptr;
+    OpListings* listings = nullptr;  // an added Python pool's ops
   };
   // `file_config`: the config as the file said at start (before the supervisor resolved the
   // interpreters and the gpu pools' workers): what the next reload is compared with.
@@ -61,12 +71,17 @@ class ConfigReload {
   void tick(uint64_t now);
   // Whether a removed pool still drains (its workers not yet told to stop).
   bool draining(uint32_t pool) const;
+  // Whether `pool` is being added, its ops being listed: OpListings' on_done goes to listed().
+  bool adding(uint32_t pool) const;
+  void listed(uint32_t pool, Result<std::vector<ListedPythonOp>> ops,
+              const PythonListingDetail& detail);
 
  private:
   struct Pending {
     uint64_t requester = 0;
     std::vector<std::string> lines;
     std::vector<uint32_t> rolling;  // pools whose rollout it waits for
+    std::vector<uint32_t> adding;   // added Python pools whose listing it waits for
     std::vector<std::string> failures;
     // Each rolled pool's settings before the reload, put back if its rollout fails.
     std::vector<std::pair<uint32_t, PoolConfig>> before;
@@ -77,6 +92,10 @@ class ConfigReload {
     uint64_t deadline_ns = 0;
   };
   Result<std::vector<std::string>> apply(uint64_t requester);
+  // An added pool's entries placed and started; it accepts jobs. Errors: the first start's.
+  Result<void> start_added(uint32_t pool);
+  // An added pool that could not start: not offered, its record back when it is the last.
+  void forget_added(uint32_t pool);
   void finish();
 
   Parts parts_;

@@ -180,6 +180,10 @@ Result<PoolPlan> plan_pools(Config& c, const WorkerExecutables& found, const Tes
   if (auto r = check_pool_sizes(c); !r) {
     return Error(r.error().code(), r.error().message() + " (with the GPUs found)");
   }
+  // The free pool records' entries: placed when a reload adds a pool in one (place_added_pool).
+  for (uint32_t i = 0; i < free_pool_records(c) * c.added_pool_workers; ++i) {
+    plan.placements.push_back({{}, "-1", -1, {}});
+  }
   return plan;
 }
 

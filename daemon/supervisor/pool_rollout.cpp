@@ -73,13 +73,13 @@ PoolRollout::PoolRollout(WorkerSet& workers, SparePool& spares, const Config& co
       spares_(spares),
       config_(config),
       listings_(listings),
-      pools_(config.pools.size()) {}
+      pools_(kMaxPools) {}  // a reload may add pools
 
 std::vector<RolloutSeat> PoolRollout::seats_of(uint32_t pool) const {
   std::vector<RolloutSeat> out;
   for (const auto& wp : workers_.all()) {
     const Worker& w = *wp;
-    if (w.pool != pool) continue;
+    if (w.pool != pool || w.reserve) continue;  // an added pool's unused entries
     RolloutSeat s;
     s.id = w.id;
     s.role = w.surge ? Role::kSurge : w.spare ? Role::kSpare : Role::kActive;

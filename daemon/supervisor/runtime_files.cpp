@@ -69,20 +69,28 @@ Result<void> RuntimeFiles::lock_dir() {
 
 Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
   const Config& c = config_;
-  uint32_t worker_count = 0;  // worker entries: active workers and spares
+  // The pools configured, then the free records a reload may add pools in, each with
+  // added_pool_workers worker entries and a ring for them (docs/design/live_changes.md).
+  const auto configured = static_cast<uint32_t>(c.pools.size());
+  const uint32_t records = std::max(c.max_pools, configured);
+  uint32_t worker_count = 0;  // worker entries: active workers, spares, surge seats
   for (const auto& p : c.pools) worker_count += p.entries();
+  worker_count += (records - configured) * c.added_pool_workers;
   uint64_t off = sizeof(QueueHeader);
   const uint64_t pools_off = off;
-  off += c.pools.size() * sizeof(PoolShm);
+  off += uint64_t{records} * sizeof(PoolShm);
   const uint64_t workers_off = off;
   off += uint64_t{worker_count} * sizeof(WorkerShm);
   const uint64_t clients_off = off;
   off += uint64_t{c.max_clients} * sizeof(ClientShm);
   std::vector<uint64_t> ring_offsets;
-  for (const auto& p : c.pools) {
+  std::vector<uint32_t> capacities;
+  for (uint32_t p = 0; p < records; ++p) {
     off = (off + 63) & ~uint64_t{63};
     ring_offsets.push_back(off);
-    off += JobRing::bytes_for(ring_capacity(c, p));
+    capacities.push_back(p < configured ? ring_capacity(c, c.pools[p])
+                                        : c.queue_factor * c.added_pool_workers);
+    off += JobRing::bytes_for(capacities.back());
   }
   const uint64_t total = (off + 4095) & ~uint64_t{4095};
 
@@ -107,7 +115,7 @@ Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
   h.epoch = epoch;
   h.segment_bytes = total;
   h.start_unix_ns = static_cast<uint64_t>(time(nullptr)) * 1000000000ull;
-  h.pool_count = static_cast<uint32_t>(c.pools.size());
+  h.pool_count = records;
   h.worker_count = worker_count;
   h.max_clients = c.max_clients;
   h.pools_offset = pools_off;
@@ -115,23 +123,26 @@ Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
   h.clients_offset = clients_off;
   queue_ = QueueView(segment_.address());  // takes the array offsets just written
   uint32_t first = 0;
-  for (uint32_t p = 0; p < c.pools.size(); ++p) {
+  for (uint32_t p = 0; p < records; ++p) {
     PoolShm& ps = queue_.pool(p);
-    std::strncpy(ps.name, c.pools[p].name.c_str(), kPoolNameBytes - 1);
+    const bool free = p >= configured;
+    const uint32_t entries = free ? c.added_pool_workers : c.pools[p].entries();
+    if (!free) std::strncpy(ps.name, c.pools[p].name.c_str(), kPoolNameBytes - 1);
     ps.id = p;
-    ps.kind = static_cast<uint32_t>(c.pools[p].kind);
-    ps.capacity = ring_capacity(c, c.pools[p]);
-    ps.worker_count = c.pools[p].entries();  // its spares too: their WorkerShm follow
+    ps.kind = free ? 0 : static_cast<uint32_t>(c.pools[p].kind);
+    ps.capacity = capacities[p];
+    ps.worker_count = entries;  // its spares and surge seats too: their WorkerShm follow
     ps.first_worker = first;
     ps.client_share =
         std::max<uint32_t>(1, static_cast<uint32_t>(ps.capacity * c.client_queue_share));
     ps.ring_offset = ring_offsets[p];
     // An unavailable pool never accepts a job: nothing would ever run it. Clients learn why
-    // from Welcome and do not even try (a client that pushes anyway gets ShuttingDown).
-    ps.accepting.store(plan.pools[p].available ? kPoolAccepting : kPoolNotAccepting,
+    // from Welcome and do not even try (a client that pushes anyway gets ShuttingDown). Nor
+    // does a free record until a reload adds a pool in it.
+    ps.accepting.store(!free && plan.pools[p].available ? kPoolAccepting : kPoolNotAccepting,
                        std::memory_order_relaxed);
     JobRing::create(queue_.base() + ring_offsets[p], ps.capacity);
-    for (uint32_t i = 0; i < c.pools[p].entries(); ++i) {
+    for (uint32_t i = 0; i < entries; ++i) {
       WorkerShm& ws = queue_.worker(first + i);
       ws.id = first + i;
       ws.pool_id = p;
@@ -140,7 +151,7 @@ Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
       const std::vector<int>& cpus = plan.placements[first + i].cpus;
       ws.cpu = cpus.size() == 1 ? cpus.front() : -1;
     }
-    first += c.pools[p].entries();
+    first += entries;
   }
   // From here on this process indexes the segment with this copy of the layout only; clients
   // can write the segment's own copy (QueueLayout).

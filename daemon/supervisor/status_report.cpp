@@ -282,7 +282,7 @@ std::vector<PoolHealth> StatusReport::pool_health() const {
     pools[p].down = s_.outage->down(p);
   }
   for (const auto& w : s_.workers->all()) {
-    if (w->surge) continue;  // serves no job, dormant or starting for a rollout
+    if (w->surge || w->reserve) continue;  // serves no job: a rollout's seat, a free record
     if (c.pools[w->pool].removed) continue;
     PoolHealth& h = pools[w->pool];
     if (w->spare) {

@@ -43,7 +43,7 @@ Supervisor::Supervisor(SupervisorOptions options)
       clients_(options_.config, files_.queue(), loop_),
       recovery_(options_.config, files_.queue(), clients_, job_clock_),
       watch_(options_.config, clients_, stamps_),
-      outage_(static_cast<uint32_t>(options_.config.pools.size()),
+      outage_(kMaxPools,  // a reload may add pools
               uint64_t{options_.config.pool_down_fail_ms} * 1'000'000) {
   if (!options_.launcher) options_.launcher = std::make_shared<ForkExecLauncher>();
   clients_.set_handlers([this](Client& c, Message& m) { handle_message(c, m); },
@@ -90,6 +90,7 @@ Result<void> Supervisor::start() {
   learn_python_ops(cfg, plan_);
   uint64_t worker_count = 0;
   for (const auto& p : cfg.pools) worker_count += p.entries();
+  worker_count += uint64_t{free_pool_records(cfg)} * cfg.added_pool_workers;  // their pages
   clients_.raise_descriptor_limit(worker_count);
   if (auto r = files_.lock_dir(); !r) return r;
   if (auto r = files_.create_queue(epoch_, plan_); !r) return r;
@@ -136,7 +137,7 @@ Result<void> Supervisor::start() {
   workers_ = std::make_unique<WorkerSet>(std::move(wo), files_.queue(), loop_, *options_.launcher);
   workers_->set_on_started([this](Worker& w) { on_worker_started(w); });
   spares_ = std::make_unique<SparePool>(*workers_, files_.queue(), *options_.launcher,
-                                        static_cast<uint32_t>(cfg.pools.size()));
+                                        kMaxPools);  // a reload may add pools
   // A spare that is ready takes the place of an active worker still waiting to start again;
   // and that of a worker stopped for a job that did not end as soon as it is killed, not when
   // its exit comes (the kernel takes tens of milliseconds to tear down a process with a large
@@ -152,13 +153,19 @@ Result<void> Supervisor::start() {
   rollouts_->set_on_end([this](uint32_t pool, const Result<void>& r) { restart_ended(pool, r); });
   listings_->set_on_done([this](uint32_t pool, Result<std::vector<ListedPythonOp>> ops,
                                 const PythonListingDetail& detail) {
-    rollouts_->listed(pool, std::move(ops), detail);
+    // A pool a reload adds, or one a rollout rolls: never both (a rollout needs workers).
+    if (reload_->adding(pool)) {
+      reload_->listed(pool, std::move(ops), detail);
+    } else {
+      rollouts_->listed(pool, std::move(ops), detail);
+    }
   });
   // New ops are published once a new worker serves them: connected clients see them then.
   rollouts_->set_on_ops_changed([this](uint32_t) { catalog_.publish(); });
   reload_ = std::make_unique<ConfigReload>(
       ConfigReload::Parts{&options_.config, options_.config_path, &files_.queue(), workers_.get(),
-                          rollouts_.get(), &outage_, &catalog_, &recovery_},
+                          rollouts_.get(), &outage_, &catalog_, &recovery_, &plan_,
+                          &options_.executables, listings_.get()},
       options_.file_config);
   reload_->set_on_done([this](uint64_t requester, const Result<std::vector<std::string>>& r) {
     reload_ended(requester, r);
@@ -185,7 +192,7 @@ Result<void> Supervisor::start() {
   if (auto r = start_metrics_listener(); !r) return r;
   watch_.attach(workers_.get());
   for (const auto& w : workers_->all()) {
-    if (w->surge) continue;  // a surge seat runs only during a rollout
+    if (w->surge || w->reserve) continue;  // a surge seat runs only during a rollout
     if (auto r = workers_->spawn(*w); !r) return r;
   }
   // Per-GPU metrics where NVML (or its stand-in, under the test hooks) found the GPUs some

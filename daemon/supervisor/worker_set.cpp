@@ -67,17 +67,23 @@ WorkerSet::WorkerSet(WorkerSetOptions options, QueueView& queue, EventLoop& loop
 
 Result<void> WorkerSet::create() {
   const Config& c = *options_.config;
-  generations_.assign(c.pools.size(), 1);
-  for (uint32_t p = 0; p < c.pools.size(); ++p) {
-    for (uint32_t i = 0; i < c.pools[p].entries(); ++i) {
+  const auto configured = static_cast<uint32_t>(c.pools.size());
+  generations_.assign(kMaxPools, 1);
+  options_.python_ops.resize(kMaxPools);
+  // The pools configured, then the free records' entries (a pool a reload adds).
+  for (uint32_t p = 0; p < std::max(c.max_pools, configured); ++p) {
+    const bool free = p >= configured;
+    const uint32_t entries = free ? c.added_pool_workers : c.pools[p].entries();
+    for (uint32_t i = 0; i < entries; ++i) {
       auto w = std::make_unique<Worker>();
       w->id = static_cast<uint32_t>(workers_.size());
       w->pool = p;
       w->placement = options_.plan->placements[w->id];
       // The pool's spares come after its active workers, and its surge seats after those.
-      w->spare = i >= c.pools[p].workers;
-      w->surge = i >= c.pools[p].workers + c.pools[p].spare_workers;
-      if (w->surge) {  // dormant until a rollout starts it
+      w->reserve = free;
+      w->spare = !free && i >= c.pools[p].workers;
+      w->surge = !free && i >= c.pools[p].workers + c.pools[p].spare_workers;
+      if (w->surge || w->reserve) {  // dormant until a rollout (or a reload) starts it
         w->state = WorkerState::kStopped;
         queue_.worker(w->id).state.store(static_cast<uint32_t>(WorkerState::kStopped),
                                          std::memory_order_release);
@@ -572,6 +578,51 @@ void WorkerSet::kill_all() {
 
 bool WorkerSet::any_running() const {
   return std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->pid > 0; });
+}
+
+Result<void> WorkerSet::add_pool(uint32_t pool, const std::vector<WorkerPlacement>& placements) {
+  const PoolConfig& pc = options_.config->pools[pool];
+  generations_[pool] = 1;
+  uint32_t i = 0;
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    if (w.pool != pool) continue;
+    if (i < pc.entries()) {
+      w.reserve = false;
+      w.spare = i >= pc.workers;
+      w.surge = i >= pc.workers + pc.spare_workers;
+      w.generation = 1;
+      w.placement = placements[i];
+      w.backoff = StartBackoff(BackoffSettings::of(*options_.config));
+      const std::vector<int>& cpus = w.placement.cpus;
+      std::atomic_ref<int32_t>(queue_.worker(w.id).cpu)
+          .store(cpus.size() == 1 ? cpus.front() : -1, std::memory_order_relaxed);
+    }
+    ++i;
+  }
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    if (w.pool != pool || w.reserve || w.surge) continue;
+    if (auto r = spawn(w); !r) return r;
+  }
+  return {};
+}
+
+bool WorkerSet::pool_running(uint32_t pool) const {
+  return std::any_of(workers_.begin(), workers_.end(),
+                     [&](const auto& w) { return w->pool == pool && w->pid > 0; });
+}
+
+void WorkerSet::release_pool(uint32_t pool) {
+  for (auto& w : workers_) {
+    if (w->pool != pool) continue;
+    w->reserve = true;
+    w->removed = w->spare = w->surge = false;
+    w->state = WorkerState::kStopped;
+    queue_.worker(w->id).state.store(static_cast<uint32_t>(WorkerState::kStopped),
+                                     std::memory_order_release);
+  }
+  if (pool < options_.python_ops.size()) options_.python_ops[pool].clear();
 }
 
 bool WorkerSet::pool_busy(uint32_t pool) const {

@@ -47,6 +47,9 @@ struct Worker {
   bool surge = false;
   // Its pool was removed by a config reload (stop_pool): it is not started again.
   bool removed = false;
+  // An entry of a free pool record (max_pools): no process and no role until a config reload
+  // adds a pool in the record (WorkerSet::add_pool); dormant, hidden as a surge seat is.
+  bool reserve = false;
   // The pool generation its current (or last) process was started at (PoolRollout).
   uint32_t generation = 1;
   // Its process was told to stop for a rollout (it took no job since): its exit is no failure,
@@ -176,6 +179,7 @@ class WorkerSet {
   // The op list (python_op_list) a Python pool's workers start with from now on and must report
   // ready with (a rollout re-listed the pool's ops).
   void set_python_ops(uint32_t pool, std::string list) {
+    if (options_.python_ops.size() <= pool) options_.python_ops.resize(pool + 1);
     options_.python_ops[pool] = std::move(list);
   }
   // Tells `w`, which serves no job now (a spare, or an active worker whose place a spare has
@@ -185,6 +189,16 @@ class WorkerSet {
   bool any_running() const;
   bool any_busy() const;  // a running worker in the middle of a job (its private job_seq)
   bool pool_busy(uint32_t pool) const;  // the same, among `pool`'s workers
+  // A pool a config reload added in free record `pool` (config->pools[pool] is set): its entries
+  // get their roles (workers, spares, surge seats, as create() gives them) and `placements`
+  // (one per entry), the rest of the record's entries stay reserve; then its workers and
+  // spares are started. Errors: the first start's.
+  Result<void> add_pool(uint32_t pool, const std::vector<WorkerPlacement>& placements);
+  // Whether a worker of `pool` has a process.
+  bool pool_running(uint32_t pool) const;
+  // A pool add_pool could not start, none of its workers running: its record's entries are
+  // reserve again, for the next pool a reload adds.
+  void release_pool(uint32_t pool);
   // A pool removed by a config reload, drained: its workers stop after their running job
   // (WorkerStop) and are not started again; those with no process stay so.
   void stop_pool(uint32_t pool);
@@ -219,7 +233,7 @@ const char* worker_state_name(WorkerState s);
 
 // A surge seat with no process: an entry that status, health and metrics leave out.
 inline bool dormant(const Worker& w) {
-  return w.surge && w.pid == 0;
+  return (w.surge || w.reserve) && w.pid == 0;
 }
 
 }  // namespace gpuq::daemon

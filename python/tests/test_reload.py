@@ -1,9 +1,9 @@
 """Config reload (``gpuqctl reload``, SIGHUP, ``gpuq.reload_config``; docs/design/live_changes.md)
 with a real gpuqd and real Python workers: while 32 client processes call a Python pool without
 pause, a reload points the pool at a new version of its module (the pool is rolled: every call
-answered, none failed, answers switch to the new version) and removes another pool (its callers
-get UnknownPool once it is gone, never an answer after its drain); the same with a spare as the
-rollout's seat. A reload that asks for what cannot change live, a file that does not parse, and a
+answered, none failed, answers switch to the new version), adds a pool (a client connected
+before calls it) and removes another (its callers get UnknownPool once it is gone, never an
+answer after its drain); the same with a spare as the rollout's seat. A reload that asks for what cannot change live, a file that does not parse, and a
 new version that does not import are refused, and the daemon serves on unchanged. SIGHUP and
 gpuqctl do the same."""
 
@@ -88,7 +88,7 @@ def test_a_reload_rolls_one_pool_and_removes_another_under_load(tmp_path, seat):
     v2 = write_module(tmp_path / "v2", 2)
     extra = {"spare_workers": 1, "rollout_surge_workers": 0} if seat == "spare" else {}
     before = {"pools": [pool("py", v1, **extra), pool("old", v1, workers=1)]}
-    after = {"pools": [pool("py", v2, **extra)]}
+    after = {"pools": [pool("py", v2, **extra), pool("new", v2, workers=1)]}
     with gpuq.testing.Daemon(before) as d:
         ctx = mp.get_context("spawn")
         stop, started, out = ctx.Event(), ctx.Queue(), ctx.Queue()
@@ -105,6 +105,10 @@ def test_a_reload_rolls_one_pool_and_removes_another_under_load(tmp_path, seat):
                 lines = d.reload(after)
                 assert "pool py: python.path changed: rolling restart" in lines, lines
                 assert any(line.startswith("pool old: removed") for line in lines), lines
+                assert "pool new: added, 1 workers" in lines, lines
+                # The added pool serves this client, connected before it existed.
+                assert c.call("version", pool="new")["version"] == 2
+                assert pool_status(d, "new")["status"] == "ready"
                 # The rollout has ended: only the new version answers.
                 for _ in range(20):
                     assert c.call("version", pool="py")["version"] == 2
@@ -116,7 +120,7 @@ def test_a_reload_rolls_one_pool_and_removes_another_under_load(tmp_path, seat):
                 assert pool_status(d, "old")["status"] == "removed"
                 with pytest.raises(gpuq.UnknownPool):
                     c.call("version", pool="old")
-                assert {p["name"] for p in c.pools} == {"py"}
+                assert {p["name"] for p in c.pools} == {"py", "new"}
                 assert pool_status(d, "py")["generation"] == 2
                 time.sleep(0.5)
         finally:
@@ -138,31 +142,39 @@ def test_a_reload_rolls_one_pool_and_removes_another_under_load(tmp_path, seat):
 def test_what_cannot_change_live_is_refused_and_nothing_changes(tmp_path):
     v1 = write_module(tmp_path / "v1", 1)
     bad = write_module(tmp_path / "bad", 2, extra="raise RuntimeError('the weights file is missing')")
-    config = {"pools": [pool("py", v1)]}
-    with gpuq.testing.Daemon(config) as d:
+    def cfg(*pools, **keys):  # added_pool_workers pinned: the same on any machine
+        return {"added_pool_workers": 4, "pools": list(pools), **keys}
+
+    with gpuq.testing.Daemon(cfg(pool("py", v1))) as d:
         with gpuq.connect(d.runtime_dir) as c:
             with pytest.raises(gpuq.InvalidArgument, match=r"queue_factor \(it sizes"):
-                d.reload({"queue_factor": 4, "pools": [pool("py", v1)]})
+                d.reload(cfg(pool("py", v1), queue_factor=4))
             with pytest.raises(gpuq.InvalidArgument, match=r"pools\[py\]\.workers"):
-                d.reload({"pools": [pool("py", v1, workers=1)]})
-            with pytest.raises(gpuq.InvalidArgument, match=r"pools\[new\]"):
-                d.reload({"pools": [pool("py", v1), pool("new", v1)]})
+                d.reload(cfg(pool("py", v1, workers=1)))
+            with pytest.raises(gpuq.InvalidArgument, match=r"pools\[big\] \(a new pool: 6 worker entries.*added_pool_workers, 4"):
+                d.reload(cfg(pool("py", v1), pool("big", v1, workers=4, spare_workers=1)))
             with pytest.raises(gpuq.InvalidArgument, match="nothing changed"):
-                d.reload({"pools": [pool("py", v1, job_time_limit_ms="soon")]})
+                d.reload(cfg(pool("py", v1, job_time_limit_ms="soon")))
             assert c.call("version", pool="py")["version"] == 1
             st = pool_status(d, "py")
             assert st["generation"] == 1 and st["job_time_limit_ms"] is None
             # A new version that does not import: refused, the old one serves, the pool's
             # settings are back, so the same file reloads once mended.
             with pytest.raises(gpuq.WorkerDied, match="the weights file is missing"):
-                d.reload({"pools": [pool("py", bad)]})
+                d.reload(cfg(pool("py", bad)))
             for _ in range(10):
                 assert c.call("version", pool="py")["version"] == 1
+            # A new pool whose module does not import is not added.
+            with pytest.raises(gpuq.WorkerDied, match="pool extra not added"):
+                d.reload(cfg(pool("py", v1), pool("extra", bad)))
+            assert [p["name"] for p in d.status()["pools"]] == ["py"]
+            with pytest.raises(gpuq.UnknownPool):
+                c.call("version", pool="extra")
             write_module(bad, 3)
-            lines = d.reload({"pools": [pool("py", bad)]})
+            lines = d.reload(cfg(pool("py", bad)))
             assert "pool py: python.path changed: rolling restart" in lines
             assert c.call("version", pool="py")["version"] == 3
-            assert d.reload({"pools": [pool("py", bad)]}) == ["nothing changed"]
+            assert d.reload(cfg(pool("py", bad))) == ["nothing changed"]
 
 
 def test_sighup_and_gpuqctl_reload(tmp_path):

@@ -16,21 +16,18 @@ namespace {
 // A queue segment's header and pool records in plain memory (no rings: the catalog reads the
 // records only).
 struct Segment {
-  std::vector<uint64_t> memory =
-      std::vector<uint64_t>((sizeof(QueueHeader) + 2 * sizeof(PoolShm)) / sizeof(uint64_t) + 8, 0);
+  alignas(64) char memory[sizeof(QueueHeader) + 2 * sizeof(PoolShm)] = {};
   QueueView view;
   Segment() {
-    char* base =
-        reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(memory.data()) + 63) & ~uintptr_t{63});
-    auto* h = new (base) QueueHeader{};
+    auto* h = new (memory) QueueHeader{};
     h->pool_count = 2;
     h->pools_offset = sizeof(QueueHeader);
     for (uint32_t p = 0; p < 2; ++p) {
-      auto* ps = new (base + sizeof(QueueHeader) + p * sizeof(PoolShm)) PoolShm{};
+      auto* ps = new (memory + sizeof(QueueHeader) + p * sizeof(PoolShm)) PoolShm{};
       ps->capacity = 20 * (p + 1);
       ps->client_share = 10 * (p + 1);
     }
-    view = QueueView(base);
+    view = QueueView(memory);
   }
 };
 

@@ -1,6 +1,7 @@
 // diff_configs (daemon/supervisor/config_change.hpp): what a config reload changes, from two
 // parsed config files: daemon keys live or fixed (named with why), pool keys rolled, live or
-// fixed, pools removed, pools added (not live yet), and a reload that would remove every pool.
+// fixed, pools removed, pools added (in free records, within added_pool_workers; gpu pools not
+// yet), and a reload that would remove every pool.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -33,14 +34,15 @@ const char* const kBase = R"({"log_level":"info","pools":[
 TEST_CASE("diff_configs: the same file changes nothing") {
   const ConfigChange c = diff_configs(parse(kBase), parse(kBase));
   CHECK(c.empty());
-  CHECK(c.describe(parse(kBase)).empty());
+  CHECK(c.describe(parse(kBase), parse(kBase)).empty());
 }
 
 TEST_CASE("diff_configs: live daemon keys, a rolled Python pool, a live pool key, a removal") {
   const Config running = parse(kBase);
-  const ConfigChange c = diff_configs(running, parse(R"({"log_level":"debug","cancel_grace_ms":5,
+  const Config next = parse(R"({"log_level":"debug","cancel_grace_ms":5,
     "pools":[{"name":"cpu","workers":2,"job_time_limit_ms":900},
-             {"name":"py","workers":1,"python":{"modules":["a","b"],"path":["/srv/v2"]}}]})"));
+             {"name":"py","workers":1,"python":{"modules":["a","b"],"path":["/srv/v2"]}}]})");
+  const ConfigChange c = diff_configs(running, next);
   CHECK(c.fixed.empty());
   CHECK(c.daemon_keys == std::vector<std::string>{"log_level", "cancel_grace_ms"});
   REQUIRE(c.pools.size() == 2);
@@ -52,7 +54,7 @@ TEST_CASE("diff_configs: live daemon keys, a rolled Python pool, a live pool key
   CHECK(c.pools[1].keys == std::vector<std::string>{"python.modules", "python.path"});
   CHECK(c.pools[1].rollout);
   CHECK(c.removed == std::vector<uint32_t>{2});
-  const std::vector<std::string> lines = c.describe(running);
+  const std::vector<std::string> lines = c.describe(running, next);
   CHECK(mentions(lines, "log_level: changed, in effect now"));
   CHECK(mentions(lines, "pool py: python.modules, python.path changed: rolling restart"));
   CHECK(mentions(lines, "pool cpu: job_time_limit_ms changed, in effect now"));
@@ -80,22 +82,68 @@ TEST_CASE("diff_configs: what cannot change live is named, with why") {
   CHECK(mentions(c.fixed, "pools[cpu].workers"));
   CHECK(mentions(c.fixed, "pools[cpu].cpus"));
   CHECK(mentions(c.fixed, "pools[py].kind"));
-  CHECK(mentions(c.fixed, "pools[new] (a pool cannot be added while gpuqd runs yet"));
+  CHECK(!mentions(c.fixed, "pools[new]"));  // a cpu pool can be added
+  CHECK(c.added == std::vector<uint32_t>{3});
   CHECK(!mentions(c.fixed, "pools[old]"));
 }
 
-TEST_CASE("diff_configs: removing every pool is refused; a removed pool is not compared again") {
+TEST_CASE("diff_configs: pools added in free records, within added_pool_workers") {
+  // 3 pools, max_pools "auto": 7 records, 4 free; added_pool_workers "auto": 2 CPUs + 2.
+  const Config running = parse(kBase);
+  CHECK(running.max_pools == 7);
+  CHECK(running.added_pool_workers == 4);
+  const Config next = parse(R"({"log_level":"info","pools":[
+    {"name":"cpu","workers":2},
+    {"name":"py","workers":1,"python":{"modules":["a"],"path":["/srv/v1"]}},
+    {"name":"old","workers":1},
+    {"name":"a1","workers":2},{"name":"a2","workers":3,"rollout_surge_workers":1},
+    {"name":"big","workers":4,"spare_workers":1},
+    {"name":"g","kind":"gpu","gpus":[0]}]})");
+  const ConfigChange c = diff_configs(running, next);
+  CHECK(c.added == std::vector<uint32_t>{3, 4});
+  CHECK(mentions(c.fixed, "pools[big] (a new pool: 6 worker entries"));
+  CHECK(mentions(c.fixed, "more than added_pool_workers, 4"));
+  CHECK(mentions(c.fixed, "pools[g] (a new pool: a gpu pool cannot be added"));
+  CHECK(mentions(c.describe(running, next), "pool a1: added, 2 workers"));
+  // Records run out: max_pools 4 leaves one free record; a removed pool keeps its own.
+  Config tight = parse(R"({"max_pools":4,"pools":[{"name":"a"},{"name":"b"},{"name":"c"}]})");
+  const ConfigChange one = diff_configs(tight, parse(R"({"max_pools":4,"pools":[{"name":"a"},
+    {"name":"b"},{"name":"d","workers":1}]})"));
+  CHECK(one.fixed.empty());
+  CHECK(one.added == std::vector<uint32_t>{2});
+  CHECK(one.removed == std::vector<uint32_t>{2});
+  tight.pools[2].removed = true;  // as the reload leaves it
+  tight.pools.push_back(parse(R"({"pools":[{"name":"d","workers":1}]})").pools[0]);
+  const ConfigChange two = diff_configs(tight, parse(R"({"max_pools":4,"pools":[{"name":"a"},
+    {"name":"b"},{"name":"d","workers":1},{"name":"e","workers":1}]})"));
+  CHECK(two.added.empty());
+  CHECK(mentions(two.fixed, "pools[e] (a new pool: no free pool record left: max_pools is 4"));
+  // max_pools and added_pool_workers are fixed; "auto" stays "auto" whatever the pools.
+  CHECK(mentions(diff_configs(tight, parse(R"({"max_pools":5,"pools":[{"name":"a"},
+    {"name":"b"},{"name":"c"}]})"))
+                     .fixed,
+                 "max_pools"));
+  CHECK(diff_configs(running, parse(R"({"pools":[{"name":"cpu","workers":2},
+    {"name":"py","workers":1,"python":{"modules":["a"],"path":["/srv/v1"]}},{"name":"old","workers":1},
+    {"name":"x","workers":1}]})"))
+            .fixed.empty());
+}
+
+TEST_CASE("diff_configs: every pool replaced; a removed pool is not compared again") {
   Config running = parse(kBase);
   const ConfigChange all = diff_configs(running, parse(R"({"pools":[{"name":"other"}]})"));
-  CHECK(mentions(all.fixed, "every running pool would be removed"));
+  CHECK(all.fixed.empty());
+  CHECK(all.removed.size() == 3);
+  CHECK(all.added == std::vector<uint32_t>{0});
   running.pools[2].removed = true;
   const ConfigChange again = diff_configs(running, parse(R"({"log_level":"info","pools":[
     {"name":"cpu","workers":2},
     {"name":"py","workers":1,"python":{"modules":["a"],"path":["/srv/v1"]}}]})"));
   CHECK(again.empty());
-  // Its name given to a new pool: that is an added pool.
+  // Its name given to a new pool: that is an added pool, in a record of its own.
   const ConfigChange reuse = diff_configs(running, parse(kBase));
-  CHECK(mentions(reuse.fixed, "pools[old] (a pool cannot be added"));
+  CHECK(reuse.fixed.empty());
+  CHECK(reuse.added == std::vector<uint32_t>{2});
 }
 
 }  // namespace

@@ -133,8 +133,8 @@ TEST_CASE("rollout_surge_workers: default 1 in a cpu pool, 0 in a gpu pool, boun
   auto g = parse_config(R"({"pools":[{"name":"g","kind":"gpu","gpus":[0]}]})", allowed);
   REQUIRE(g.ok());
   CHECK(g->pools[0].rollout_surge_workers == 0);
-  auto two =
-      parse_config(R"({"pools":[{"name":"a","workers":1,"rollout_surge_workers":2}]})", allowed);
+  auto two = parse_config(
+      R"({"max_pools":1,"pools":[{"name":"a","workers":1,"rollout_surge_workers":2}]})", allowed);
   REQUIRE(two.ok());
   CHECK(two->pools[0].entries() == 3);
   auto plan = gpuq::daemon::plan_pools(*two, {}, {});

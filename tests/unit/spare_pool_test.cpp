@@ -90,7 +90,7 @@ TEST_CASE("spare_workers: a cpu pool's spares are placed after its workers, roun
   const std::vector<int> allowed = allowed_cpus();
   REQUIRE_FALSE(allowed.empty());
   const int cpu = allowed.front();
-  auto c = parse_config(R"({"pools":[{"name":"a","workers":2,"spare_workers":2,)"
+  auto c = parse_config(R"({"max_pools":2,"pools":[{"name":"a","workers":2,"spare_workers":2,)"
                         R"("rollout_surge_workers":0,"cpus":[)" +
                             std::to_string(cpu) +
                             "]},{\"name\":\"b\",\"workers\":1,\"rollout_surge_workers\":0,"
