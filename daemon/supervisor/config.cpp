@@ -363,6 +363,10 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       if (!w) return w.error();
       p.workers = static_cast<uint32_t>(*w);
       have_workers = true;
+    } else if (key == "max_workers" && !gpu) {
+      auto w = read_uint(val, kp, 1, kMaxWorkers);
+      if (!w) return w.error();
+      p.max_workers = p.max_workers_setting = static_cast<uint32_t>(*w);
     } else if (key == "spare_workers") {
       auto w = read_uint(val, kp, 0, kMaxSpareWorkers);
       if (!w) return w.error();
@@ -417,8 +421,8 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       auto py = read_python(val, kp);
       if (!py) return py.error();
       p.python = std::move(*py);
-    } else if (gpu && (key == "workers" || key == "cpus")) {
-      return bad(kp, key == "workers"
+    } else if (gpu && (key == "workers" || key == "cpus" || key == "max_workers")) {
+      return bad(kp, key != "cpus"
                          ? "is not a gpu pool key: a gpu pool has workers_per_gpu workers on "
                            "each of its GPUs"
                          : "is not a gpu pool key: a gpu pool's workers run on the CPUs local to "
@@ -430,7 +434,7 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       return bad(kp, gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
                            "workers_per_gpu, spare_workers, rollout_surge_workers, fallback, "
                            "memory_limit, job_time_limit_ms, worker_spin_us, python)"
-                         : "unknown key (known: name, kind, workers, spare_workers, "
+                         : "unknown key (known: name, kind, workers, max_workers, spare_workers, "
                            "rollout_surge_workers, cpus, job_time_limit_ms, worker_spin_us, "
                            "python; gpus, workers_per_gpu, "
                            "fallback and "
@@ -446,6 +450,11 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
   }
   if (p.cpus.empty()) p.cpus = available;
   if (!have_workers) p.workers = static_cast<uint32_t>(p.cpus.size());
+  if (p.max_workers != 0 && p.max_workers < p.workers) {
+    return bad(path + ".max_workers", std::to_string(p.max_workers) + " is fewer than its " +
+                                          std::to_string(p.workers) + " workers");
+  }
+  if (p.max_workers == 0) p.max_workers = p.workers;
   return p;
 }
 
@@ -725,12 +734,13 @@ Result<void> check_pool_sizes(const Config& c) {
   uint64_t total_workers = 0;
   for (size_t i = 0; i < c.pools.size(); ++i) {
     const auto& p = c.pools[i];
-    uint64_t cap = uint64_t{c.queue_factor} * p.workers;
+    uint64_t cap = uint64_t{c.queue_factor} * p.most_workers();
     // A ring entry carries 14 bits of the slot generation; a ring far larger than that could
     // let a stale entry match a reused slot (docs/design/job_states.md).
     if (cap > 8192) {
       return bad("pools[" + std::to_string(i) + "]",
-                 "queue_factor x workers = " + std::to_string(cap) + " exceeds 8192 ring cells");
+                 "queue_factor x workers (max_workers) = " + std::to_string(cap) +
+                     " exceeds 8192 ring cells");
     }
     // Spares are workers too (processes, WorkerShm slots); a pool whose count is not known
     // yet (a gpu pool with "gpus": "all") is checked again once it is.

@@ -49,6 +49,11 @@ struct PoolConfig {
   // config (workers_per_gpu x listed GPUs; 0 with "gpus": "all") until the supervisor has
   // found the GPUs, which sets it (0 for an unavailable pool).
   uint32_t workers = 0;
+  // cpu pools: the most `workers` a config reload may raise it to (entries reserved for them,
+  // its ring sized for them); `workers` when the file does not say (no growth), as it says in
+  // max_workers_setting (0: not said), which a reload compares. Fixed while gpuqd runs.
+  uint32_t max_workers = 0;
+  uint32_t max_workers_setting = 0;
   // Spare workers (docs/design/faults.md, "Spare workers"): started and made ready like the
   // others but kept out of the ring, each to take the place of an active worker that dies or
   // is stopped. A gpu pool's are spread over its GPUs, round robin.
@@ -58,11 +63,13 @@ struct PoolConfig {
   // in a cpu pool (a seat costs nothing while idle), 0 in a gpu pool (a seat there takes a
   // share of the pool's memory budget, as a spare does).
   uint32_t rollout_surge_workers = 0;
-  // The pool's worker entries (processes, WorkerShm slots, ids): its active workers, its spares
-  // and its surge seats, in that order; 0 for a pool without workers (an unavailable gpu pool).
-  // `workers` alone counts the active ones, which size the ring (ring_capacity).
+  // The most active workers it may have: max_workers, at least workers.
+  uint32_t most_workers() const { return std::max(workers, max_workers); }
+  // The pool's worker entries (processes, WorkerShm slots, ids): its active workers, the entries
+  // reserved for growth (max_workers), its spares and its surge seats, in that order; 0 for a
+  // pool without workers (an unavailable gpu pool). most_workers() sizes the ring.
   uint32_t entries() const {
-    return workers == 0 ? 0 : workers + spare_workers + rollout_surge_workers;
+    return workers == 0 ? 0 : most_workers() + spare_workers + rollout_surge_workers;
   }
   std::vector<int> cpus;  // cpu pools: CPUs the workers are pinned to, one each, round robin
   // gpu pools only.
@@ -184,7 +191,7 @@ inline uint32_t spin_us_of(const Config& c, const PoolConfig& p) {
 // still gets a ring of one cell, so that the segment's layout is the same for every pool; no
 // job enters it (its `accepting` stays 0).
 inline uint32_t ring_capacity(const Config& c, const PoolConfig& p) {
-  return p.workers == 0 ? 1 : c.queue_factor * p.workers;
+  return p.workers == 0 ? 1 : c.queue_factor * p.most_workers();
 }
 
 // The pool records a reload may still add a pool in: max_pools less the pools in `c` (removed

@@ -73,7 +73,15 @@ void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const Po
   };
   const char* layout = "its ring and worker records are fixed in the queue segment";
   fixed(a.kind != b.kind, "kind", "clients hold the pool's kind; add a pool of another name");
-  fixed(a.workers != b.workers, "workers", layout);
+  fixed(a.max_workers_setting != b.max_workers_setting, "max_workers", layout);
+  // A cpu pool's workers change live within its max_workers (entries and ring reserved).
+  const bool resize = a.kind == PoolKind::kCpu && b.kind == PoolKind::kCpu &&
+                      a.workers != b.workers && b.workers <= a.max_workers;
+  fixed(a.workers != b.workers && !resize, "workers",
+        a.kind == PoolKind::kCpu
+            ? "more than its max_workers: its ring and worker records are fixed in the queue "
+              "segment; a pool may grow to max_workers live"
+            : layout);
   fixed(a.spare_workers != b.spare_workers, "spare_workers", layout);
   fixed(a.rollout_surge_workers != b.rollout_surge_workers, "rollout_surge_workers", layout);
   fixed(a.workers_per_gpu != b.workers_per_gpu, "workers_per_gpu", layout);
@@ -85,7 +93,7 @@ void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const Po
         "memory_limit", "the GPUs' budgets were planned at start");
   fixed(a.python.has_value() != b.python.has_value(), "python",
         "a pool cannot become a Python pool or stop being one; add a pool of another name");
-  PoolChange change{a.name, index, {}, false};
+  PoolChange change{a.name, index, {}, false, 0};
   if (a.python && b.python) {
     const PythonPoolConfig &x = *a.python, &y = *b.python;
     auto rolled = [&](bool differ, const char* key) {
@@ -100,6 +108,10 @@ void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const Po
   if (spin_us_of(ca, a) != spin_us_of(cb, b)) change.keys.emplace_back("worker_spin_us");
   change.rollout = !change.keys.empty();
   if (a.job_time_limit_ms != b.job_time_limit_ms) change.keys.emplace_back("job_time_limit_ms");
+  if (resize) {
+    change.keys.emplace_back("workers");
+    change.workers = b.workers;
+  }
   if (!change.keys.empty()) out.pools.push_back(std::move(change));
 }
 
@@ -160,7 +172,8 @@ std::vector<std::string> ConfigChange::describe(const Config& running, const Con
     std::string keys;
     for (const std::string& k : c.keys) keys += (keys.empty() ? "" : ", ") + k;
     lines.push_back("pool " + c.name + ": " + keys +
-                    (c.rollout ? " changed: rolling restart" : " changed, in effect now"));
+                    (c.rollout ? " changed: rolling restart" : " changed, in effect now") +
+                    (c.workers != 0 ? " (" + std::to_string(c.workers) + " workers)" : ""));
   }
   for (uint32_t i : added) {
     lines.push_back("pool " + next.pools[i].name + ": added, " +

@@ -26,6 +26,7 @@ struct PoolChange {
   uint32_t pool = 0;              // its index in the running config
   std::vector<std::string> keys;  // the keys that changed ("python.modules", "job_time_limit_ms")
   bool rollout = false;           // a rolling restart makes them take effect
+  uint32_t workers = 0;           // a cpu pool's new `workers` (within max_workers); 0: same
 };
 
 struct ConfigChange {

@@ -57,6 +57,7 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
                                            [&](const PoolConfig& p) { return p.name == c.name; });
     PoolConfig now = running.pools[c.pool];
     now.job_time_limit_ms = want.job_time_limit_ms;
+    if (c.workers != 0) now.workers = c.workers;  // within max_workers (diff_configs)
     now.worker_spin_us = want.worker_spin_us;
     if (want.python) {
       now.python = want.python;
@@ -123,8 +124,9 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     if (it == n.pools.end()) continue;  // removed below
     for (const PoolChange& ch : change.pools) {
       if (ch.name == fp.name && ch.rollout) {
-        const uint32_t p = ch.pool;
-        pending.file_before.emplace_back(p, fp);
+        PoolConfig before = fp;
+        before.workers = it->workers;  // a new size stays, whatever the rollout does
+        pending.file_before.emplace_back(ch.pool, std::move(before));
       }
     }
     fp = *it;
@@ -134,8 +136,20 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     const bool rolled =
         std::any_of(change.pools.begin(), change.pools.end(),
                     [&](const PoolChange& ch) { return ch.pool == p && ch.rollout; });
-    if (rolled) pending.before.emplace_back(p, running.pools[p]);
+    if (rolled) {
+      // Put back if the rollout fails; a new size stays (it is applied below, not rolled).
+      PoolConfig before = running.pools[p];
+      before.workers = now.workers;
+      pending.before.emplace_back(p, std::move(before));
+    }
+    const bool resized = now.workers != running.pools[p].workers;
     running.pools[p] = std::move(now);
+    if (resized) {
+      if (auto r = parts_.workers->resize_pool(p, running.pools[p].workers); !r) {
+        pending.failures.push_back("pool " + running.pools[p].name +
+                                   ": a new worker cannot start: " + r.error().message());
+      }
+    }
     if (!rolled || running.pools[p].entries() == 0) continue;  // no workers: nothing to roll
     if (auto g = parts_.rollouts->start(p); !g) {
       // can_start said yes: only the listing's start can fail here (no fork).

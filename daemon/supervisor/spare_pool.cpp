@@ -56,7 +56,9 @@ std::optional<uint32_t> SparePool::vacated(Worker& vacant) {
       it = pin_at_exit_.erase(it);
     }
   }
-  if (vacant.spare || workers_.stopping()) return std::nullopt;
+  // A spare takes the place of an active worker only: not of one a reload took out of its pool
+  // (reserve) or whose pool it removed.
+  if (vacant.spare || vacant.reserve || vacant.removed || workers_.stopping()) return std::nullopt;
   const std::vector<SpareSeat> all = seats();
   const std::optional<uint32_t> spare = pick(all, vacant.id);
   if (!spare) return std::nullopt;

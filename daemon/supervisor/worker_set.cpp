@@ -61,6 +61,19 @@ const char* worker_state_name(WorkerState s) {
   return "unknown";
 }
 
+namespace {
+
+// The role of a pool's entry `i`: its active workers, then the entries reserved for growth
+// (max_workers), its spares, its surge seats.
+void set_role(Worker& w, const PoolConfig& pc, uint32_t i) {
+  const uint32_t most = pc.most_workers();
+  w.reserve = i >= pc.workers && i < most;
+  w.spare = i >= most;
+  w.surge = i >= most + pc.spare_workers;
+}
+
+}  // namespace
+
 WorkerSet::WorkerSet(WorkerSetOptions options, QueueView& queue, EventLoop& loop,
                      ProcessLauncher& launcher)
     : options_(std::move(options)), queue_(queue), loop_(loop), launcher_(launcher) {}
@@ -79,10 +92,11 @@ Result<void> WorkerSet::create() {
       w->id = static_cast<uint32_t>(workers_.size());
       w->pool = p;
       w->placement = options_.plan->placements[w->id];
-      // The pool's spares come after its active workers, and its surge seats after those.
-      w->reserve = free;
-      w->spare = !free && i >= c.pools[p].workers;
-      w->surge = !free && i >= c.pools[p].workers + c.pools[p].spare_workers;
+      if (free) {
+        w->reserve = true;  // a free record's: no role until a reload adds a pool in it
+      } else {
+        set_role(*w, c.pools[p], i);
+      }
       if (w->surge || w->reserve) {  // dormant until a rollout (or a reload) starts it
         w->state = WorkerState::kStopped;
         queue_.worker(w->id).state.store(static_cast<uint32_t>(WorkerState::kStopped),
@@ -431,11 +445,11 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
   if (std::exchange(w.retiring, false) && !w.forced) {
     // Stopped by a rollout after its last job: a spare seat is started again at once (at the
     // pool's new generation), a surge seat goes dormant.
-    w.state = w.surge ? WorkerState::kStopped : WorkerState::kRestarting;
+    w.state = w.surge || w.reserve ? WorkerState::kStopped : WorkerState::kRestarting;
     ws.state.store(static_cast<uint32_t>(w.state), std::memory_order_release);
     w.respawn_at_ns = now;
-    GPUQ_LOG_INFO("worker %u (pid %d) %s, retired by a rollout%s", w.id, pid, exit.how.c_str(),
-                  w.surge ? "" : "; starting it again as a spare");
+    GPUQ_LOG_INFO("worker %u (pid %d) %s, retired%s", w.id, pid, exit.how.c_str(),
+                  w.surge || w.reserve ? "" : "; starting it again as a spare");
     return exit;
   }
   w.last_exit = exit.how;
@@ -445,8 +459,9 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
     // Stopped for its job, not dead of its own accord: replaced at once, back-off untouched.
     ++w.stops_forced;
     ++w.restarts;
-    // A surge seat (one retiring as it was stopped) goes dormant instead.
-    w.state = w.surge ? WorkerState::kStopped : WorkerState::kRestarting;
+    // A surge seat (one retiring as it was stopped) goes dormant instead, and so does an entry
+    // a reload took out of the pool.
+    w.state = w.surge || w.reserve ? WorkerState::kStopped : WorkerState::kRestarting;
     ws.state.store(static_cast<uint32_t>(w.state), std::memory_order_release);
     ws.restarts.fetch_add(1, std::memory_order_relaxed);
     w.respawn_at_ns = now;
@@ -471,9 +486,10 @@ std::optional<WorkerExit> WorkerSet::reap(pid_t pid, int status, uint64_t now) {
     const size_t nl = err.rfind('\n');
     w.last_exit_line = err.substr(nl == std::string_view::npos ? 0 : nl + 1);
   }
-  if (w.surge) {
+  if (w.surge || w.reserve) {
     // A surge seat is started by a rollout only: dormant again, whatever ended it (the
-    // rollout reads why from start_error and last_exit).
+    // rollout reads why from start_error and last_exit). An entry a reload took out of the
+    // pool (a shrink) likewise.
     w.state = WorkerState::kStopped;
     ws.state.store(static_cast<uint32_t>(w.state), std::memory_order_release);
     GPUQ_LOG_WARN("surge worker %u (pid %d) %s; dormant until the next rollout", w.id, pid,
@@ -504,8 +520,7 @@ void WorkerSet::retire(Worker& w) {
   if (w.pid == 0) return;
   w.retiring = true;
   send(w, WorkerStopMessage::kType, encode(WorkerStopMessage{}));
-  GPUQ_LOG_INFO("worker %u (pid %d): retiring (a rollout): it stops after its running job", w.id,
-                w.pid);
+  GPUQ_LOG_INFO("worker %u (pid %d): retiring: it stops after its running job", w.id, w.pid);
 }
 
 std::string WorkerSet::last_exit_of_pool(uint32_t pool) const {
@@ -588,9 +603,7 @@ Result<void> WorkerSet::add_pool(uint32_t pool, const std::vector<WorkerPlacemen
     Worker& w = *wp;
     if (w.pool != pool) continue;
     if (i < pc.entries()) {
-      w.reserve = false;
-      w.spare = i >= pc.workers;
-      w.surge = i >= pc.workers + pc.spare_workers;
+      set_role(w, pc, i);
       w.generation = 1;
       w.placement = placements[i];
       w.backoff = StartBackoff(BackoffSettings::of(*options_.config));
@@ -604,6 +617,41 @@ Result<void> WorkerSet::add_pool(uint32_t pool, const std::vector<WorkerPlacemen
     Worker& w = *wp;
     if (w.pool != pool || w.reserve || w.surge) continue;
     if (auto r = spawn(w); !r) return r;
+  }
+  return {};
+}
+
+Result<void> WorkerSet::resize_pool(uint32_t pool, uint32_t workers) {
+  uint32_t active = 0;
+  for (const auto& w : workers_) {
+    if (w->pool == pool && !w->reserve && !w->spare && !w->surge) ++active;
+  }
+  // Grow: reserve entries become active workers, lowest ids first.
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    if (active >= workers) break;
+    if (w.pool != pool || !w.reserve || w.pid != 0) continue;
+    w.reserve = false;
+    w.generation = generations_[pool];
+    w.backoff = StartBackoff(BackoffSettings::of(*options_.config));
+    ++active;
+    if (auto r = spawn(w); !r) return r;
+  }
+  // Shrink: the highest ids' active workers take no further job, end the one they run and exit;
+  // their entries go back to the reserve (dormant) instead of being started again.
+  for (auto it = workers_.rbegin(); it != workers_.rend() && active > workers; ++it) {
+    Worker& w = **it;
+    if (w.pool != pool || w.reserve || w.spare || w.surge) continue;
+    w.reserve = true;
+    --active;
+    if (w.pid > 0) {
+      w.priv().hold.store(kHoldSpare, std::memory_order_seq_cst);
+      retire(w);
+    } else {
+      w.state = WorkerState::kStopped;  // it was waiting to be started again: not any more
+      queue_.worker(w.id).state.store(static_cast<uint32_t>(WorkerState::kStopped),
+                                      std::memory_order_release);
+    }
   }
   return {};
 }

@@ -47,8 +47,9 @@ struct Worker {
   bool surge = false;
   // Its pool was removed by a config reload (stop_pool): it is not started again.
   bool removed = false;
-  // An entry of a free pool record (max_pools): no process and no role until a config reload
-  // adds a pool in the record (WorkerSet::add_pool); dormant, hidden as a surge seat is.
+  // An entry with no role: of a free pool record (max_pools), until a config reload adds a pool
+  // in it (WorkerSet::add_pool), or of a pool's growth reserve (max_workers), until a reload
+  // raises its workers (resize_pool). Dormant without a process, hidden as a surge seat is.
   bool reserve = false;
   // The pool generation its current (or last) process was started at (PoolRollout).
   uint32_t generation = 1;
@@ -194,6 +195,10 @@ class WorkerSet {
   // (one per entry), the rest of the record's entries stay reserve; then its workers and
   // spares are started. Errors: the first start's.
   Result<void> add_pool(uint32_t pool, const std::vector<WorkerPlacement>& placements);
+  // A config reload changed cpu pool `pool`'s `workers` (within its max_workers): reserve entries
+  // are started as active workers, or the last active workers retire (they end their job, take
+  // no other, and their entries go dormant). Errors: the first start's.
+  Result<void> resize_pool(uint32_t pool, uint32_t workers);
   // Whether a worker of `pool` has a process.
   bool pool_running(uint32_t pool) const;
   // A pool add_pool could not start, none of its workers running: its record's entries are

@@ -139,6 +139,56 @@ def test_a_reload_rolls_one_pool_and_removes_another_under_load(tmp_path, seat):
             assert gone and seen == [1] and after_gone == 0
 
 
+@pytest.mark.parametrize("seat", ["surge", "spare"])
+def test_a_reload_resizes_a_pool_under_load(tmp_path, seat):
+    """A cpu pool grows to its max_workers and shrinks back while clients call it: every call
+    answered; the new workers serve; the retired ones end their job and their entries go
+    dormant (no spare takes their place)."""
+    v1 = write_module(tmp_path / "v1", 1)
+    extra = {"spare_workers": 1, "rollout_surge_workers": 0} if seat == "spare" else {}
+
+    def cfg(workers):
+        return {"pools": [pool("py", v1, workers=workers, max_workers=3, **extra)]}
+
+    with gpuq.testing.Daemon(cfg(1)) as d:
+        ctx = mp.get_context("spawn")
+        stop, started, out = ctx.Event(), ctx.Queue(), ctx.Queue()
+        procs = [ctx.Process(target=_caller, args=(d.runtime_dir, i, "py", stop, started, out))
+                 for i in range(CLIENTS // 2)]
+        for p in procs:
+            p.start()
+        try:
+            for _ in procs:
+                started.get(timeout=120)
+            with gpuq.connect(d.runtime_dir, name="resize-checker") as c:
+                assert d.reload(cfg(3)) == ["pool py: workers changed, in effect now (3 workers)"]
+                deadline = time.monotonic() + 120
+                while pool_status(d, "py")["workers_ready"] != 3:
+                    assert time.monotonic() < deadline, pool_status(d, "py")
+                    time.sleep(0.05)
+                pids = {c.call("version", i, pool="py")["pid"] for i in range(200)}
+                assert len(pids) >= 2, pids  # the new workers serve
+                d.reload(cfg(1))
+                while True:
+                    st = pool_status(d, "py")
+                    if st["workers_total"] == 1 and len(st["workers"]) == 1 + bool(extra):
+                        break
+                    assert time.monotonic() < deadline, st
+                    time.sleep(0.05)
+                assert st["workers_ready"] == 1
+                if extra:
+                    assert st["spares_total"] == 1 and st["spare_promotions"] == 0
+                assert c.call("version", pool="py")["version"] == 1
+        finally:
+            stop.set()
+            results = [out.get(timeout=120) for _ in procs]
+            for p in procs:
+                p.join(60)
+    failures = [f for _, _, fs, _, _, _ in results for f in fs]
+    assert not failures, failures[:5]
+    assert all(calls > 0 for _, calls, _, _, _, _ in results)
+
+
 def test_what_cannot_change_live_is_refused_and_nothing_changes(tmp_path):
     v1 = write_module(tmp_path / "v1", 1)
     bad = write_module(tmp_path / "bad", 2, extra="raise RuntimeError('the weights file is missing')")
@@ -149,8 +199,8 @@ def test_what_cannot_change_live_is_refused_and_nothing_changes(tmp_path):
         with gpuq.connect(d.runtime_dir) as c:
             with pytest.raises(gpuq.InvalidArgument, match=r"queue_factor \(it sizes"):
                 d.reload(cfg(pool("py", v1), queue_factor=4))
-            with pytest.raises(gpuq.InvalidArgument, match=r"pools\[py\]\.workers"):
-                d.reload(cfg(pool("py", v1, workers=1)))
+            with pytest.raises(gpuq.InvalidArgument, match=r"pools\[py\]\.workers \(more than"):
+                d.reload(cfg(pool("py", v1, workers=3)))
             with pytest.raises(gpuq.InvalidArgument, match=r"pools\[big\] \(a new pool: 6 worker entries.*added_pool_workers, 4"):
                 d.reload(cfg(pool("py", v1), pool("big", v1, workers=4, spare_workers=1)))
             with pytest.raises(gpuq.InvalidArgument, match="nothing changed"):

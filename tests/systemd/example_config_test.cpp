@@ -2,7 +2,7 @@
 // /etc/gpuq/gpuqd.json (systemd/gpuqd.json). It holds every key of docs/config.md with its
 // built-in default, except the three that give the unit's access rule (group, allowed_groups:
 // "gpuq"; allowed_users: root) and the pool keys whose default depends on the machine (cpus,
-// workers: every CPU); and gpuqd --check-config accepts it.
+// workers: every CPU; max_workers: its workers); and gpuqd --check-config accepts it.
 #include <grp.h>
 #include <unistd.h>
 
@@ -78,6 +78,7 @@ TEST_CASE("example config: every documented key, with its built-in default") {
   std::set<std::string> pool_keys = documented_keys("Pool keys");
   pool_keys.erase("cpus");  // default: every CPU the daemon may use, which no file can name
   pool_keys.erase("workers");
+  pool_keys.erase("max_workers");  // default: its workers
   // Default: the top-level key's (at least 300 for a Python pool), which a pool that names it
   // would no longer follow.
   pool_keys.erase("worker_spin_us");

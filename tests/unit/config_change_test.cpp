@@ -74,17 +74,39 @@ TEST_CASE("diff_configs: a pool's effective worker_spin_us, from the top-level k
 
 TEST_CASE("diff_configs: what cannot change live is named, with why") {
   const ConfigChange c = diff_configs(parse(kBase), parse(R"({"queue_factor":4,"max_clients":300,
-    "pools":[{"name":"cpu","workers":1,"cpus":[1]},
+    "pools":[{"name":"cpu","workers":3,"cpus":[1]},
              {"name":"py","kind":"gpu","python":{"modules":["a"],"path":["/srv/v1"]}},
              {"name":"old","workers":1},{"name":"new","workers":1}]})"));
   CHECK(mentions(c.fixed, "queue_factor (it sizes the queue segment every client maps)"));
   CHECK(mentions(c.fixed, "max_clients"));
-  CHECK(mentions(c.fixed, "pools[cpu].workers"));
+  CHECK(mentions(c.fixed, "pools[cpu].workers (more than its max_workers"));
   CHECK(mentions(c.fixed, "pools[cpu].cpus"));
   CHECK(mentions(c.fixed, "pools[py].kind"));
   CHECK(!mentions(c.fixed, "pools[new]"));  // a cpu pool can be added
   CHECK(c.added == std::vector<uint32_t>{3});
   CHECK(!mentions(c.fixed, "pools[old]"));
+}
+
+TEST_CASE("diff_configs: a cpu pool resized within its max_workers") {
+  const Config running =
+      parse(R"({"pools":[{"name":"a","workers":2,"max_workers":4},{"name":"b","workers":2}]})");
+  CHECK(running.pools[0].max_workers == 4);
+  CHECK(running.pools[1].max_workers == 2);  // not said: its workers
+  CHECK(running.pools[0].entries() == 5);    // 4 + the default surge seat
+  const Config next =
+      parse(R"({"pools":[{"name":"a","workers":4,"max_workers":4},{"name":"b","workers":1}]})");
+  const ConfigChange c = diff_configs(running, next);
+  CHECK(c.fixed.empty());
+  REQUIRE(c.pools.size() == 2);
+  CHECK(c.pools[0].workers == 4);
+  CHECK(c.pools[1].workers == 1);  // shrinking needs no reserve
+  CHECK(!c.pools[0].rollout);
+  CHECK(mentions(c.describe(running, next), "pool a: workers changed, in effect now (4 workers)"));
+  const ConfigChange past = diff_configs(
+      running,
+      parse(R"({"pools":[{"name":"a","workers":5,"max_workers":5},{"name":"b","workers":2}]})"));
+  CHECK(mentions(past.fixed, "pools[a].max_workers"));
+  CHECK(mentions(past.fixed, "pools[a].workers (more than its max_workers"));
 }
 
 TEST_CASE("diff_configs: pools added in free records, within added_pool_workers") {

@@ -104,6 +104,10 @@ void print_status_table(const Json& doc) {
     std::string reason = text_field(pool, "reason", "");
     if (!reason.empty()) line += " (" + reason + ")";
     line += ", queue " + text_field(pool, "queue_depth") + "/" + text_field(pool, "capacity");
+    if (text_field(pool, "status", "") == "removed") {  // by a config reload: no workers to show
+      std::cout << '\n' << line << '\n';
+      continue;
+    }
     line += ", workers " + text_field(pool, "workers_ready") + "/" +
             text_field(pool, "workers_total") + " ready";
     if (auto stuck = number_field(pool, "workers_stuck"); stuck && *stuck > 0) {
