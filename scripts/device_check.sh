@@ -32,7 +32,9 @@
 #                            machine's; patterns: the seed patterns on their gpu pool, in it;
 #                            batching: bench/python/bench_batching.py --gpu in it; pybench:
 #                            bench/python/bench_gpu_python.py, a torch model through a gpu pool
-#                            against each process loading it itself)
+#                            against each process loading it itself; not by default: rollout,
+#                            bench/python/bench_rollout.py --gpu, latency during rolling restarts
+#                            of a 2-worker torch gpu pool, issue 40)
 #   GPUQ_DEVICE_BUILD        build folder (default <repo>/build-device; kept, so a rerun is
 #                            incremental; GPUQ_DEVICE_CLEAN=1 removes it first)
 #   GPUQ_DEVICE_DEPS         the bundle (default <repo>/build-device-deps)
@@ -429,5 +431,23 @@ pybench() {
   return "${PIPESTATUS[0]}"
 }
 stage pybench pybench
+
+# ---- rollout (named in GPUQ_DEVICE_STAGES only): p50/p99 call latency during rolling restarts of
+# a 2-worker torch gpu pool (one surge seat) against steady state, and each rollout's duration
+# (bench/python/bench_rollout.py --gpu), in the python stage's venv. Output: rollout-gpu.json
+# and .txt ------------------------------------------------------------------------------------
+rollout_gpu() {
+  local venv="${BUILD}/pyvenv" lim
+  [[ -x "${venv}/bin/python" ]] || { echo "no venv: run the python stage first"; return 1; }
+  "${venv}/bin/python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 77)' \
+    || return $?
+  lim="$(limit "${BENCH_TIMEOUT}")"
+  GPUQ_GPUQD="${BUILD}/daemon/gpuqd" timeout -k 10 "${lim}" "${venv}/bin/python" \
+    "${ROOT}/bench/python/bench_rollout.py" --gpu --python "${venv}/bin/python" --clients 4 \
+    --steady 5 --rollouts 3 --gap 2 --json "${OUT}/rollout-gpu.json" 2>&1 \
+    | tee "${OUT}/rollout-gpu.txt"
+  return "${PIPESTATUS[0]}"
+}
+stage rollout rollout_gpu
 
 if ((failures > 0)); then exit 1; fi

@@ -4,41 +4,21 @@
 // through on_done once the child is reaped, a failing import names its module, a listing that
 // hangs is killed at its time limit, and a cancelled one never reports.
 #include <doctest/doctest.h>
-#include <stdlib.h>
 #include <sys/epoll.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 
-#include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "gpuq/common/clock.hpp"
 #include "op_listing.hpp"
+#include "support/scratch_dir.hpp"
 
 namespace gpuq::daemon {
 namespace {
 
-struct Scratch {
-  std::string dir;
-  Scratch() {
-    char pattern[] = "/tmp/gpuq-oplist-XXXXXX";
-    REQUIRE(::mkdtemp(pattern) != nullptr);
-    dir = pattern;
-  }
-  ~Scratch() {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir, ignored);
-  }
-  std::string script(const std::string& name, const std::string& body) const {
-    std::string path = dir + "/" + name;
-    std::ofstream(path) << "#!/bin/sh\n" << body;
-    ::chmod(path.c_str(), 0755);
-    return path;
-  }
-};
+using Scratch = test::ScratchDir;
 
 PoolConfig python_pool(const std::string& interpreter) {
   PoolConfig p;

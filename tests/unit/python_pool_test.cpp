@@ -3,40 +3,19 @@
 // first; a failing import named by pool module, exception and traceback; the module read from a
 // traceback; the tail of stderr that --check-config prints.
 #include <doctest/doctest.h>
-#include <stdlib.h>
-#include <sys/stat.h>
 
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "ops.hpp"
 #include "python_pool.hpp"
+#include "support/scratch_dir.hpp"
 
 namespace gpuq::daemon {
 namespace {
 
-// A temporary folder for the stand-in interpreters, removed with the object.
-struct Scratch {
-  std::string dir;
-  Scratch() {
-    char pattern[] = "/tmp/gpuq-pypool-XXXXXX";
-    REQUIRE(::mkdtemp(pattern) != nullptr);
-    dir = pattern;
-  }
-  ~Scratch() {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir, ignored);
-  }
-  // An executable shell script `name` with `body`; its path.
-  std::string script(const std::string& name, const std::string& body) const {
-    std::string path = dir + "/" + name;
-    std::ofstream(path) << "#!/bin/sh\n" << body;
-    ::chmod(path.c_str(), 0755);
-    return path;
-  }
-};
+using Scratch = test::ScratchDir;
 
 PoolConfig python_pool(const std::string& interpreter, std::vector<std::string> modules) {
   PoolConfig p;

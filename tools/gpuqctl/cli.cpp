@@ -197,6 +197,20 @@ std::optional<double> parse_seconds(std::string_view name, const std::string& te
   return value;
 }
 
+bool take_wait_option(ArgCursor& cursor, std::string& runtime_dir, double& timeout_s,
+                      std::string& error) {
+  constexpr double kMaxTimeoutS = 86400;
+  std::string value;
+  if (cursor.take_value("--timeout", value, error)) {
+    if (!error.empty()) return true;
+    if (std::optional<double> t = parse_seconds("--timeout", value, 0, kMaxTimeoutS, error)) {
+      timeout_s = *t;
+    }
+    return true;
+  }
+  return cursor.take_value("--runtime-dir", runtime_dir, error);
+}
+
 std::optional<int> parse_no_arguments(ArgCursor& cursor, std::string& runtime_dir,
                                       const std::string& command) {
   std::string error;

@@ -76,4 +76,10 @@ std::optional<double> parse_seconds(std::string_view name, const std::string& te
 std::optional<int> parse_no_arguments(ArgCursor& cursor, std::string& runtime_dir,
                                       const std::string& command);
 
+// The options of a command that waits for the daemon (restart, reload): --timeout S (0 to 86400
+// seconds; 0, the default: no limit) and --runtime-dir DIR. True when the current argument was
+// one of them (taken, or `error` set when malformed).
+bool take_wait_option(ArgCursor& cursor, std::string& runtime_dir, double& timeout_s,
+                      std::string& error);
+
 }  // namespace gpuq::ctl

@@ -14,27 +14,16 @@
 #include "gpuq/client.hpp"
 
 namespace gpuq::ctl {
-namespace {
-
-constexpr double kMaxTimeoutS = 86400;
-
-}  // namespace
-
 int cmd_reload(ArgCursor& cursor, std::string& runtime_dir) {
   double timeout_s = 0;
-  std::string value, error;
+  std::string error;
   while (!cursor.done()) {
     const std::string_view arg = cursor.peek();
     if (arg == "-h" || arg == "--help") {
       std::cout << kUsage;
       return kExitOk;
     }
-    if (cursor.take_value("--timeout", value, error)) {
-      if (!error.empty()) return usage_error(error);
-      std::optional<double> t = parse_seconds("--timeout", value, 0, kMaxTimeoutS, error);
-      if (!t) return usage_error(error);
-      timeout_s = *t;
-    } else if (cursor.take_value("--runtime-dir", runtime_dir, error)) {
+    if (take_wait_option(cursor, runtime_dir, timeout_s, error)) {
       if (!error.empty()) return usage_error(error);
     } else {
       return usage_error("unknown argument '" + std::string(arg) + "' for reload");

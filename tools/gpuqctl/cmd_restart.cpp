@@ -16,8 +16,6 @@
 namespace gpuq::ctl {
 namespace {
 
-constexpr double kMaxTimeoutS = 86400;
-
 int run_restart(const std::string& pool, const std::string& runtime_dir, double timeout_s) {
   const auto seconds = static_cast<uint32_t>(std::ceil(timeout_s));
   gpuq::Result<uint32_t> g = gpuq::daemon_restart_pool(pool, runtime_dir, seconds);
@@ -31,19 +29,14 @@ int run_restart(const std::string& pool, const std::string& runtime_dir, double 
 int cmd_restart(ArgCursor& cursor, std::string& runtime_dir) {
   std::optional<std::string> pool;
   double timeout_s = 0;
-  std::string value, error;
+  std::string error;
   while (!cursor.done()) {
     const std::string_view arg = cursor.peek();
     if (arg == "-h" || arg == "--help") {
       std::cout << kUsage;
       return kExitOk;
     }
-    if (cursor.take_value("--timeout", value, error)) {
-      if (!error.empty()) return usage_error(error);
-      std::optional<double> t = parse_seconds("--timeout", value, 0, kMaxTimeoutS, error);
-      if (!t) return usage_error(error);
-      timeout_s = *t;
-    } else if (cursor.take_value("--runtime-dir", runtime_dir, error)) {
+    if (take_wait_option(cursor, runtime_dir, timeout_s, error)) {
       if (!error.empty()) return usage_error(error);
     } else if (!arg.starts_with("-") && !pool) {
       pool = std::string(cursor.next());
