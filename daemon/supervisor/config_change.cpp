@@ -86,7 +86,6 @@ void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const Po
   fixed(a.rollout_surge_workers != b.rollout_surge_workers, "rollout_surge_workers", layout);
   fixed(a.workers_per_gpu != b.workers_per_gpu, "workers_per_gpu", layout);
   fixed(!same_gpus(a, b), "gpus", layout);
-  fixed(a.cpus != b.cpus, "cpus", "its workers' places were planned at start");
   fixed(a.fallback != b.fallback, "fallback", "clients hold the pool's fallback");
   fixed(a.memory_limit_bytes != b.memory_limit_bytes ||
             a.memory_limit_fraction != b.memory_limit_fraction,
@@ -106,6 +105,8 @@ void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const Po
     rolled(x.allow_callables != y.allow_callables, "python.allow_callables");
   }
   if (spin_us_of(ca, a) != spin_us_of(cb, b)) change.keys.emplace_back("worker_spin_us");
+  // A cpu pool's new CPUs: its new workers are placed there, its old ones leave with a rollout.
+  if (a.kind == PoolKind::kCpu && a.cpus != b.cpus) change.keys.emplace_back("cpus");
   change.rollout = !change.keys.empty();
   if (a.job_time_limit_ms != b.job_time_limit_ms) change.keys.emplace_back("job_time_limit_ms");
   if (resize) {

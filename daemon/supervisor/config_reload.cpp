@@ -58,6 +58,7 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     PoolConfig now = running.pools[c.pool];
     now.job_time_limit_ms = want.job_time_limit_ms;
     if (c.workers != 0) now.workers = c.workers;  // within max_workers (diff_configs)
+    now.cpus = want.cpus;                         // placed below, taken up by the rollout
     now.worker_spin_us = want.worker_spin_us;
     if (want.python) {
       now.python = want.python;
@@ -143,7 +144,9 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
       pending.before.emplace_back(p, std::move(before));
     }
     const bool resized = now.workers != running.pools[p].workers;
+    const bool moved = now.cpus != running.pools[p].cpus;
     running.pools[p] = std::move(now);
+    if (moved) parts_.workers->place_pool(p, running.pools[p].cpus);
     if (resized) {
       if (auto r = parts_.workers->resize_pool(p, running.pools[p].workers); !r) {
         pending.failures.push_back("pool " + running.pools[p].name +
@@ -286,7 +289,9 @@ void ConfigReload::rollout_ended(uint32_t pool, const Result<void>& outcome) {
       // No new worker serves: the pool's settings are the old workers' again, and a reload of
       // a mended file rolls it anew.
       for (auto& [id, before] : p.before) {
-        if (id == pool) (*parts_.config).pools[pool] = before;
+        if (id != pool) continue;
+        (*parts_.config).pools[pool] = before;
+        if (before.kind == PoolKind::kCpu) parts_.workers->place_pool(pool, before.cpus);
       }
       for (auto& [id, before] : p.file_before) {
         if (id == pool) file_config_.pools[pool] = before;

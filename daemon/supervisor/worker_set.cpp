@@ -261,6 +261,10 @@ Result<void> WorkerSet::spawn(Worker& w) {
   // Its own pid, the same value the worker stores (the rest was reset before the launch).
   ws.pid.store(w.pid, std::memory_order_relaxed);
   const WorkerPlacement& at = w.placement;
+  // Its CPU, for wakeups on the caller's CPU first (its placement may have moved: a reload that
+  // changed the pool's cpus).
+  std::atomic_ref<int32_t>(ws.cpu).store(at.cpus.size() == 1 ? at.cpus.front() : -1,
+                                         std::memory_order_relaxed);
   GPUQ_LOG_INFO("%s %u (pool %s, cpus %s%s%s) started as pid %d",
                 w.surge   ? "surge worker"
                 : w.spare ? "spare worker"
@@ -619,6 +623,14 @@ Result<void> WorkerSet::add_pool(uint32_t pool, const std::vector<WorkerPlacemen
     if (auto r = spawn(w); !r) return r;
   }
   return {};
+}
+
+void WorkerSet::place_pool(uint32_t pool, const std::vector<int>& cpus) {
+  uint32_t i = 0;
+  for (auto& w : workers_) {
+    if (w->pool != pool) continue;
+    w->placement.cpus = {cpus[i++ % cpus.size()]};
+  }
 }
 
 Result<void> WorkerSet::resize_pool(uint32_t pool, uint32_t workers) {

@@ -199,6 +199,9 @@ class WorkerSet {
   // are started as active workers, or the last active workers retire (they end their job, take
   // no other, and their entries go dormant). Errors: the first start's.
   Result<void> resize_pool(uint32_t pool, uint32_t workers);
+  // A reload changed cpu pool `pool`'s cpus: its entries' placements, round robin over `cpus` as
+  // plan_pools places them; each process started from now on (a rollout's) is pinned there.
+  void place_pool(uint32_t pool, const std::vector<int>& cpus);
   // Whether a worker of `pool` has a process.
   bool pool_running(uint32_t pool) const;
   // A pool add_pool could not start, none of its workers running: its record's entries are

@@ -189,6 +189,22 @@ def test_a_reload_resizes_a_pool_under_load(tmp_path, seat):
     assert all(calls > 0 for _, calls, _, _, _, _ in results)
 
 
+def test_a_reload_moves_a_pool_to_other_cpus(tmp_path):
+    """New cpus: a rollout starts the new workers there; once it returns, every worker (and
+    its process's affinity) is on them."""
+    v1 = write_module(tmp_path / "v1", 1)
+    with gpuq.testing.Daemon({"pools": [pool("py", v1, cpus=[0])]}) as d:
+        with gpuq.connect(d.runtime_dir) as c:
+            lines = d.reload({"pools": [pool("py", v1, cpus=[1])]})
+            assert lines == ["pool py: cpus changed: rolling restart"], lines
+            st = pool_status(d, "py")
+            assert st["generation"] == 2
+            for w in st["workers"]:
+                assert w["cpus"] == [1], st["workers"]
+                assert os.sched_getaffinity(w["pid"]) == {1}
+            assert c.call("version", pool="py")["version"] == 1
+
+
 def test_what_cannot_change_live_is_refused_and_nothing_changes(tmp_path):
     v1 = write_module(tmp_path / "v1", 1)
     bad = write_module(tmp_path / "bad", 2, extra="raise RuntimeError('the weights file is missing')")

@@ -80,7 +80,10 @@ TEST_CASE("diff_configs: what cannot change live is named, with why") {
   CHECK(mentions(c.fixed, "queue_factor (it sizes the queue segment every client maps)"));
   CHECK(mentions(c.fixed, "max_clients"));
   CHECK(mentions(c.fixed, "pools[cpu].workers (more than its max_workers"));
-  CHECK(mentions(c.fixed, "pools[cpu].cpus"));
+  CHECK(!mentions(c.fixed, "pools[cpu].cpus"));  // new CPUs: a rollout places them
+  REQUIRE(!c.pools.empty());
+  CHECK(c.pools[0].keys == std::vector<std::string>{"cpus"});
+  CHECK(c.pools[0].rollout);
   CHECK(mentions(c.fixed, "pools[py].kind"));
   CHECK(!mentions(c.fixed, "pools[new]"));  // a cpu pool can be added
   CHECK(c.added == std::vector<uint32_t>{3});
