@@ -46,21 +46,9 @@ void diff_daemon(const Config& a, const Config& b, ConfigChange& out) {
   fixed(a.plugins != b.plugins, "plugins", "their ops' ids were given to clients");
   fixed(a.max_pools_setting != b.max_pools_setting, "max_pools", layout);
   fixed(a.added_pool_workers_setting != b.added_pool_workers_setting, "added_pool_workers", layout);
-  auto live = [&](bool differ, const char* key) {
-    if (differ) out.daemon_keys.emplace_back(key);
-  };
-  live(a.log_level != b.log_level, "log_level");
-  live(a.drain_timeout_ms != b.drain_timeout_ms, "drain_timeout_ms");
-  live(a.cancel_grace_ms != b.cancel_grace_ms, "cancel_grace_ms");
-  live(a.restart_backoff_initial_ms != b.restart_backoff_initial_ms, "restart_backoff_initial_ms");
-  live(a.restart_backoff_max_ms != b.restart_backoff_max_ms, "restart_backoff_max_ms");
-  live(a.max_start_failures != b.max_start_failures, "max_start_failures");
-  live(a.start_backoff_initial_ms != b.start_backoff_initial_ms, "start_backoff_initial_ms");
-  live(a.start_backoff_max_ms != b.start_backoff_max_ms, "start_backoff_max_ms");
-  live(a.start_timeout_ms != b.start_timeout_ms, "start_timeout_ms");
-  live(a.pool_down_fail_ms != b.pool_down_fail_ms, "pool_down_fail_ms");
-  live(a.allowed_uids != b.allowed_uids, "allowed_users");
-  live(a.allowed_gids != b.allowed_gids, "allowed_groups");
+  for (const LiveKey& k : live_daemon_keys()) {
+    if (!k.same(a, b)) out.daemon_keys.emplace_back(k.name);
+  }
   // worker_spin_us is compared per pool, as each pool's effective spin (below).
 }
 
@@ -117,6 +105,34 @@ void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const Po
 }
 
 }  // namespace
+
+const std::vector<LiveKey>& live_daemon_keys() {
+  // A uint32_t key, by its Config member.
+  auto number = [](const char* name, uint32_t Config::*field) {
+    return LiveKey{name, [field](const Config& a, const Config& b) { return a.*field == b.*field; },
+                   [field](Config& to, const Config& from) { to.*field = from.*field; }};
+  };
+  static const std::vector<LiveKey> kKeys = {
+      {"log_level", [](const Config& a, const Config& b) { return a.log_level == b.log_level; },
+       [](Config& to, const Config& from) { to.log_level = from.log_level; }},
+      number("drain_timeout_ms", &Config::drain_timeout_ms),
+      number("cancel_grace_ms", &Config::cancel_grace_ms),
+      number("restart_backoff_initial_ms", &Config::restart_backoff_initial_ms),
+      number("restart_backoff_max_ms", &Config::restart_backoff_max_ms),
+      number("max_start_failures", &Config::max_start_failures),
+      number("start_backoff_initial_ms", &Config::start_backoff_initial_ms),
+      number("start_backoff_max_ms", &Config::start_backoff_max_ms),
+      number("start_timeout_ms", &Config::start_timeout_ms),
+      number("pool_down_fail_ms", &Config::pool_down_fail_ms),
+      {"allowed_users",
+       [](const Config& a, const Config& b) { return a.allowed_uids == b.allowed_uids; },
+       [](Config& to, const Config& from) { to.allowed_uids = from.allowed_uids; }},
+      {"allowed_groups",
+       [](const Config& a, const Config& b) { return a.allowed_gids == b.allowed_gids; },
+       [](Config& to, const Config& from) { to.allowed_gids = from.allowed_gids; }},
+  };
+  return kKeys;
+}
 
 ConfigChange diff_configs(const Config& running, const Config& next) {
   ConfigChange out;

@@ -14,6 +14,7 @@
 // Pure: no state, no I/O. The Supervisor applies the result.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,17 @@ struct ConfigChange {
   // One line per change, for the reply, the log and `gpuqctl reload`.
   std::vector<std::string> describe(const Config& running, const Config& next) const;
 };
+
+// A daemon key that takes effect at once when a reload changes it: its name in the file, whether
+// two configs agree on it, and how the running config takes the new value. The one list of them
+// (diff_configs compares with it, ConfigReload copies with it). The components read the running
+// Config; those that keep a copy are told apart (the log level, PoolOutage).
+struct LiveKey {
+  const char* name;
+  std::function<bool(const Config&, const Config&)> same;
+  std::function<void(Config& to, const Config& from)> take;
+};
+const std::vector<LiveKey>& live_daemon_keys();
 
 // What reloading `next` over `running` changes. `running`: the config as the file said when
 // gpuqd started or last reloaded (pools it removed since are marked `removed` and stay out of

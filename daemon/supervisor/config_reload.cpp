@@ -99,21 +99,11 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
   if (pending.lines.empty()) pending.lines.emplace_back("nothing changed");
   Config& c = running;
   const Config& n = *next;
-  c.log_level = n.log_level;
-  set_log_level(n.log_level);
-  c.drain_timeout_ms = n.drain_timeout_ms;
-  c.cancel_grace_ms = n.cancel_grace_ms;
-  c.restart_backoff_initial_ms = n.restart_backoff_initial_ms;
-  c.restart_backoff_max_ms = n.restart_backoff_max_ms;
-  c.max_start_failures = n.max_start_failures;
-  c.start_backoff_initial_ms = n.start_backoff_initial_ms;
-  c.start_backoff_max_ms = n.start_backoff_max_ms;
-  c.start_timeout_ms = n.start_timeout_ms;
-  c.pool_down_fail_ms = n.pool_down_fail_ms;
-  parts_.outage->set_fail_after(uint64_t{n.pool_down_fail_ms} * 1'000'000);
-  c.allowed_uids = n.allowed_uids;
-  c.allowed_gids = n.allowed_gids;
-  c.worker_spin_us = n.worker_spin_us;
+  for (const LiveKey& k : live_daemon_keys()) k.take(c, n);
+  c.worker_spin_us = n.worker_spin_us;  // each pool's effective spin was compared (and rolled)
+  // Those that keep a copy.
+  set_log_level(c.log_level);
+  parts_.outage->set_fail_after(uint64_t{c.pool_down_fail_ms} * 1'000'000);
   // The file's view, for the next reload: its daemon keys, each running pool as it says now.
   const std::vector<PoolConfig> file_pools = std::move(file_config_.pools);
   file_config_ = n;
