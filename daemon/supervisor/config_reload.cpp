@@ -37,8 +37,8 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
   // Parsed and checked as at start and by --check-config.
   auto next = load_config(parts_.path, allowed_cpus());
   if (!next) {
-    return Error(next.error().code(),
-                 parts_.path + ": " + next.error().message() + "; nothing changed");
+    // load_config's message names the key and the file ("... (in /etc/gpuq/gpuqd.json)").
+    return Error(next.error().code(), next.error().message() + "; nothing changed");
   }
   const ConfigChange change = diff_configs(file_config_, *next);
   if (!change.fixed.empty()) {

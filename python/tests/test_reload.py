@@ -219,7 +219,8 @@ def test_what_cannot_change_live_is_refused_and_nothing_changes(tmp_path):
                 d.reload(cfg(pool("py", v1, workers=3)))
             with pytest.raises(gpuq.InvalidArgument, match=r"pools\[big\] \(a new pool: 6 worker entries.*added_pool_workers, 4"):
                 d.reload(cfg(pool("py", v1), pool("big", v1, workers=4, spare_workers=1)))
-            with pytest.raises(gpuq.InvalidArgument, match="nothing changed"):
+            with pytest.raises(gpuq.InvalidArgument,
+                               match=r"pools\[0\]\.job_time_limit_ms.*; nothing changed"):
                 d.reload(cfg(pool("py", v1, job_time_limit_ms="soon")))
             assert c.call("version", pool="py")["version"] == 1
             st = pool_status(d, "py")
