@@ -28,8 +28,9 @@ QueueLayout read_header_fields(const QueueHeader& h) noexcept {
 void read_pools(const char* base, QueueLayout& l) noexcept {
   const auto* pools = reinterpret_cast<const PoolShm*>(base + l.pools_offset);
   for (uint32_t p = 0; p < l.pool_count; ++p) {
-    l.pools[p] = {read_once(pools[p].ring_offset), read_once(pools[p].capacity),
-                  read_once(pools[p].first_worker), read_once(pools[p].worker_count)};
+    l.pools[p] = {read_once(pools[p].queue_offset), read_once(pools[p].capacity),
+                  read_once(pools[p].client_lanes), read_once(pools[p].first_worker),
+                  read_once(pools[p].worker_count)};
   }
 }
 
@@ -73,16 +74,22 @@ Result<QueueView> QueueView::attach(void* base, uint64_t mapped_bytes) {
   v.layout_ = l;
   for (uint32_t p = 0; p < l.pool_count; ++p) {
     const QueueLayout::Pool& lp = l.pools[p];
-    if (lp.capacity == 0 || lp.capacity > JobRing::kMaxCapacity ||
-        !inside(lp.ring_offset, 1, JobRing::bytes_for(lp.capacity))) {
-      return bad("the ring of pool " + std::to_string(p) + " lies outside the segment");
+    if (lp.capacity == 0 || lp.capacity > JobRing::kMaxCapacity || lp.client_lanes == 0 ||
+        lp.client_lanes > PoolQueue::kMaxClientLanes ||
+        !inside(lp.queue_offset, 1, PoolQueue::bytes_for(lp.capacity, lp.client_lanes))) {
+      return bad("the queue of pool " + std::to_string(p) + " lies outside the segment");
     }
     if (lp.first_worker > l.worker_count || lp.worker_count > l.worker_count - lp.first_worker) {
       return bad("the workers of pool " + std::to_string(p) + " lie outside the worker array");
     }
-    const RingHeader& rh = *reinterpret_cast<const RingHeader*>(v.base_ + lp.ring_offset);
-    if (rh.capacity != lp.capacity) {
-      return bad("the ring of pool " + std::to_string(p) + " disagrees on its capacity");
+    const PoolQueue q = v.queue(p);
+    bool agree = read_once(q.header().capacity) == lp.capacity &&
+                 read_once(q.header().client_lanes) == lp.client_lanes;
+    for (uint32_t i = 0; agree && i < q.lane_count(); ++i) {
+      agree = read_once(q.lane(i).header().capacity) == lp.capacity;
+    }
+    if (!agree) {
+      return bad("the queue of pool " + std::to_string(p) + " disagrees on its geometry");
     }
   }
   return v;
@@ -101,11 +108,15 @@ void QueueView::restore_shared_layout() const noexcept {
   for (uint32_t p = 0; p < layout_.pool_count; ++p) {
     const QueueLayout::Pool& lp = layout_.pools[p];
     PoolShm& ps = pool(p);
-    ps.ring_offset = lp.ring_offset;
+    ps.queue_offset = lp.queue_offset;
     ps.capacity = lp.capacity;
+    ps.client_lanes = lp.client_lanes;
     ps.first_worker = lp.first_worker;
     ps.worker_count = lp.worker_count;
-    reinterpret_cast<RingHeader*>(base_ + lp.ring_offset)->capacity = lp.capacity;
+    const PoolQueue q = queue(p);
+    q.header().capacity = lp.capacity;
+    q.header().client_lanes = lp.client_lanes;
+    for (uint32_t i = 0; i < q.lane_count(); ++i) q.lane(i).header().capacity = lp.capacity;
   }
 }
 

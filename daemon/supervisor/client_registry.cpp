@@ -316,7 +316,10 @@ void ClientRegistry::unregister(Client& client) {
   if (on_leaving_) on_leaving_(client);
   Retired r{client.index, {}};
   for (uint32_t p = 0; p < config_.pools.size(); ++p) {
-    r.tails[p] = queue_.ring(p).settled_tail();
+    const PoolQueue q = queue_.queue(p);
+    for (uint32_t lane = 0; lane < q.lane_count(); ++lane) {
+      r.tails[p][lane] = q.lane(lane).settled_tail();
+    }
   }
   retired_.push_back(r);
   index_in_use_[client.index] = false;
@@ -339,7 +342,10 @@ void ClientRegistry::close(uint64_t id) {
 void ClientRegistry::release_retired() {
   std::erase_if(retired_, [&](const Retired& r) {
     for (uint32_t p = 0; p < config_.pools.size(); ++p) {
-      if (queue_.ring(p).head_position() < r.tails[p]) return false;
+      const PoolQueue q = queue_.queue(p);
+      for (uint32_t lane = 0; lane < q.lane_count(); ++lane) {
+        if (q.lane(lane).head_position() < r.tails[p][lane]) return false;
+      }
     }
     return true;
   });

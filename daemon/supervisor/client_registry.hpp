@@ -110,11 +110,11 @@ class ClientRegistry {
   bool index_free(uint32_t index) const;
   void unregister(Client& client);
 
-  // A client index whose last entries may still sit in the rings: reusable once every pool's
+  // A client index whose last entries may still sit in the lanes: reusable once every lane's
   // head has passed the tail it had when the client left.
   struct Retired {
     uint32_t index;
-    uint64_t tails[kMaxPools];
+    uint64_t tails[kMaxPools][PoolQueue::kMaxLanes];
   };
 
   const Config& config_;

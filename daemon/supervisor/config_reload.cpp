@@ -327,7 +327,7 @@ void ConfigReload::tick(uint64_t now) {
         idle = false;
       }
     }
-    if (idle && queue.ring(r.pool).has_values()) idle = false;
+    if (idle && queue.queue(r.pool).has_values()) idle = false;
     if (idle && parts_.workers->pool_busy(r.pool)) idle = false;
     const std::string& name = parts_.config->pools[r.pool].name;
     if (!idle && now < r.deadline_ns) return false;

@@ -97,43 +97,18 @@ void JobRecovery::worker_died(uint32_t worker, uint32_t pool, const std::string&
 }
 
 uint32_t JobRecovery::fail_queued(uint32_t pool, const std::string& why) {
-  JobRing ring = queue_.ring(pool);
+  const PoolQueue queue = queue_.queue(pool);
   uint32_t failed = 0;
   bool popped = false;
   uint32_t value = 0;
-  // At most two rings' worth: a client that keeps pushing (against `accepting`) cannot hold
-  // the loop here.
-  for (uint32_t n = 0; n < 2 * ring.capacity() && ring.try_pop(&value); ++n) {
-    popped = true;
-    const JobRef ref = JobRef::unpack(value);
-    const Client* conn = clients_.by_index(ref.client);
-    if (conn == nullptr) continue;  // a departed client's: its jobs were cancelled as it left
-    ClientSegmentView view(conn->segment.address(), conn->geometry, conn->slot_count);
-    if (ref.slot >= conn->slot_count) continue;  // forged
-    JobSlot& slot = view.slot(ref.slot);
-    uint64_t word = slot.state.load(std::memory_order_acquire);
-    const SlotWord sw = SlotWord::unpack(word);
-    if (sw.state != JobState::kSubmitted ||
-        (sw.generation & JobRef::kGenerationMask) != ref.generation || slot.desc.pool_id != pool) {
-      continue;  // cancelled or expired while queued, or a stale entry (as a worker drops it)
+  // At most two lanes' worth from each: a client that keeps pushing (against `accepting`)
+  // cannot hold the loop here.
+  for (uint32_t lane = 0; lane < queue.lane_count(); ++lane) {
+    JobRing ring = queue.lane(lane);
+    for (uint32_t n = 0; n < 2 * ring.capacity() && ring.try_pop(&value); ++n) {
+      popped = true;
+      failed += fail_popped(pool, value, why) ? 1 : 0;
     }
-    // Claimed first, as a worker claims a job (the CAS races the client's cancel and expiry,
-    // which write their own outcome after theirs); then the outcome; then the end.
-    const SlotWord claimed{sw.generation, JobState::kRunning, kSupervisorClaim};
-    if (!slot.state.compare_exchange_strong(word, claimed.pack(), std::memory_order_acq_rel)) {
-      continue;
-    }
-    JobOutcome out{};
-    out.code = static_cast<int32_t>(ErrorCode::kPoolDown);
-    out.finished_stamp = read_stamp(job_clock_);
-    set_slot_message(slot, why);
-    std::memcpy(&slot.outcome, &out, sizeof out);
-    slot.state.store(SlotWord{sw.generation, JobState::kFailed, kSupervisorClaim}.pack(),
-                     std::memory_order_release);
-    view.announce_end(slot, false);
-    const uint32_t op = slot.desc.op_id;
-    ++jobs_ended_[{pool, find_op(op) != nullptr ? op : kMetricOtherOp, "pool_down"}];
-    ++failed;
   }
   jobs_failed_down_[pool] += failed;
   // Producers asleep for room in the ring, or for their share of it: they look again and see
@@ -143,6 +118,46 @@ uint32_t JobRecovery::fail_queued(uint32_t pool, const std::string& why) {
     GPUQ_LOG_WARN("failed %u queued job%s: %s", failed, failed == 1 ? "" : "s", why.c_str());
   }
   return failed;
+}
+
+// One reference fail_queued popped: fails its job with PoolDown, unless it is stale.
+bool JobRecovery::fail_popped(uint32_t pool, uint32_t value, const std::string& why) {
+  const JobRef ref = JobRef::unpack(value);
+  const Client* conn = clients_.by_index(ref.client);
+  if (conn == nullptr) return false;  // a departed client's: its jobs were cancelled as it left
+  ClientSegmentView view(conn->segment.address(), conn->geometry, conn->slot_count);
+  if (ref.slot >= conn->slot_count) return false;  // forged
+  JobSlot& slot = view.slot(ref.slot);
+  uint64_t word = slot.state.load(std::memory_order_acquire);
+  const SlotWord sw = SlotWord::unpack(word);
+  if (sw.state != JobState::kSubmitted ||
+      (sw.generation & JobRef::kGenerationMask) != ref.generation || slot.desc.pool_id != pool) {
+    return false;  // cancelled or expired while queued, or a stale entry (as a worker drops it)
+  }
+  // Claimed first, as a worker claims a job (the CAS races the client's cancel and expiry,
+  // which write their own outcome after theirs); then the outcome; then the end.
+  const SlotWord claimed{sw.generation, JobState::kRunning, kSupervisorClaim};
+  if (!slot.state.compare_exchange_strong(word, claimed.pack(), std::memory_order_acq_rel)) {
+    return false;
+  }
+  JobOutcome out{};
+  out.code = static_cast<int32_t>(ErrorCode::kPoolDown);
+  out.finished_stamp = read_stamp(job_clock_);
+  set_slot_message(slot, why);
+  std::memcpy(&slot.outcome, &out, sizeof out);
+  slot.state.store(SlotWord{sw.generation, JobState::kFailed, kSupervisorClaim}.pack(),
+                   std::memory_order_release);
+  view.announce_end(slot, false);
+  const uint32_t op = slot.desc.op_id;
+  ++jobs_ended_[{pool, find_op(op) != nullptr ? op : kMetricOtherOp, "pool_down"}];
+  return true;
+}
+
+// The lane a job of `conn` in slot `s` goes back to: its client's lane of its priority.
+uint32_t JobRecovery::lane_of(const Client& conn, uint32_t s, uint32_t pool) const {
+  ClientSegmentView view(conn.segment.address(), conn.geometry, conn.slot_count);
+  const uint32_t flags = view.slot(s).desc.flags;  // the client's to write: any level will do
+  return queue_.queue(pool).lane_for(conn.index, flags_priority(flags), false);
 }
 
 void JobRecovery::client_left(uint64_t session) {
@@ -170,7 +185,8 @@ bool JobRecovery::retry(const Client& conn, uint32_t s, JobSlot& slot, uint64_t 
                                           std::memory_order_acq_rel)) {
     return false;
   }
-  if (!queue_.ring(pool).try_push(JobRef{conn.index, s, sw.generation}.pack())) {
+  if (!queue_.queue(pool).try_push(lane_of(conn, s, pool),
+                                   JobRef{conn.index, s, sw.generation}.pack())) {
     // Put it back as it was, for the caller to fail.
     uint64_t expected = queued_again.pack();
     slot.state.compare_exchange_strong(expected, running_word, std::memory_order_acq_rel);
@@ -197,13 +213,13 @@ bool JobRecovery::retry(const Client& conn, uint32_t s, JobSlot& slot, uint64_t 
 // next tick; a duplicate reference of a job the client does push is harmless (only one
 // SUBMITTED -> RUNNING CAS can win).
 void JobRecovery::requeue_lost(uint32_t pool) {
-  JobRing ring = queue_.ring(pool);
+  PoolQueue queue = queue_.queue(pool);
   for_each_job_in_no_ring(pool, [&](const Client& conn, uint32_t s, uint32_t ref) {
     if (queue_.client(conn.index).submitting.load(std::memory_order_seq_cst) != 0) {
       requeue_pending_ |= 1u << pool;
       return;
     }
-    if (ring.try_push(ref)) {
+    if (queue.try_push(lane_of(conn, s, pool), ref)) {
       GPUQ_LOG_WARN("requeued job %u/%u, whose reference a dying worker took", conn.index, s);
       queue_.wake_worker(pool);
     } else {
@@ -217,7 +233,7 @@ void JobRecovery::requeue_lost(uint32_t pool) {
 void JobRecovery::for_each_job_in_no_ring(
     uint32_t pool, const std::function<void(const Client&, uint32_t slot, uint32_t ref)>& fn) {
   std::vector<uint32_t> in_ring;
-  queue_.ring(pool).for_each_value([&](uint32_t v) { in_ring.push_back(v); });
+  queue_.queue(pool).for_each_value([&](uint32_t v) { in_ring.push_back(v); });
   std::sort(in_ring.begin(), in_ring.end());
   clients_.for_each([&](const Client& conn) {
     ClientSegmentView view(conn.segment.address(), conn.geometry, conn.slot_count);
@@ -247,29 +263,38 @@ void JobRecovery::tick(uint64_t now) {
 }
 
 void JobRecovery::audit_ring(uint32_t p) {
-  JobRing ring = queue_.ring(p);
-  const RingAudit::Report r = ring_audits_[p].run(ring);
+  PoolQueue queue = queue_.queue(p);
+  // Lane bits of lanes that emptied while the workers never slept, and of lanes whose pusher
+  // died before its mark (PoolQueue's contract).
+  queue.settle_bits();
+  ring_audits_[p].resize(queue.lane_count());
+  for (uint32_t lane = 0; lane < queue.lane_count(); ++lane) audit_lane(p, lane);
+}
+
+void JobRecovery::audit_lane(uint32_t p, uint32_t lane) {
+  JobRing ring = queue_.queue(p).lane(lane);
+  const RingAudit::Report r = ring_audits_[p][lane].run(ring);
   const char* pool = config_.pools[p].name.c_str();
   if (r.head_restored || r.tail_restored) {
     ++hints_restored_[p];
-    GPUQ_LOG_WARN("pool %s: ring %s position jumped to %" PRIu64
+    GPUQ_LOG_WARN("pool %s: lane %u %s position jumped to %" PRIu64
                   " (a client wrote over the queue segment?): moved it back to %" PRIu64,
-                  pool, r.head_restored ? "head" : "tail",
+                  pool, lane, r.head_restored ? "head" : "tail",
                   r.head_restored ? r.head_from : r.tail_from,
                   r.head_restored ? r.head_to : r.tail_to);
   }
   for (const JobRing::Suspect& s : r.retired) {
     ++cells_retired_[p];
     GPUQ_LOG_WARN(
-        "pool %s: ring cell %u (position %" PRIu64 ") held 0x%016" PRIx64
+        "pool %s: lane %u cell %u (position %" PRIu64 ") held 0x%016" PRIx64
         ", which no producer or consumer writes (a client wrote over the queue segment?): "
         "retired it",
-        pool, s.index, s.position, s.word);
+        pool, lane, s.index, s.position, s.word);
   }
 }
 
 void JobRecovery::audit_submitted(uint32_t p, uint64_t now) {
-  JobRing ring = queue_.ring(p);
+  PoolQueue queue = queue_.queue(p);
   const uint32_t share = queue_.pool(p).client_share;
   std::map<LostKey, uint64_t> still_lost;
   std::map<uint64_t, uint32_t> pushed;  // per client session, this audit
@@ -282,7 +307,7 @@ void JobRecovery::audit_submitted(uint32_t p, uint64_t now) {
     const bool submitting =
         queue_.client(conn.index).submitting.load(std::memory_order_seq_cst) != 0;
     if (now - since < kLostAfterNs || submitting || pushed[conn.session] >= share ||
-        !ring.try_push(ref)) {
+        !queue.try_push(lane_of(conn, s, p), ref)) {
       still_lost.emplace(key, since);
       return;
     }

@@ -82,6 +82,9 @@ class JobRecovery {
   void for_each_job_in_no_ring(
       uint32_t pool, const std::function<void(const Client&, uint32_t slot, uint32_t ref)>& fn);
   void audit_ring(uint32_t pool);
+  void audit_lane(uint32_t pool, uint32_t lane);
+  bool fail_popped(uint32_t pool, uint32_t value, const std::string& why);
+  uint32_t lane_of(const Client& conn, uint32_t slot, uint32_t pool) const;
   void audit_submitted(uint32_t pool, uint64_t now);
 
   const Config& config_;
@@ -95,7 +98,8 @@ class JobRecovery {
   // Pools (bit p) with a job a dead worker took that did not fit back into the full ring yet.
   uint32_t requeue_pending_ = 0;
   uint64_t next_audit_ns_ = 0;
-  RingAudit ring_audits_[kMaxPools];
+  // One per lane of each pool's queue (PoolQueue).
+  std::vector<RingAudit> ring_audits_[kMaxPools];
   using LostKey = std::tuple<uint32_t, uint64_t, uint32_t, uint32_t>;  // pool, session, slot, gen
   std::map<LostKey, uint64_t> lost_since_;  // SUBMITTED jobs in no ring: first seen (ns)
   uint64_t cells_retired_[kMaxPools] = {};

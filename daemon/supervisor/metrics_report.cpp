@@ -227,7 +227,7 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
 
   e.family("gpuq_queue_depth", "gauge", "Jobs waiting in the pool's ring.");
   for (uint32_t p = 0; p < pools; ++p) {
-    e.sample("gpuq_queue_depth", pool_label(p), uint64_t{queue.ring(p).size()});
+    e.sample("gpuq_queue_depth", pool_label(p), uint64_t{queue.queue(p).size()});
   }
   e.family("gpuq_queue_capacity", "gauge", "Cells of the pool's ring (queue_factor x workers).");
   for (uint32_t p = 0; p < pools; ++p) {

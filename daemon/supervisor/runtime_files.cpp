@@ -83,14 +83,14 @@ Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
   off += uint64_t{worker_count} * sizeof(WorkerShm);
   const uint64_t clients_off = off;
   off += uint64_t{c.max_clients} * sizeof(ClientShm);
-  std::vector<uint64_t> ring_offsets;
+  std::vector<uint64_t> queue_offsets;
   std::vector<uint32_t> capacities;
   for (uint32_t p = 0; p < records; ++p) {
     off = (off + 63) & ~uint64_t{63};
-    ring_offsets.push_back(off);
+    queue_offsets.push_back(off);
     capacities.push_back(p < configured ? ring_capacity(c, c.pools[p])
                                         : c.queue_factor * c.added_pool_workers);
-    off += JobRing::bytes_for(capacities.back());
+    off += PoolQueue::bytes_for(capacities.back(), PoolQueue::client_lanes_for(capacities.back()));
   }
   const uint64_t total = (off + 4095) & ~uint64_t{4095};
 
@@ -135,13 +135,14 @@ Result<void> RuntimeFiles::create_queue(uint64_t epoch, const PoolPlan& plan) {
     ps.first_worker = first;
     ps.client_share =
         std::max<uint32_t>(1, static_cast<uint32_t>(ps.capacity * c.client_queue_share));
-    ps.ring_offset = ring_offsets[p];
+    ps.queue_offset = queue_offsets[p];
+    ps.client_lanes = PoolQueue::client_lanes_for(ps.capacity);
     // An unavailable pool never accepts a job: nothing would ever run it. Clients learn why
     // from Welcome and do not even try (a client that pushes anyway gets ShuttingDown). Nor
     // does a free record until a reload adds a pool in it.
     ps.accepting.store(!free && plan.pools[p].available ? kPoolAccepting : kPoolNotAccepting,
                        std::memory_order_relaxed);
-    JobRing::create(queue_.base() + ring_offsets[p], ps.capacity);
+    PoolQueue::create(queue_.base() + queue_offsets[p], ps.capacity, ps.client_lanes);
     for (uint32_t i = 0; i < entries; ++i) {
       WorkerShm& ws = queue_.worker(first + i);
       ws.id = first + i;

@@ -84,7 +84,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
               {"id", p},
               {"kind", c.pools[p].kind == PoolKind::kGpu ? "gpu" : "cpu"},
               {"capacity", ps.capacity},
-              {"queue_depth", queue.ring(p).size()},
+              {"queue_depth", queue.queue(p).size()},
               {"client_share", ps.client_share},
               {"accepting", ps.accepting.load() == kPoolAccepting},
               {"jobs_submitted", s_.clients->jobs_submitted(p)},
@@ -263,7 +263,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
 // one that has gone and whose index is still retiring): 0 when idle.
 uint64_t StatusReport::cells_held(uint32_t p) const {
   uint64_t n = 0;
-  s_.queue->ring(p).for_each_value([&](uint32_t v) {
+  s_.queue->queue(p).for_each_value([&](uint32_t v) {
     const uint32_t c = JobRef::unpack(v).client;
     if (s_.clients->index_in_use(c)) ++n;
   });

@@ -635,7 +635,7 @@ void Supervisor::check_drain() {
     }
     // An unavailable pool's ring has no worker to empty it (and no honest client fills it).
     for (uint32_t p = 0; p < options_.config.pools.size() && idle; ++p) {
-      if (plan_.pools[p].available && queue.ring(p).has_values()) idle = false;
+      if (plan_.pools[p].available && queue.queue(p).has_values()) idle = false;
     }
     if (idle && workers_->any_busy()) idle = false;
     const bool timed_out = now >= drain_deadline_ns_;

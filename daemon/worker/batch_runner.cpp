@@ -17,7 +17,7 @@
 namespace gpuq::daemon {
 namespace {
 
-// The longest nap of a worker gathering a batch between looks at its ring (gather()).
+// The longest nap of a worker gathering a batch between looks at its lanes (gather()).
 constexpr uint64_t kGatherNapNs = 50'000;
 
 // A job's rows, as its client wrote them (py.r; 0: its arrays do not share a first axis, so it
@@ -56,7 +56,8 @@ std::optional<uint32_t> BatchRunner::run(Job&& first, BatchSettings settings) {
   gatherer_.begin(op_id, settings, first.rows == 0 ? kMaxBatchSize : first.rows, first.claimed_ns);
   batch_.clear();
   batch_.push_back(std::move(first));
-  std::optional<uint32_t> carried = gather(op, op_id);
+  // Within the first job's priority level (its client's to write: any level will do).
+  std::optional<uint32_t> carried = gather(op, op_id, priority_rank(flags_priority(first.d.flags)));
   gatherer_.finish();
   if (w_.metrics.on()) {
     const uint64_t now = read_stamp(w_.options.job_clock);
@@ -93,7 +94,7 @@ std::optional<uint32_t> BatchRunner::run(Job&& first, BatchSettings settings) {
 }
 
 // Pops and claims queued jobs of op `op_id` into batch_ while the gatherer wants more.
-std::optional<uint32_t> BatchRunner::gather(const OpInfo* op, uint32_t op_id) {
+std::optional<uint32_t> BatchRunner::gather(const OpInfo* op, uint32_t op_id, uint32_t rank) {
   while (!gatherer_.full()) {
     // The supervisor is about to stop this worker, or the first job's time limit has passed
     // (its gathering counts: the limit runs from the claim): call now.
@@ -103,13 +104,14 @@ std::optional<uint32_t> BatchRunner::gather(const OpInfo* op, uint32_t op_id) {
       return std::nullopt;
     }
     uint32_t next;
-    if (!w_.ring.peek(&next)) {
+    uint32_t lane;
+    if (!w_.lanes.peek_level(rank, &next, &lane)) {
       const uint64_t now = monotonic_ns();
       if (!gatherer_.wait_for_more(now)) return std::nullopt;
       // A short spin, then naps of at most kGatherNapNs: the jobs it waits for come from
       // clients that may need this core to send them (on a machine with more clients than
       // cores a spinning or yielding gatherer took a fair share of it for nothing).
-      if (!spin_until([&] { return w_.ring.value_at_head(); }, kSpinPauseOnlyNs)) {
+      if (!spin_until([&] { return w_.lanes.value_ready_in_level(rank); }, kSpinPauseOnlyNs)) {
         const uint64_t nap = std::min<uint64_t>(gatherer_.deadline_ns() - now, kGatherNapNs);
         timespec ts{0, static_cast<long>(nap)};
         (void)::nanosleep(&ts, nullptr);  // EINTR: the loop looks again
@@ -121,7 +123,7 @@ std::optional<uint32_t> BatchRunner::gather(const OpInfo* op, uint32_t op_id) {
     if (queued_op(next).value_or(op_id) != op_id) return std::nullopt;
     if (!gatherer_.fits(counted(queued_rows(next).value_or(1)))) return std::nullopt;
     uint32_t value;
-    if (!w_.ring.try_pop(&value)) continue;
+    if (!w_.lanes.pop_lane(lane, &value)) continue;
     if (queued_op(value).value_or(op_id) != op_id) return value;
     Job c;
     const Claim claimed = claim(value, c);

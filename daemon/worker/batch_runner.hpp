@@ -1,15 +1,16 @@
 // BatchRunner: a batched op's jobs in a worker, from the first one's claim to each one's end
 // (docs/python.md, "Dynamic batching"; docs/design/faults.md, "Batched calls"). The worker loop
 // claims, publishes and checks a job of a batched op (a Python op with max_batch_size > 1) and
-// hands it over; the runner pops and claims further queued jobs of that op from the pool's ring
-// while its BatchGatherer wants more, calls the op once for all of them (OpBackend::run_batch),
-// and ends each job on its own: its outcome and state in its slot, its client woken, its counts.
-// While the call runs, the worker's private page names the job whose time limit passes first,
-// for the supervisor to watch; a call stopped at one job's limit ends the jobs past their own
-// limit TimedOut and those their clients cancelled Cancelled, and runs the others again.
+// hands it over; the runner pops and claims further queued jobs of that op from the pool's lanes of
+// its level while its BatchGatherer wants more, calls the op once for all of them
+// (OpBackend::run_batch), and ends each job on its own: its outcome and state in its slot, its
+// client woken, its counts. While the call runs, the worker's private page names the job whose time
+// limit passes first, for the supervisor to watch; a call stopped at one job's limit ends the jobs
+// past their own limit TimedOut and those their clients cancelled Cancelled, and runs the others
+// again.
 //
-// It works on the worker loop's own parts (its ring, pages, mapped clients, metrics), which the
-// loop keeps owning and using between batches. Not thread-safe: one per worker loop.
+// It works on the worker loop's own parts (its lane picker, pages, mapped clients, metrics), which
+// the loop keeps owning and using between batches. Not thread-safe: one per worker loop.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,7 @@
 
 #include "batch_gatherer.hpp"
 #include "gpuq/common/job_metrics.hpp"
-#include "gpuq/common/job_ring.hpp"
+#include "gpuq/common/pool_queue.hpp"
 #include "gpuq/common/shm_layout.hpp"
 #include "job_steps.hpp"
 #include "job_validation.hpp"
@@ -36,7 +37,7 @@ class BatchRunner {
   struct WorkerParts {
     const WorkerOptions& options;  // worker_id, pool_id, job_clock, job_time_limit_ms
     OpBackend& backend;
-    JobRing& ring;  // the pool's
+    LanePicker& lanes;  // the pool's queue, as this worker takes from it
     PoolShm& pool;
     WorkerShm& self;
     WorkerPrivate& priv;
@@ -84,7 +85,8 @@ class BatchRunner {
  private:
   enum class Claim { kClaimed, kDropped, kUnmapped };
 
-  std::optional<uint32_t> gather(const OpInfo* op, uint32_t op_id);
+  // Within the priority level at `rank` (PoolQueue).
+  std::optional<uint32_t> gather(const OpInfo* op, uint32_t op_id, uint32_t rank);
   void call_batch(const OpInfo* op, uint32_t op_id);
   Job& governing();
   Claim claim(uint32_t value, Job& c);

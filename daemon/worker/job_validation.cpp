@@ -38,6 +38,10 @@ Result<ValidatedJob> validate_descriptor(const JobDescriptor& d, uint64_t arena_
     return Error(ErrorCode::kInvalidArgument,
                  "flags 0x" + hex32(d.flags) + " has bits this worker does not know");
   }
+  if ((d.flags & kJobFlagPriorityMask) >> kJobFlagPriorityShift >= kPriorityLevels) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "flags 0x" + hex32(d.flags) + " name no priority (0 normal, 1 high, 2 low)");
+  }
   if (d.pool_id != expected_pool) {
     return Error(ErrorCode::kInvalidArgument,
                  "pool_id " + std::to_string(d.pool_id) + " does not match the pool (" +

@@ -95,9 +95,9 @@ class Worker {
     clients_.resize(l.max_clients);
     pool_ = &queue_.pool(options_.pool_id);
     self_ = &queue_.worker(options_.worker_id);
-    ring_ = queue_.ring(options_.pool_id);
+    lanes_ = LanePicker(queue_.queue(options_.pool_id));
     batches_.emplace(
-        BatchRunner::WorkerParts{options_, backend_, ring_, *pool_, *self_, *priv_, clients_,
+        BatchRunner::WorkerParts{options_, backend_, lanes_, *pool_, *self_, *priv_, clients_,
                                  std::span<const ClientShm>(&queue_.client(0), l.max_clients),
                                  metrics_, job_seq_, went_on_});
 
@@ -143,10 +143,12 @@ class Worker {
         continue;
       }
       uint32_t value;
-      if (ring_.try_pop(&value)) {
+      uint32_t lane;
+      if (lanes_.pop(&value, &lane)) {
         GPUQ_FAULT_POINT("worker.popped");
-        // The next job, if one is queued already: its lines travel while this one runs.
-        if (uint32_t next; ring_.peek(&next)) prefetch_job(next);
+        // The next job of that lane, if one is queued already: its lines travel while this one
+        // runs.
+        if (uint32_t next; lanes_.peek(lane, &next)) prefetch_job(next);
         handle(value);
         if (backend_.must_exit()) {
           GPUQ_LOG_ERROR("this worker cannot run another job: exiting to be replaced");
@@ -158,7 +160,7 @@ class Worker {
       if (stopping_) return 0;  // ring drained after WorkerStop
       // Nothing queued: spin a little, then sleep on the pool's event count.
       auto has_work = [&] {
-        return ring_.value_at_head() ||
+        return lanes_.value_ready() ||
                self_->control_seq.load(std::memory_order_acquire) != seen_control_;
       };
       // First the pause-only phase, counted in the pool's `spinning` so that pushers need not
@@ -179,7 +181,9 @@ class Worker {
       // Pushers load `sleepers` after their seq_cst push with no fence of their own
       // (wake_worker_after_push): this one orders the raise before the re-check's loads.
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (has_work() || ring_.has_values()) {
+      // Every lane, whatever its bit says (settle_bits: a lane found empty has its bit cleared,
+      // one found holding a value, its pusher dead before its mark, has it set).
+      if (has_work() || lanes_.queue().settle_bits()) {
         self_->asleep.store(0, std::memory_order_relaxed);
         pool_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
         self_->wake.cancel_wait();
@@ -471,7 +475,7 @@ class Worker {
   uint64_t job_seq_ = 0;  // this worker's copy of priv_->job_seq
   PoolShm* pool_ = nullptr;
   WorkerShm* self_ = nullptr;
-  JobRing ring_;
+  LanePicker lanes_;
   MappedClients clients_;
   uint32_t seen_control_ = 0;
   bool stopping_ = false;

@@ -181,23 +181,30 @@ static_assert(offsetof(gpuq_job_spec_t, flags) == (GPUQ_JOB_SPEC_VERSION1 & 0xFF
               "revision 1 of gpuq_job_spec_t must be the prefix before `flags`");
 static_assert(offsetof(gpuq_job_spec_t, time_limit_ms) ==
                       offsetof(gpuq_job_spec_t, flags) + sizeof(uint32_t) &&
-                  sizeof(gpuq_job_spec_t) == (GPUQ_JOB_SPEC_VERSION2 & 0xFFFFFFu),
+                  offsetof(gpuq_job_spec_t, priority) == (GPUQ_JOB_SPEC_VERSION2 & 0xFFFFFFu),
               "revision 2 of gpuq_job_spec_t must be the prefix before `time_limit_ms`, "
               "which took its tail padding");
+static_assert(offsetof(gpuq_job_spec_t, priority) == (GPUQ_JOB_SPEC_VERSION3 & 0xFFFFFFu),
+              "revision 3 of gpuq_job_spec_t must be the prefix before `priority`");
+static_assert(GPUQ_PRIORITY_NORMAL == static_cast<int>(gpuq::Priority::kNormal) &&
+                  GPUQ_PRIORITY_HIGH == static_cast<int>(gpuq::Priority::kHigh) &&
+                  GPUQ_PRIORITY_LOW == static_cast<int>(gpuq::Priority::kLow),
+              "GPUQ_PRIORITY_* are gpuq::Priority's numbers");
 static_assert(offsetof(gpuq_connect_options_t, flags) ==
                   (GPUQ_CONNECT_OPTIONS_VERSION1 & 0xFFFFFFu),
               "revision 1 of gpuq_connect_options_t must be the prefix before `flags`");
 
-// The revision (1, 2 or 3) of a gpuq_job_spec_t, or 0 with the InvalidArgument status in
+// The revision (1 to 4) of a gpuq_job_spec_t, or 0 with the InvalidArgument status in
 // `status` for a version this library does not know.
 int job_spec_revision(uint32_t version, gpuq_status_t& status) {
   if (version == GPUQ_JOB_SPEC_VERSION1) return 1;
   if (version == GPUQ_JOB_SPEC_VERSION2) return 2;
+  if (version == GPUQ_JOB_SPEC_VERSION3) return 3;
   if (!check_version(version, GPUQ_JOB_SPEC_VERSION, "gpuq_job_spec_t", "GPUQ_JOB_SPEC_VERSION",
                      status)) {
     return 0;
   }
-  return 3;
+  return 4;
 }
 
 // Fills `out` from `spec`, or returns the InvalidArgument status that names the bad field.
@@ -209,6 +216,13 @@ gpuq_status_t to_cpp(const gpuq_job_spec_t& spec, gpuq::JobSpec& out) {
   // revision 2 those bytes are padding, which the caller may not have zeroed).
   const uint32_t flags = revision >= 2 ? spec.flags : 0;
   const uint32_t time_limit_ms = revision >= 3 ? spec.time_limit_ms : 0;
+  const int32_t priority = revision >= 4 ? spec.priority : GPUQ_PRIORITY_NORMAL;
+  if (priority != GPUQ_PRIORITY_NORMAL && priority != GPUQ_PRIORITY_HIGH &&
+      priority != GPUQ_PRIORITY_LOW) {
+    return invalid("gpuq_job_spec_t.priority is " + std::to_string(priority) +
+                   " (GPUQ_PRIORITY_NORMAL 0, GPUQ_PRIORITY_HIGH 1 or GPUQ_PRIORITY_LOW 2)");
+  }
+  out.priority = static_cast<gpuq::Priority>(priority);
   if ((flags & ~GPUQ_JOB_RETRYABLE) != 0) {
     return invalid("gpuq_job_spec_t.flags has unknown bits " + std::to_string(flags) +
                    " (known: GPUQ_JOB_RETRYABLE)");

@@ -502,7 +502,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       if (is_terminal(w.state) || w.state == JobState::kRunning) uncount_locked(s, false);
     }
     uint32_t stale = 0;
-    queue_.ring(pool).for_each_value([&](uint32_t v) {
+    queue_.queue(pool).for_each_value([&](uint32_t v) {
       const JobRef ref = JobRef::unpack(v);
       if (ref.client != index_) return;
       const bool counted = ref.slot < slot_count_ && in_ring_[ref.slot] == pool + 1 &&
@@ -545,6 +545,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       }
       pool = cat->find_pool_id(static_cast<uint32_t>(pool->fallback));
     }
+    if (static_cast<uint32_t>(spec.priority) >= kPriorityLevels) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "priority: " + std::to_string(static_cast<uint32_t>(spec.priority)) +
+                       " is not a level (Priority::kHigh, kNormal or kLow)");
+    }
     if (spec.time_limit.count() < 0 || spec.time_limit.count() > UINT32_MAX) {
       return Error(ErrorCode::kInvalidArgument,
                    "time_limit: " + std::to_string(spec.time_limit.count()) +
@@ -583,16 +588,19 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     while (readers_[s].load(std::memory_order_seq_cst) != 0) sched_yield();
     JobSlot& js = slot(s);
     ClientShm& cs = queue_.client(index_);
-    JobRing ring = queue_.ring(pool->id);
-    // Lines a worker wrote last (the slot's two, the ring cell at the tail): fetch them
+    const PoolQueue queue = queue_.queue(pool->id);
+    // Its own lane of the job's level, or the level's fresh lane if it is the only job this
+    // client has in the pool (docs/design/ring.md, "Lanes").
+    const uint32_t lane = queue.lane_for(index_, spec.priority, held(pool->id) == 1);
+    // Lines a worker wrote last (the slot's two, the lane's cell at the tail): fetch them
     // together before the locked steps below wait for each in turn.
     prefetch_for_write(&js.state);
     prefetch_for_write(&js.desc);
-    ring.prefetch_push();
+    queue.lane(lane).prefetch_push();
     JobDescriptor& d = js.desc;
     d.op_id = *op;
     d.pool_id = pool->id;
-    d.flags = spec.retryable ? kJobFlagRetryable : 0;
+    d.flags = (spec.retryable ? kJobFlagRetryable : 0) | priority_flags(spec.priority);
     d.params_bytes = static_cast<uint32_t>(params.size());
     GPUQ_FAULT_POINT("client.submit.mid_descriptor");
     d.input_offset = spec.input.offset;
@@ -619,7 +627,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
     const uint32_t ref = JobRef{index_, s, generation}.pack();
     PoolShm& ps = queue_.pool(pool->id);
-    Result<void> pushed = push(ps, ring, *pool, ref, timeout_ns, blocking);
+    Result<void> pushed = push(ps, queue, lane, *pool, ref, timeout_ns, blocking);
     if (!pushed) {
       // Not the last reference: the caller's Client holds one.
       std::shared_ptr<ClientImpl> ended = free_slot(s, generation);
@@ -633,18 +641,20 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     return Job(this, s, generation);
   }
 
-  // Pushes `ref` into the pool's ring within this client's share, waiting for room if
-  // `blocking`, for at most `timeout_ns` (negative: no limit) from the first look that finds
+  // Pushes `ref` into `lane` of the pool's queue within this client's share, waiting for room
+  // if `blocking`, for at most `timeout_ns` (negative: no limit) from the first look that finds
   // none. The caller has raised `submitting` (see Supervisor::check_drain); its job counts
-  // against the share already, so the share has room while held() is at most the share.
-  Result<void> push(PoolShm& ps, JobRing& ring, const Pool& pool, uint32_t ref, int64_t timeout_ns,
-                    bool blocking) {
+  // against the share already, so the share has room while held() is at most the share: the
+  // configured one, split evenly among the busy client lanes (PoolQueue::share_limit).
+  Result<void> push(PoolShm& ps, const PoolQueue& queue, uint32_t lane, const Pool& pool,
+                    uint32_t ref, int64_t timeout_ns, bool blocking) {
     uint64_t deadline = 0;  // set at the first look that finds no room
-    const uint32_t share = pool.info.client_share;
-    // A recount takes the slot mutex and reads this client's slots and the whole ring: while
+    JobRing ring = queue.lane(lane);
+    // A recount takes the slot mutex and reads this client's slots and the whole queue: while
     // spinning for room, at most every 16th look does one (`force`: this look does).
     uint32_t looks = 0;
     auto share_has_room = [&](bool force) {
+      const uint32_t share = queue.share_limit(lane, pool.info.client_share);
       if (held(pool.id) <= share) return true;
       return (force || looks++ % 16 == 0) && recount(pool.id) <= share;
     };
@@ -655,7 +665,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
         return accepting == kPoolDown ? -2 : accepting == kPoolRemoved ? -3 : -1;
       }
       if (!share_has_room(true)) return 0;
-      return ring.try_push(ref) ? 1 : 0;
+      return queue.try_push(lane, ref) ? 1 : 0;
     };
     for (;;) {
       int r = try_once();
@@ -676,7 +686,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
             ErrorCode::kShuttingDown,
             "the daemon is draining and accepts no new jobs on pool '" + pool.info.name + "'");
       }
-      if (!blocking) return queue_full_error(pool, ring);
+      if (!blocking) return queue_full_error(pool, queue, lane);
       const uint64_t now = monotonic_ns();
       if (deadline == 0) {
         deadline = timeout_ns < 0 ? kNoDeadline : now + static_cast<uint64_t>(timeout_ns);
@@ -706,16 +716,19 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
   }
 
-  Error queue_full_error(const Pool& pool, const JobRing& ring) {
+  Error queue_full_error(const Pool& pool, const PoolQueue& queue, uint32_t lane) {
     // held() counts the job being submitted too.
-    if (const uint32_t h = held(pool.id); h > pool.info.client_share) {
-      return Error(ErrorCode::kQueueFull, "this client already holds its share of pool '" +
-                                              pool.info.name + "' (" + std::to_string(h - 1) +
-                                              " of " + std::to_string(ring.capacity()) +
-                                              " ring cells)");
+    const uint32_t h = held(pool.id);
+    if (const uint32_t share = queue.share_limit(lane, pool.info.client_share); h > share) {
+      return Error(ErrorCode::kQueueFull,
+                   "this client already holds its share of pool '" + pool.info.name + "' (" +
+                       std::to_string(h - 1) + " of " + std::to_string(queue.capacity()) +
+                       " cells; its share is " + std::to_string(share) + " while " +
+                       std::to_string(std::max<uint32_t>(queue.busy_client_lanes(), 1)) +
+                       " clients use the pool)");
     }
-    return Error(ErrorCode::kQueueFull, "pool '" + pool.info.name + "' ring is full (" +
-                                            std::to_string(ring.capacity()) + " jobs queued)");
+    return Error(ErrorCode::kQueueFull, "pool '" + pool.info.name + "' lane is full (" +
+                                            std::to_string(queue.capacity()) + " jobs queued)");
   }
 
   // ---- Wait / poll / cancel ----

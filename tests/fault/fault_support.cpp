@@ -542,7 +542,7 @@ std::string Bystanders::diagnose() const {
   if (!problem.empty()) return problem;
   std::vector<uint32_t> in_rings;
   for (uint32_t p = 0; p < queue.view.header().pool_count; ++p) {
-    queue.view.ring(p).for_each_value([&](uint32_t v) { in_rings.push_back(v); });
+    queue.view.queue(p).for_each_value([&](uint32_t v) { in_rings.push_back(v); });
   }
   for (int i = 0; i < options_.count; ++i) {
     ForeignSegment segment;
@@ -575,7 +575,7 @@ std::string Bystanders::diagnose() const {
     s << " submitting " << cs.submitting.load() << ", entries in the rings:";
     for (uint32_t p = 0; p < queue.view.header().pool_count; ++p) {
       uint32_t mine = 0;
-      queue.view.ring(p).for_each_value(
+      queue.view.queue(p).for_each_value(
           [&](uint32_t v) { mine += JobRef::unpack(v).client == index; });
       s << " " << mine;
     }
@@ -587,24 +587,30 @@ std::string Bystanders::diagnose() const {
 std::string describe_ring(const std::string& runtime_dir, uint32_t pool) {
   QueueMapping q;
   if (auto problem = map_queue_segment(runtime_dir, &q); !problem.empty()) return problem;
-  JobRing ring = q.view.ring(pool);
-  auto* header = reinterpret_cast<RingHeader*>(q.view.base() + q.view.pool(pool).ring_offset);
-  auto* cells = reinterpret_cast<RingCell*>(header + 1);
-  const uint32_t cap = ring.capacity();
+  const PoolQueue queue = q.view.queue(pool);
   std::ostringstream s;
-  const uint64_t head = header->head.load(), tail = header->tail.load();
-  s << "ring of pool " << pool << ": capacity " << cap << ", head " << head << ", tail " << tail
-    << "; cells from the head:";
-  for (uint64_t p = head; p < head + cap; ++p) {
-    const uint64_t c = cells[p % cap].word.load();
-    s << " [" << p % cap << "] tag " << static_cast<uint32_t>(c >> 32) << " (expect "
-      << static_cast<uint32_t>(p) << ") ";
-    if (static_cast<uint32_t>(c) == JobRing::kEmptyValue) {
-      s << "EMPTY";
-    } else {
-      const JobRef r = JobRef::unpack(static_cast<uint32_t>(c));
-      s << r.client << "/" << r.slot << "/" << r.generation;
+  s << "lanes of pool " << pool << " (active 0x" << std::hex << queue.active() << std::dec << "):";
+  for (uint32_t lane = 0; lane < queue.lane_count(); ++lane) {
+    JobRing ring = queue.lane(lane);
+    RingHeader& header = ring.header();
+    auto* cells = reinterpret_cast<RingCell*>(&header + 1);
+    const uint32_t cap = ring.capacity();
+    const uint64_t head = header.head.load(), tail = header.tail.load();
+    if (head == 0 && tail == 0) continue;  // never used
+    s << " lane " << lane << ": capacity " << cap << ", head " << head << ", tail " << tail
+      << "; cells from the head:";
+    for (uint64_t p = head; p < head + cap; ++p) {
+      const uint64_t c = cells[p % cap].word.load();
+      s << " [" << p % cap << "] tag " << static_cast<uint32_t>(c >> 32) << " (expect "
+        << static_cast<uint32_t>(p) << ") ";
+      if (static_cast<uint32_t>(c) == JobRing::kEmptyValue) {
+        s << "EMPTY";
+      } else {
+        const JobRef r = JobRef::unpack(static_cast<uint32_t>(c));
+        s << r.client << "/" << r.slot << "/" << r.generation;
+      }
     }
+    s << ";";
   }
   return s.str();
 }

@@ -5,13 +5,13 @@
 // (from its memfd) and the daemon's queue segment, and at random:
 //   - forges jobs in its own slots: random descriptors (op ids, pool ids, flags, offsets and
 //     lengths at and past the arena's end, values near 2^64, random parameter blocks) with a
-//     SUBMITTED state word, and pushes references to them into the ring;
+//     SUBMITTED state word, and pushes references to them into any lane of the pool's queue;
 //   - scribbles random state words (RUNNING for any worker, terminal, states that do not exist),
 //     whole slots, and its segment header;
 //   - submits real jobs and rewrites their descriptors while workers may be copying them;
 //   - pushes random 32-bit references, naming any client, slot and generation;
-//   - (second test case only) overwrites ring cells: random words, or a cell's value with its
-//     tag kept.
+//   - (second test case only) overwrites lane cells: random words, or a cell's value with its
+//     tag kept; a lane's head or tail; the queue's `active` lane bits (all clear, or random).
 //
 // What must hold (docs/design/requirements.md, "Nothing a client writes into shared memory can
 // crash the supervisor or a worker"): no worker dies (same pids, no restarts), the daemon keeps
@@ -45,12 +45,13 @@ enum Action : int {
   kRingCellValue,  // ring mode only
   kRingHint,       // ring mode only: the head or tail position
   kBystanderRefs,  // ring mode only: entries naming another client, which count in its share
+  kActiveBits,     // ring mode only: the lane bits workers look at
   kActions
 };
 constexpr const char* kActionNames[] = {
-    "forged jobs",       "state words",   "whole slots",        "headers",
-    "rewritten submits", "random refs",   "ring cells (words)", "ring cells (values)",
-    "ring head/tail",    "bystander refs"};
+    "forged jobs",       "state words",    "whole slots",        "headers",
+    "rewritten submits", "random refs",    "ring cells (words)", "ring cells (values)",
+    "ring head/tail",    "bystander refs", "lane bits"};
 
 struct ScribblerState {
   std::atomic<uint32_t> phase;  // 0 starting, 1 ready, 2 scribbling, 3 stopped, 9 failed
@@ -128,8 +129,8 @@ int scribbler_main(ScribblerState& st, const std::string& dir, uint64_t seed, bo
   const uint64_t arena = header.arena_bytes;
   QueueMapping queue;
   if (auto problem = map_queue_segment(dir, &queue); !problem.empty()) return fail(problem);
-  JobRing ring = queue.view.ring(0);
-  RawRing raw(queue.view.base() + queue.view.pool(0).ring_offset);
+  const PoolQueue lanes = queue.view.queue(0);
+  auto any_lane = [&] { return rng.between(0, lanes.lane_count() - 1); };
   const uint32_t workers = queue.view.header().worker_count;
   auto buffer = client.allocate(4096);
   if (!buffer) return fail("allocate");
@@ -138,7 +139,7 @@ int scribbler_main(ScribblerState& st, const std::string& dir, uint64_t seed, bo
   if (!wait_until([&] { return st.go.load() != 0; }, 60 * kSecond)) return fail("no go");
   st.phase.store(2);
   std::vector<Job> jobs;
-  // Ring cells are overwritten rarely (one every 100 ms, the four kinds in turn): a few
+  // Ring cells are overwritten rarely (one every 100 ms, the five kinds in turn): a few
   // writes show whether the pool survives them.
   uint64_t next_ring_write = monotonic_ns() + 100 * kMillisecond;
   int ring_kind = 0;
@@ -157,7 +158,7 @@ int scribbler_main(ScribblerState& st, const std::string& dir, uint64_t seed, bo
             static_cast<uint32_t>(rng.chance(0.5) ? rng.between(0, 8) : rng.next());
         forge_descriptor(slot.desc, rng, arena);
         slot.state.store(SlotWord{generation, JobState::kSubmitted, 0}.pack());
-        if (ring.try_push(JobRef{header.client_index, s, generation}.pack())) {
+        if (lanes.try_push(any_lane(), JobRef{header.client_index, s, generation}.pack())) {
           queue.view.wake_worker(0);
         }
         break;
@@ -201,14 +202,17 @@ int scribbler_main(ScribblerState& st, const std::string& dir, uint64_t seed, bo
         break;
       }
       case kPushRandomRef:
-        if (ring.try_push(static_cast<uint32_t>(rng.next() % JobRing::kEmptyValue))) {
+        if (lanes.try_push(any_lane(), static_cast<uint32_t>(rng.next() % JobRing::kEmptyValue))) {
           queue.view.wake_worker(0);
         }
         break;
-      case kRingCellWord:
+      case kRingCellWord: {
+        const RawRing raw(&lanes.lane(any_lane()).header());
         raw.cells[rng.between(0, raw.capacity() - 1)].store(rng.next());
         break;
+      }
       case kRingHint: {
+        const RawRing raw(&lanes.lane(any_lane()).header());
         std::atomic<uint64_t>& hint = rng.chance(0.5) ? raw.header->head : raw.header->tail;
         const uint64_t old = hint.load();
         switch (rng.between(0, 2)) {
@@ -232,12 +236,16 @@ int scribbler_main(ScribblerState& st, const std::string& dir, uint64_t seed, bo
         for (uint32_t i = 0; i < n; ++i) {
           const JobRef forged{victim, static_cast<uint32_t>(rng.between(0, kMaxSlotsPerClient - 1)),
                               static_cast<uint32_t>(rng.between(0, JobRef::kGenerationMask))};
-          if (!ring.try_push(forged.pack())) break;
+          if (!lanes.try_push(any_lane(), forged.pack())) break;
         }
         queue.view.wake_worker(0);
         break;
       }
+      case kActiveBits:
+        lanes.header().active.store(rng.chance(0.5) ? 0 : rng.next());
+        break;
       case kRingCellValue: {
+        const RawRing raw(&lanes.lane(any_lane()).header());
         std::atomic<uint64_t>& cell = raw.cells[rng.between(0, raw.capacity() - 1)];
         const uint64_t old = cell.load();
         const uint32_t value = rng.chance(0.5)
@@ -312,7 +320,7 @@ void run_scribbler(bool ring_cells) {
         [&] {
           uint64_t writes = 0;
           for (int a = kRingCellWord; a < kActions; ++a) writes += st.actions[a];
-          return writes >= 16;
+          return writes >= 20;
         },
         10s, 1ms);
   }

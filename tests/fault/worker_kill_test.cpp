@@ -470,7 +470,7 @@ TEST_CASE("a respawned worker runs the queued jobs of every client, the last to 
   bystanders.wait_connected();
   QueueMapping queue;
   REQUIRE(map_queue_segment(dir, &queue).empty());
-  JobRing ring = queue.view.ring(0);
+  const PoolQueue lanes = queue.view.queue(0);
   const uint32_t respawns = iterations(20);
   for (uint32_t k = 1; k <= respawns; ++k) {
     INFO("respawn " << k << " of " << respawns);
@@ -506,7 +506,7 @@ TEST_CASE("a respawned worker runs the queued jobs of every client, the last to 
       // The worker starts, reports ready (its own store), and pops whatever is queued.
       if (poll_until([&] { return ws.state.load() == static_cast<uint32_t>(WorkerState::kReady); },
                      500ms, std::chrono::microseconds(100))) {
-        poll_until([&] { return ring.size() == 0; }, 200ms, std::chrono::microseconds(100));
+        poll_until([&] { return lanes.size() == 0; }, 200ms, std::chrono::microseconds(100));
         mapped = count_client_memfd_mappings(fresh);
       }
     }

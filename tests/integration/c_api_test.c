@@ -126,14 +126,29 @@ static void test_argument_checks(gpuq_client_t* client) {
   CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
   CHECK(gpuq_job_release(job) == GPUQ_OK);
   job = NULL;
-  /* Revision 3: time_limit_ms is read; any value of it is valid. */
+  /* Revision 3: time_limit_ms is read; any value of it is valid. `priority` is not read. */
   spec.version = GPUQ_JOB_SPEC_VERSION3;
   spec.time_limit_ms = 60000;
+  spec.priority = 77;
   CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
   CHECK(gpuq_job_release(job) == GPUQ_OK);
   job = NULL;
+  /* Revision 4: priority is read, and must be a level. */
+  spec.version = GPUQ_JOB_SPEC_VERSION4;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_INVALID_ARGUMENT);
+  CHECK(job == NULL);
+  CHECK(strstr(gpuq_last_error_message(), "priority is 77") != NULL);
+  spec.priority = GPUQ_PRIORITY_HIGH;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
+  CHECK(gpuq_job_release(job) == GPUQ_OK);
+  job = NULL;
+  spec.priority = GPUQ_PRIORITY_LOW;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
+  CHECK(gpuq_job_release(job) == GPUQ_OK);
+  job = NULL;
+  spec.priority = GPUQ_PRIORITY_NORMAL;
   /* A revision from the future is refused. */
-  spec.version = GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 4);
+  spec.version = GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 5);
   CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_INVALID_ARGUMENT);
   CHECK(job == NULL);
   CHECK(gpuq_reconnect(NULL) == GPUQ_INVALID_ARGUMENT);
@@ -646,7 +661,7 @@ int main(int argc, char** argv) {
   gpuq_status_t s;
 
   if (argc != 2 && !(argc == 3 && (strcmp(argv[2], "time-limit") == 0 ||
-                                    strcmp(argv[2], "long-message") == 0))) {
+                                   strcmp(argv[2], "long-message") == 0))) {
     fprintf(stderr, "usage: %s RUNTIME_DIR [time-limit | long-message]\n", argv[0]);
     return 2;
   }

@@ -13,14 +13,20 @@
 #include <memory>
 
 #include "gpuq/common/job_ring.hpp"
+#include "gpuq/common/pool_queue.hpp"
 
 namespace gpuq::test {
 
-// 64-byte aligned, zero-filled heap memory for one ring.
+// 64-byte aligned, zero-filled heap memory for one ring, or for a pool's lanes (PoolQueue).
 class RingMemory {
  public:
-  explicit RingMemory(uint32_t capacity)
-      : bytes_(JobRing::bytes_for(capacity)), memory_(std::aligned_alloc(64, bytes_)) {
+  explicit RingMemory(uint32_t capacity) : RingMemory(Bytes{JobRing::bytes_for(capacity)}) {}
+  RingMemory(uint32_t capacity, uint32_t client_lanes)
+      : RingMemory(Bytes{PoolQueue::bytes_for(capacity, client_lanes)}) {}
+  struct Bytes {
+    size_t n;
+  };
+  explicit RingMemory(Bytes bytes) : bytes_(bytes.n), memory_(std::aligned_alloc(64, bytes_)) {
     REQUIRE(memory_ != nullptr);
     std::memset(memory_.get(), 0, bytes_);
   }

@@ -127,7 +127,8 @@ struct Rig {
     options.worker_id = kWorker;
     options.pool_id = kPool;
     options.job_time_limit_ms = pool_limit_ms;
-    ring = JobRing::create(ring_memory.get(), kRingCells);
+    pool_queue = PoolQueue::create(ring_memory.get(), kRingCells, 1);
+    lanes = LanePicker(pool_queue);
     auto segment = MemfdSegment::create("batch_runner_test", geometry.segment_bytes);
     REQUIRE(segment);
     ClientSegmentView view(segment->address(), geometry, kSlots);
@@ -139,7 +140,7 @@ struct Rig {
     metrics_page->enabled = 1;
     metrics.attach(*metrics_page);
     runner = std::make_unique<BatchRunner>(BatchRunner::WorkerParts{
-        options, backend, ring, *pool, *self, *priv, clients,
+        options, backend, lanes, *pool, *self, *priv, clients,
         std::span<const ClientShm>(records.get(), kClients), metrics, job_seq, went_on});
   }
 
@@ -177,15 +178,21 @@ struct Rig {
     const uint32_t generation = ++generations[s];
     js.state.store(SlotWord{generation, JobState::kSubmitted, 0}.pack());
     const uint32_t ref = JobRef{kClient, s, generation}.pack();
-    REQUIRE(ring.try_push(ref));
+    REQUIRE(push_ref(ref));
     return ref;
+  }
+  // Into the one client lane of the normal level (one lane: every client's jobs in order).
+  bool push_ref(uint32_t ref) {
+    return pool_queue.try_push(
+        pool_queue.lane_for(JobRef::unpack(ref).client, Priority::kNormal, false), ref);
   }
 
   // What the loop does with a batched op's job before it hands it over: pop, claim, copy,
   // check, publish.
   BatchRunner::Job first() {
     uint32_t value;
-    REQUIRE(ring.try_pop(&value));
+    uint32_t lane;
+    REQUIRE(lanes.pop(&value, &lane));
     const MappedClient& mc = *clients[kClient];
     const SlotClaim claimed = claim_slot(value, mc, *pool, kPool, kWorker);
     REQUIRE(claimed.slot != nullptr);
@@ -218,8 +225,9 @@ struct Rig {
   WorkerOptions options;
   std::unique_ptr<WorkerPrivate> priv = std::make_unique<WorkerPrivate>();
   TestBackend backend{*priv};
-  test::RingMemory ring_memory{kRingCells};
-  JobRing ring;
+  test::RingMemory ring_memory{kRingCells, 1};
+  PoolQueue pool_queue;
+  LanePicker lanes;
   std::unique_ptr<PoolShm> pool = std::make_unique<PoolShm>();
   std::unique_ptr<WorkerShm> self = std::make_unique<WorkerShm>();
   ClientSegmentGeometry geometry = ClientSegmentGeometry::compute(kSlots, 64 * kSlots);
@@ -252,7 +260,7 @@ TEST_CASE("BatchRunner: the op's queued jobs join one call, and each job ends on
     CHECK(out.started_stamp != 0);
     CHECK(out.finished_stamp >= out.started_stamp);
   }
-  CHECK(rig.ring.size() == 0);
+  CHECK(rig.pool_queue.size() == 0);
   CHECK(rig.self->jobs_done.load() == 4);
   CHECK(rig.self->jobs_failed.load() == 0);
   CHECK(rig.self->busy.load() == 0);
@@ -276,7 +284,7 @@ TEST_CASE("BatchRunner: a batch takes max_batch_size rows at most; the rest stay
   CHECK_FALSE(rig.run(BatchSettings{4, 0}));
   REQUIRE(rig.backend.calls.size() == 1);
   CHECK(rig.backend.calls[0].tags == std::vector<uint64_t>{0, 1});
-  CHECK(rig.ring.size() == 2);
+  CHECK(rig.pool_queue.size() == 2);
   CHECK(rig.word(2).state == JobState::kSubmitted);
   CHECK(rig.word(3).state == JobState::kSubmitted);
 }
@@ -289,7 +297,7 @@ TEST_CASE("BatchRunner: a queued job whose rows would not fit stays queued for t
   CHECK_FALSE(rig.run(BatchSettings{4, 0}));
   REQUIRE(rig.backend.calls.size() == 1);
   CHECK(rig.backend.calls[0].tags == std::vector<uint64_t>{0});  // 3 + 2 rows: past 4
-  CHECK(rig.ring.size() == 2);
+  CHECK(rig.pool_queue.size() == 2);
   CHECK(rig.word(1).state == JobState::kSubmitted);
   CHECK_FALSE(rig.run(BatchSettings{4, 0}));
   REQUIRE(rig.backend.calls.size() == 2);
@@ -303,7 +311,7 @@ TEST_CASE("BatchRunner: a job that must run alone (py.r 0) gathers no company") 
   CHECK_FALSE(rig.run());
   REQUIRE(rig.backend.calls.size() == 1);
   CHECK(rig.backend.calls[0].tags == std::vector<uint64_t>{5});
-  CHECK(rig.ring.size() == 1);
+  CHECK(rig.pool_queue.size() == 1);
 }
 
 TEST_CASE("BatchRunner: another op's job at the head ends the gathering, and stays queued") {
@@ -315,7 +323,7 @@ TEST_CASE("BatchRunner: another op's job at the head ends the gathering, and sta
   CHECK_FALSE(rig.run());
   REQUIRE(rig.backend.calls.size() == 1);
   CHECK(rig.backend.calls[0].tags == std::vector<uint64_t>{1, 2});
-  CHECK(rig.ring.size() == 2);
+  CHECK(rig.pool_queue.size() == 2);
   CHECK(rig.word(2).state == JobState::kSubmitted);
 }
 
@@ -324,15 +332,15 @@ TEST_CASE("BatchRunner: a job of a client not mapped here yet goes back to the l
   rig.queue(0, 1);
   // Client 2 holds its index (its MapClient is on the way); client 3 has gone.
   rig.records[2].session.store(99);
-  REQUIRE(rig.ring.try_push(JobRef{3, 0, 1}.pack()));  // dropped: gathering goes on
+  REQUIRE(rig.push_ref(JobRef{3, 0, 1}.pack()));  // dropped: gathering goes on
   rig.queue(1, 2);
   const uint32_t unmapped = JobRef{2, 0, 1}.pack();
-  REQUIRE(rig.ring.try_push(unmapped));
+  REQUIRE(rig.push_ref(unmapped));
   rig.queue(2, 3);
   CHECK(rig.run() == unmapped);
   REQUIRE(rig.backend.calls.size() == 1);
   CHECK(rig.backend.calls[0].tags == std::vector<uint64_t>{1, 2});
-  CHECK(rig.ring.size() == 1);  // the job after it
+  CHECK(rig.pool_queue.size() == 1);  // the job after it
 }
 
 TEST_CASE("BatchRunner: queued jobs that fail their checks end on their own, at once") {
@@ -516,7 +524,7 @@ TEST_CASE("BatchRunner: with the worker held, the batch gathers nothing more") {
   CHECK_FALSE(rig.run());
   REQUIRE(rig.backend.calls.size() == 1);
   CHECK(rig.backend.calls[0].tags == std::vector<uint64_t>{1});
-  CHECK(rig.ring.size() == 1);
+  CHECK(rig.pool_queue.size() == 1);
 }
 
 TEST_CASE(

@@ -331,6 +331,7 @@ namespace {
 // 4 clients, as the supervisor lays it out.
 struct LaidOutQueue {
   static constexpr uint32_t kCapacity = 20;
+  static constexpr uint32_t kLanes = 4;
   static constexpr uint32_t kWorkers = 2;
   static constexpr uint32_t kClients = 4;
   std::vector<char> storage;
@@ -341,8 +342,8 @@ struct LaidOutQueue {
     const uint64_t pools_off = sizeof(QueueHeader);
     const uint64_t workers_off = pools_off + sizeof(PoolShm);
     const uint64_t clients_off = workers_off + kWorkers * sizeof(WorkerShm);
-    const uint64_t ring_off = clients_off + kClients * sizeof(ClientShm);
-    bytes = ring_off + JobRing::bytes_for(kCapacity);
+    const uint64_t queue_off = clients_off + kClients * sizeof(ClientShm);
+    bytes = queue_off + PoolQueue::bytes_for(kCapacity, kLanes);
     storage.assign(bytes + 64, 0);
     base = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
     auto& h = *reinterpret_cast<QueueHeader*>(base);
@@ -358,8 +359,9 @@ struct LaidOutQueue {
     p.capacity = kCapacity;
     p.worker_count = kWorkers;
     p.first_worker = 0;
-    p.ring_offset = ring_off;
-    JobRing::create(base + ring_off, kCapacity);
+    p.queue_offset = queue_off;
+    p.client_lanes = kLanes;
+    PoolQueue::create(base + queue_off, kCapacity, kLanes);
   }
   QueueHeader& header() { return *reinterpret_cast<QueueHeader*>(base); }
   PoolShm& pool() { return *reinterpret_cast<PoolShm*>(base + header().pools_offset); }
@@ -370,7 +372,8 @@ TEST_CASE("QueueView::attach accepts a well-formed layout") {
   auto v = QueueView::attach(q.base, q.bytes);
   REQUIRE_MESSAGE(v.ok(), v.error().to_string());
   CHECK(v->layout().pool_count == 1);
-  CHECK(v->ring(0).capacity() == LaidOutQueue::kCapacity);
+  CHECK(v->queue(0).capacity() == LaidOutQueue::kCapacity);
+  CHECK(v->queue(0).lane_count() == 3 * (LaidOutQueue::kLanes + 1));
 }
 
 TEST_CASE("QueueView::attach rejects every layout field that points outside the segment") {
@@ -388,9 +391,17 @@ TEST_CASE("QueueView::attach rejects every layout field that points outside the 
   CHECK(rejected([](LaidOutQueue& q) { q.header().workers_offset += 8; }));  // misaligned
   CHECK(rejected([](LaidOutQueue& q) { q.header().max_clients = kMaxClients; }));
   CHECK(rejected([](LaidOutQueue& q) { q.header().worker_count = 1'000'000; }));
-  CHECK(rejected([](LaidOutQueue& q) { q.pool().ring_offset = q.bytes - 64; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().queue_offset = q.bytes - 64; }));
   CHECK(rejected([](LaidOutQueue& q) { q.pool().capacity = 0; }));
-  CHECK(rejected([](LaidOutQueue& q) { q.pool().capacity = 21; }));  // ring header says 20
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().capacity = 21; }));  // the lanes say 20
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().client_lanes = 0; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().client_lanes = PoolQueue::kMaxClientLanes + 1; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().client_lanes = LaidOutQueue::kLanes - 1; }));
+  CHECK(rejected([](LaidOutQueue& q) {  // the last lane's own header
+    q.pool().capacity = LaidOutQueue::kCapacity;
+    PoolQueue pq(q.base + q.pool().queue_offset, LaidOutQueue::kCapacity, LaidOutQueue::kLanes);
+    pq.lane(pq.lane_count() - 1).header().capacity = 19;
+  }));
   CHECK(rejected([](LaidOutQueue& q) { q.pool().first_worker = 2; }));
   CHECK(rejected([](LaidOutQueue& q) { q.pool().worker_count = 3; }));
 }
@@ -399,22 +410,26 @@ TEST_CASE("a QueueView indexes with its own copy of the layout; restore writes i
   LaidOutQueue q;
   auto v = QueueView::attach(q.base, q.bytes);
   REQUIRE(v.ok());
-  const uint64_t ring_offset = q.pool().ring_offset;
+  const uint64_t queue_offset = q.pool().queue_offset;
   // A client scribbles over the shared layout after the view was taken.
-  q.pool().ring_offset = 1 << 30;
+  q.pool().queue_offset = 1 << 30;
+  q.pool().client_lanes = 1;
   q.pool().capacity = 1 << 20;
   q.header().pools_offset = 1 << 30;
   CHECK(reinterpret_cast<char*>(&v->pool(0)) == q.base + sizeof(QueueHeader));
-  JobRing ring = v->ring(0);
-  CHECK(ring.capacity() == LaidOutQueue::kCapacity);
-  CHECK(ring.try_push(7));
+  const PoolQueue queue = v->queue(0);
+  CHECK(queue.capacity() == LaidOutQueue::kCapacity);
+  CHECK(queue.client_lanes() == LaidOutQueue::kLanes);
+  const uint32_t lane = queue.lane_for(3, Priority::kNormal, false);
+  CHECK(queue.try_push(lane, 7));
   uint32_t value = 0;
-  CHECK(ring.try_pop(&value));
+  CHECK(queue.lane(lane).try_pop(&value));
   CHECK(value == 7);
   CHECK_FALSE(QueueView::attach(q.base, q.bytes).ok());
   v->restore_shared_layout();
   CHECK(q.header().pools_offset == sizeof(QueueHeader));
-  CHECK(q.pool().ring_offset == ring_offset);
+  CHECK(q.pool().queue_offset == queue_offset);
+  CHECK(q.pool().client_lanes == LaidOutQueue::kLanes);
   CHECK(QueueView::attach(q.base, q.bytes).ok());
 }
 

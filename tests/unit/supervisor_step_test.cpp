@@ -236,9 +236,15 @@ struct TestClient {
   uint32_t ref(uint32_t s) const { return JobRef{index, s, 1}.pack(); }
 };
 
+// Pushes `ref` into pool 0's lane of its client, as the client would a normal-priority job.
+bool push_ref(const Harness& h, uint32_t ref) {
+  const PoolQueue q = h.sup->queue().queue(0);
+  return q.try_push(q.lane_for(JobRef::unpack(ref).client, Priority::kNormal, false), ref);
+}
+
 bool ring_holds(const Harness& h, uint32_t ref) {
   bool found = false;
-  h.sup->queue().ring(0).for_each_value([&](uint32_t v) { found = found || v == ref; });
+  h.sup->queue().queue(0).for_each_value([&](uint32_t v) { found = found || v == ref; });
   return found;
 }
 
@@ -374,11 +380,11 @@ TEST_CASE(
   TestClient c(h);
   PoolShm& ps = h.sup->queue().pool(0);
   c.set_job(0, JobState::kSubmitted, -1, /*retryable=*/true);  // retryable changes nothing
-  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(0)));
+  REQUIRE(push_ref(h, c.ref(0)));
   c.set_job(1, JobState::kSubmitted, -1, false);
-  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(1)));
+  REQUIRE(push_ref(h, c.ref(1)));
   c.set_job(2, JobState::kCancelled, -1, false);  // cancelled while queued: its entry is stale
-  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(2)));
+  REQUIRE(push_ref(h, c.ref(2)));
 
   h.launcher->exit(h.launcher->pid_of(0), 0, /*code=*/3);
   const auto failed_at = std::chrono::steady_clock::now();
@@ -395,7 +401,7 @@ TEST_CASE(
         message);
   }
   CHECK(c.word(2).state == JobState::kCancelled);  // left as it was
-  CHECK(h.sup->queue().ring(0).size() == 0);       // every entry taken out
+  CHECK(h.sup->queue().queue(0).size() == 0);      // every entry taken out
   // New jobs: the client sees the pool down, and why.
   CHECK(ps.accepting.load() == kPoolDown);
   CHECK(pool_down_reason(ps).find("pool 'cpu' is down (no ready worker for 150 ms): worker 0 "
@@ -411,7 +417,7 @@ TEST_CASE(
 
   // A job pushed anyway (by a client that looked just before): failed on a later round.
   c.set_job(3, JobState::kSubmitted, -1, false);
-  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(3)));
+  REQUIRE(push_ref(h, c.ref(3)));
   REQUIRE(h.step_until([&] { return c.word(3).state == JobState::kFailed; }));
 
   // The worker is started again after its back-off and is ready: the pool takes jobs again.
@@ -423,7 +429,7 @@ TEST_CASE(
   CHECK(s["pools"][0]["failing_jobs_error"].is_null());
   CHECK(s["pools"][0]["unserved_ms"].is_null());
   c.set_job(4, JobState::kSubmitted, -1, false);
-  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(4)));
+  REQUIRE(push_ref(h, c.ref(4)));
   for (int i = 0; i < 10; ++i) REQUIRE(static_cast<bool>(h.sup->step(5)));
   CHECK(c.word(4).state == JobState::kSubmitted);  // queued for the worker, not failed
 }
@@ -432,7 +438,7 @@ TEST_CASE("supervisor step: pool_down_fail_ms 0 lets a pool's jobs wait however 
   Harness h = failing_pool(1, 0);
   TestClient c(h);
   c.set_job(0, JobState::kSubmitted, -1, false);
-  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(0)));
+  REQUIRE(push_ref(h, c.ref(0)));
   h.launcher->exit(h.launcher->pid_of(0), 0, /*code=*/3);
   REQUIRE(h.step_until([&] { return h.worker_state(0) == "failed"; }));
   for (int i = 0; i < 60; ++i) REQUIRE(static_cast<bool>(h.sup->step(5)));
@@ -445,7 +451,7 @@ TEST_CASE("supervisor step: a pool in its first start, or whose workers are busy
   Harness h = failing_pool(2, 50);
   TestClient c(h);
   c.set_job(0, JobState::kSubmitted, -1, false);
-  REQUIRE(h.sup->queue().ring(0).try_push(c.ref(0)));
+  REQUIRE(push_ref(h, c.ref(0)));
   // Neither worker has reported ready or failed: a slow first start.
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
   while (std::chrono::steady_clock::now() < until) REQUIRE(static_cast<bool>(h.sup->step(5)));

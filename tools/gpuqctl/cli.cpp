@@ -63,6 +63,8 @@ submit options:
   --time-limit-ms MS      the longest each job may run once a worker starts it (0: no limit of
                           its own; the pool's job_time_limit_ms still applies). Past it the daemon
                           stops the job, which fails with TimedOut
+  --priority LEVEL        high, normal (default) or low: higher levels are taken first; a
+                          lower level that waits still gets a tenth of the pool's starts
 
 top options (on a terminal the view is redrawn in place until q, Ctrl-C or the daemon goes
 away; otherwise each report is printed as plain text):

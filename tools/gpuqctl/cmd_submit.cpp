@@ -184,6 +184,13 @@ int parse_submit(ArgCursor& cursor, std::string& runtime_dir, SubmitArgs& args) 
           parse_count("--time-limit-ms", value, 0, UINT32_MAX, error);  // JobSpec::time_limit
       if (!limit) return usage_error(error);
       args.time_limit_ms = *limit;
+    } else if (cursor.take_value("--priority", value, error)) {
+      if (!error.empty()) return usage_error(error);
+      std::optional<gpuq::Priority> level = gpuq::parse_priority(value);
+      if (!level) {
+        return usage_error("--priority: '" + value + "' is not a level (high, normal or low)");
+      }
+      args.priority = *level;
     } else if (cursor.take_value("--param", value, error)) {
       if (!error.empty()) return usage_error(error);
       gpuq::Result<gpuq::Param> p = gpuq::parse_param_assignment(value);

@@ -27,6 +27,7 @@ struct SubmitArgs {
   uint64_t concurrency = 1;
   std::optional<uint64_t> timeout_ms;
   uint64_t time_limit_ms = 0;  // 0: none of the job's own
+  gpuq::Priority priority = gpuq::Priority::kNormal;
 };
 
 // The connection and buffers a submit run uses: `pairs` input/output buffer pairs, each input

@@ -70,6 +70,7 @@ gpuq::JobSpec make_spec(const SubmitArgs& args) {
   spec.pool = args.pool;
   spec.params = args.params;
   spec.time_limit = std::chrono::milliseconds(args.time_limit_ms);
+  spec.priority = args.priority;
   return spec;
 }
 

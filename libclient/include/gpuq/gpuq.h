@@ -176,15 +176,25 @@ typedef struct gpuq_job_spec {
                                  job_time_limit_ms applies: past it the op is asked to stop,
                                  and cancel_grace_ms later its worker is stopped (and replaced);
                                  either way the job ends GPUQ_JOB_FAILED with GPUQ_TIMED_OUT */
+  int32_t priority;           /* IN (revision 4): GPUQ_PRIORITY_NORMAL (0), _HIGH or _LOW.
+                                 Higher levels are taken first; a lower level that waits still
+                                 gets at least a tenth of the pool's starts */
 } gpuq_job_spec_t;
 /* Revision 1 ended at expire_after_ns (96 bytes); the library still accepts it (flags 0,
  * time_limit_ms 0). Revision 2 ended at flags: the same 104 bytes as revision 3 (time_limit_ms
  * took padding), so its revision number alone tells them apart; it is still accepted
- * (time_limit_ms 0, whatever those bytes hold). */
+ * (time_limit_ms 0, whatever those bytes hold). Revision 3 ended at time_limit_ms (104 bytes;
+ * priority normal). */
 #define GPUQ_JOB_SPEC_VERSION1 ((uint32_t)(96u | (1u << 24)))
 #define GPUQ_JOB_SPEC_VERSION2 ((uint32_t)(104u | (2u << 24)))
-#define GPUQ_JOB_SPEC_VERSION3 GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 3)
-#define GPUQ_JOB_SPEC_VERSION GPUQ_JOB_SPEC_VERSION3
+#define GPUQ_JOB_SPEC_VERSION3 ((uint32_t)(104u | (3u << 24)))
+#define GPUQ_JOB_SPEC_VERSION4 GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 4)
+#define GPUQ_JOB_SPEC_VERSION GPUQ_JOB_SPEC_VERSION4
+
+/* gpuq_job_spec_t.priority (gpuq::Priority in C++, the same numbers) */
+#define GPUQ_PRIORITY_NORMAL 0
+#define GPUQ_PRIORITY_HIGH 1
+#define GPUQ_PRIORITY_LOW 2
 
 /* gpuq_job_spec_t.flags */
 #define GPUQ_JOB_RETRYABLE 0x1u /* if its worker dies while running it, run it again (once) */

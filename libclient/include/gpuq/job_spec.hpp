@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpuq/buffer.hpp"
+#include "gpuq/priority.hpp"
 
 namespace gpuq {
 
@@ -48,6 +49,9 @@ struct JobSpec {
   // later its worker is stopped; the job ends TimedOut either way (docs/design/faults.md, "Jobs
   // that do not end"). At most 2^32 - 1 ms; negative is InvalidArgument.
   std::chrono::milliseconds time_limit{0};
+  // Higher levels are taken first; a lower level that waits still gets at least a tenth of
+  // the pool's starts. Batching gathers jobs of one level (docs/design/ring.md, "Lanes").
+  Priority priority = Priority::kNormal;
 };
 
 }  // namespace gpuq

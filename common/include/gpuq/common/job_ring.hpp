@@ -89,6 +89,8 @@ class JobRing {
   JobRing() = default;
 
   uint32_t capacity() const noexcept { return capacity_; }
+  // The shared header (a view's own capacity is the one it was made with, not the header's).
+  RingHeader& header() const noexcept { return *header_; }
 
   // Appends `value`; false if the ring is full. Lock-free.
   bool try_push(uint32_t value) noexcept;

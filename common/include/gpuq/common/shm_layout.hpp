@@ -4,7 +4,8 @@
 //
 // Queue segment (created by the supervisor, Boost.Interprocess shared_memory_object; mapped by
 // the supervisor, every worker and every client):
-//   QueueHeader | PoolShm[pool_count] | WorkerShm[worker_count] | ClientShm[max_clients] | rings
+//   QueueHeader | PoolShm[pool_count] | WorkerShm[worker_count] | ClientShm[max_clients] |
+//   a PoolQueue (its lanes) per pool
 //
 // Client segment (a sealed memfd created by the supervisor for one client and passed with
 // SCM_RIGHTS to that client and to the workers; no other client can map it):
@@ -27,6 +28,7 @@
 #include "gpuq/common/event_count.hpp"
 #include "gpuq/common/job_metrics.hpp"
 #include "gpuq/common/job_ring.hpp"
+#include "gpuq/common/pool_queue.hpp"
 #include "gpuq/error.hpp"
 
 namespace gpuq {
@@ -34,8 +36,9 @@ namespace gpuq {
 inline constexpr uint64_t kQueueMagic = 0x314D485355515047ull;   // "GPQUSHM1"
 inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
 // 11: ClientEvents; 12: JobSlot::message and PoolShm::down_reason of kMessageBytes (2048, was
-// 160 and 256), so that a failure's cause reaches its client whole.
-inline constexpr uint32_t kLayoutVersion = 12;
+// 160 and 256), so that a failure's cause reaches its client whole; 13: a pool's queue is lanes
+// (PoolQueue: per priority level a fresh lane and client lanes), not one ring.
+inline constexpr uint32_t kLayoutVersion = 13;
 
 inline constexpr uint32_t kMaxPools = 8;
 inline constexpr uint32_t kMaxWorkers = 1024;
@@ -122,7 +125,18 @@ struct JobDescriptor {
   uint8_t params[kMaxParamBytes];  // ParamBlock encoding (params.hpp)
 };
 inline constexpr uint32_t kJobFlagRetryable = 1u << 0;  // run again if its worker dies
-inline constexpr uint32_t kJobFlagsKnown = kJobFlagRetryable;
+// The job's Priority (priority.hpp), 2 bits; 3 is not a level (a worker fails such a job).
+inline constexpr uint32_t kJobFlagPriorityShift = 1;
+inline constexpr uint32_t kJobFlagPriorityMask = 3u << kJobFlagPriorityShift;
+inline constexpr uint32_t kJobFlagsKnown = kJobFlagRetryable | kJobFlagPriorityMask;
+constexpr uint32_t priority_flags(Priority p) noexcept {
+  return uint32_t{static_cast<uint8_t>(p)} << kJobFlagPriorityShift;
+}
+// The priority `flags` name; kNormal for the one value that is none (a worker refuses it).
+constexpr Priority flags_priority(uint32_t flags) noexcept {
+  const uint32_t v = (flags & kJobFlagPriorityMask) >> kJobFlagPriorityShift;
+  return v < kPriorityLevels ? static_cast<Priority>(v) : Priority::kNormal;
+}
 static_assert(std::is_trivially_copyable_v<JobDescriptor>);
 static_assert(sizeof(JobDescriptor) == 256);
 static_assert(offsetof(JobDescriptor, params) == 64);
@@ -292,11 +306,13 @@ struct alignas(64) PoolShm {
   char name[kPoolNameBytes];
   uint32_t id;
   uint32_t kind;      // PoolKind
-  uint32_t capacity;  // ring cells = queue_factor x workers
+  uint32_t capacity;  // cells of each lane = queue_factor x workers
   uint32_t worker_count;
-  uint32_t first_worker;                        // index into WorkerShm[]
-  uint32_t client_share;                        // most ring cells one client may hold
-  uint64_t ring_offset;                         // from the start of the queue segment
+  uint32_t first_worker;  // index into WorkerShm[]
+  uint32_t client_share;  // most cells one client may hold (PoolQueue::share_limit)
+  uint64_t queue_offset;  // the PoolQueue, from the start of the queue segment
+  uint32_t client_lanes;  // PoolQueue's client lanes per level
+  uint32_t reserved_lanes;
   alignas(64) std::atomic<uint32_t> accepting;  // kPoolAccepting, kPoolNotAccepting, kPoolDown
   // Workers of this pool asleep on their own `wake` (a hint for QueueView::wake_worker).
   alignas(64) std::atomic<uint32_t> sleepers;
@@ -430,8 +446,9 @@ inline constexpr int kWorkerPrivateFd = 4;  // where a worker finds it
 // against the mapping's size, keeps such a scribble from moving anyone's accesses.
 struct QueueLayout {
   struct Pool {
-    uint64_t ring_offset = 0;
+    uint64_t queue_offset = 0;
     uint32_t capacity = 0;
+    uint32_t client_lanes = 1;
     uint32_t first_worker = 0;
     uint32_t worker_count = 0;
   };
@@ -452,8 +469,9 @@ class QueueView {
   // it (construct again after writing the header and the pools).
   explicit QueueView(void* base) noexcept;
   // Reads the layout and checks it against the mapping: magic, version, counts within limits,
-  // every array and ring inside the first `mapped_bytes` bytes, each pool's workers within the
-  // worker array and each ring's own header agreeing on its capacity. For workers and clients.
+  // every array and pool queue inside the first `mapped_bytes` bytes, each pool's workers within
+  // the worker array and each queue's and lane's own header agreeing on their geometry. For
+  // workers and clients.
   static Result<QueueView> attach(void* base, uint64_t mapped_bytes);
 
   // Writes the layout fields back into the segment from this view's copy (the supervisor,
@@ -471,8 +489,9 @@ class QueueView {
   ClientShm& client(uint32_t i) const noexcept {
     return reinterpret_cast<ClientShm*>(base_ + layout_.clients_offset)[i];
   }
-  JobRing ring(uint32_t pool) const noexcept {
-    return JobRing(base_ + layout_.pools[pool].ring_offset, layout_.pools[pool].capacity);
+  PoolQueue queue(uint32_t pool) const noexcept {
+    const QueueLayout::Pool& lp = layout_.pools[pool];
+    return PoolQueue(base_ + lp.queue_offset, lp.capacity, lp.client_lanes);
   }
   char* base() const noexcept { return base_; }
 

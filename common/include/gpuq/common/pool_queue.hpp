@@ -1,0 +1,219 @@
+// PoolQueue: a pool's queue of jobs, made of lanes. Each lane is a JobRing (job_ring.hpp); a
+// pool has, for each priority level, one "fresh" lane and K client lanes. A client pushes a job
+// into its own lane of the job's level (client index % K), or into the level's fresh lane when
+// it has no other job in the pool. Workers take from the lanes in turn (LanePicker): higher
+// levels first, within a level the fresh lane first, then the client lanes round robin. So a
+// client's wait depends on how many clients are busy, not on how many jobs another client has
+// queued, and a client sending one job at a time goes ahead of any flood
+// (docs/design/ring.md, "Lanes").
+//
+// Contract
+//   - Everything JobRing promises holds per lane: lock-free, crash-safe (a process killed at
+//     any instruction stalls nothing), each value popped exactly once, FIFO within a lane.
+//   - `active` is a hint: bit i set means lane i may hold values. A push sets its lane's bit
+//     after the push (one load while it is set already); only a worker about to sleep and the
+//     supervisor's audit clear bits, each with a re-check of the lane (settle_bits()), so a
+//     lane that holds a value has its bit set, or a re-check that sets it is on its way, or its
+//     pusher died between its push and its mark: then the next worker about to sleep, or the
+//     audit within 100 ms, sets it. Workers look only at lanes whose bits are set, except
+//     before they sleep, when they look at every lane.
+//   - The total of a pool stays `capacity` cells in the steady state: a client may hold at most
+//     capacity / (busy client lanes) cells, and at most its configured share (share_limit()).
+#pragma once
+
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+#include "gpuq/common/job_ring.hpp"
+#include "gpuq/priority.hpp"
+
+namespace gpuq {
+
+// The shared part ahead of the lanes. Plain data.
+struct alignas(64) PoolQueueHeader {
+  std::atomic<uint64_t> active;  // bit i: lane i may hold values (see the contract)
+  uint32_t capacity;             // each lane's cells; written once before sharing
+  uint32_t client_lanes;         // K: client lanes per level; written once before sharing
+};
+static_assert(sizeof(PoolQueueHeader) == 64);
+static_assert(std::is_standard_layout_v<PoolQueueHeader>);
+
+class PoolQueue {
+ public:
+  static constexpr uint32_t kMaxClientLanes = 16;
+  // Cells of all lanes of a pool, at most (unless one client lane per level exceeds it): a
+  // pool's lanes cost up to 1 MiB of shared memory, as much as the largest ring did.
+  static constexpr uint64_t kCellBudget = 16384;
+  static constexpr uint32_t lanes_per_level(uint32_t client_lanes) noexcept {
+    return client_lanes + 1;
+  }
+  static constexpr uint32_t kMaxLanes = kPriorityLevels * (kMaxClientLanes + 1);
+  static_assert(kMaxLanes <= 64, "one bit per lane in `active`");
+
+  // K for a pool whose lanes hold `capacity` cells each: as many as the cell budget allows,
+  // from 1 to kMaxClientLanes.
+  static constexpr uint32_t client_lanes_for(uint32_t capacity) noexcept {
+    const uint64_t per_level = kCellBudget / kPriorityLevels / (capacity == 0 ? 1 : capacity);
+    if (per_level <= 2) return 1;
+    return per_level - 1 >= kMaxClientLanes ? kMaxClientLanes
+                                            : static_cast<uint32_t>(per_level - 1);
+  }
+  static constexpr size_t bytes_for(uint32_t capacity, uint32_t client_lanes) noexcept {
+    return sizeof(PoolQueueHeader) +
+           size_t{kPriorityLevels} * lanes_per_level(client_lanes) * JobRing::bytes_for(capacity);
+  }
+
+  // Lays out empty lanes at `memory` (64-byte aligned, bytes_for() long). Not thread-safe:
+  // before the memory is shared.
+  static PoolQueue create(void* memory, uint32_t capacity, uint32_t client_lanes) noexcept;
+
+  // A view, with the geometry the caller trusts (QueueLayout's copy), not the shared header's.
+  PoolQueue(void* memory, uint32_t capacity, uint32_t client_lanes) noexcept
+      : header_(static_cast<PoolQueueHeader*>(memory)),
+        capacity_(capacity),
+        client_lanes_(client_lanes) {}
+  PoolQueue() = default;
+
+  uint32_t capacity() const noexcept { return capacity_; }
+  uint32_t client_lanes() const noexcept { return client_lanes_; }
+  uint32_t lane_count() const noexcept { return kPriorityLevels * lanes_per_level(client_lanes_); }
+  PoolQueueHeader& header() const noexcept { return *header_; }
+
+  // The lane a job of `client` at `priority` goes to: the level's fresh lane if `fresh` (the
+  // client has no other job in the pool), else the client's own lane of the level.
+  uint32_t lane_for(uint32_t client, Priority priority, bool fresh) const noexcept {
+    return level_first(priority_rank(priority)) + (fresh ? 0 : 1 + client % client_lanes_);
+  }
+  // The first lane of the level at `rank` (its fresh lane); its client lanes follow.
+  uint32_t level_first(uint32_t rank) const noexcept {
+    return rank * lanes_per_level(client_lanes_);
+  }
+  // The level rank (0: high) of `lane`.
+  uint32_t rank_of(uint32_t lane) const noexcept { return lane / lanes_per_level(client_lanes_); }
+  bool is_fresh(uint32_t lane) const noexcept { return lane % lanes_per_level(client_lanes_) == 0; }
+
+  JobRing lane(uint32_t i) const noexcept {
+    return JobRing(reinterpret_cast<char*>(header_) + sizeof(PoolQueueHeader) +
+                       size_t{i} * JobRing::bytes_for(capacity_),
+                   capacity_);
+  }
+
+  // Appends `value` to lane `i` and marks the lane active; false if that lane is full.
+  // Lock-free. Like JobRing::try_push, a successful push is made of seq_cst read-modify-writes
+  // and a seq_cst load (of `active`): a caller's later seq_cst load comes after all of it.
+  bool try_push(uint32_t i, uint32_t value) const noexcept {
+    if (!lane(i).try_push(value)) return false;
+    mark(i);
+    return true;
+  }
+  // Sets lane `i`'s bit in `active` unless it is set already (then: one load).
+  void mark(uint32_t i) const noexcept {
+    const uint64_t bit = uint64_t{1} << i;
+    if ((header_->active.load(std::memory_order_seq_cst) & bit) == 0) {
+      header_->active.fetch_or(bit, std::memory_order_seq_cst);
+    }
+  }
+  uint64_t active() const noexcept { return header_->active.load(std::memory_order_seq_cst); }
+
+  // Clears the bits of lanes found empty and sets those of lanes found holding values (a
+  // pusher that died before its mark). Each cleared lane is looked at again after the clear
+  // (seq_cst: the Dekker pair with a pusher's push-then-load), and set back if it has a value
+  // by then. True if some lane holds a value. For a worker about to sleep and the audit.
+  bool settle_bits() const noexcept;
+
+  // Values in all lanes at some instant during the call (exact when quiescent).
+  uint32_t size() const noexcept;
+  // True if some lane holds a value; every lane is looked at, whatever `active` says.
+  bool has_values() const noexcept;
+  // Values in the lanes of the level at `rank`.
+  uint32_t level_size(uint32_t rank) const noexcept;
+
+  // Clients (client lanes, one per client index modulo K, at any level) marked active: the
+  // clients that share the pool now, as far as the lanes tell (several may share a lane).
+  uint32_t busy_client_lanes() const noexcept {
+    return static_cast<uint32_t>(std::popcount(client_columns(active())));
+  }
+  // The most cells a client may hold for its job at lane `i` to be pushed: its configured
+  // share (`share`), and no more than an even split of the capacity among the busy clients,
+  // itself counted (at least 1).
+  uint32_t share_limit(uint32_t i, uint32_t share) const noexcept {
+    const uint64_t columns = client_columns(active());
+    uint32_t busy = static_cast<uint32_t>(std::popcount(columns));
+    if (!is_fresh(i)) {
+      const uint32_t column = i % lanes_per_level(client_lanes_) - 1;
+      if ((columns & (uint64_t{1} << column)) == 0) ++busy;
+    }
+    if (busy == 0) busy = 1;
+    uint32_t even = (capacity_ + busy - 1) / busy;
+    if (even == 0) even = 1;
+    return even < share ? even : share;
+  }
+
+  // Visits every value in every lane (racy with pushes and pops; for recovery and recounts).
+  template <typename Fn>
+  void for_each_value(Fn&& fn) const noexcept {
+    for (uint32_t i = 0; i < lane_count(); ++i) lane(i).for_each_value(fn);
+  }
+
+ private:
+  // Bit j: client lane j is marked at some level.
+  uint64_t client_columns(uint64_t active) const noexcept {
+    const uint64_t k_mask = (uint64_t{1} << client_lanes_) - 1;
+    uint64_t columns = 0;
+    for (uint32_t r = 0; r < kPriorityLevels; ++r) columns |= active >> (level_first(r) + 1);
+    return columns & k_mask;
+  }
+
+  PoolQueueHeader* header_ = nullptr;
+  uint32_t capacity_ = 0;
+  uint32_t client_lanes_ = 1;
+};
+
+// A worker's choice of the next job of its pool: its own state, nothing shared. Over the
+// classes, in order high-fresh, high-clients, normal-fresh, normal-clients, low-fresh,
+// low-clients:
+//   - the first class with a job is served; in a clients class, the lanes round robin from the
+//     one after the lane last served;
+//   - but a class that held jobs while kStarveAfter starts went to other classes is served
+//     first (the lowest such first): every waiting class gets at least one start in
+//     kStarveAfter + 1 of this worker's, so no level and no lane starves.
+class LanePicker {
+ public:
+  static constexpr uint32_t kClasses = 2 * kPriorityLevels;
+  static constexpr uint32_t kStarveAfter = 9;
+
+  LanePicker() = default;
+  explicit LanePicker(PoolQueue queue) noexcept : queue_(queue) {}
+
+  // Takes the next job into `*value`; `*lane` the lane it came from. False: no lane whose bit
+  // is set holds one.
+  bool pop(uint32_t* value, uint32_t* lane) noexcept;
+  // The value at the head of the first lane of the level at `rank` that has one, in the order
+  // that level is served (its fresh lane, then its client lanes round robin), without taking
+  // it: batching gathers within a level, and looks at a job before it takes it.
+  bool peek_level(uint32_t rank, uint32_t* value, uint32_t* lane) const noexcept;
+  // Takes the value at the head of `lane` (moving the level's round robin past it).
+  bool pop_lane(uint32_t lane, uint32_t* value) noexcept;
+  // The value at the head of `lane`, if any (a hint for prefetching: another worker may take
+  // it first).
+  bool peek(uint32_t lane, uint32_t* value) const noexcept { return queue_.lane(lane).peek(value); }
+  // True if some active lane has a value at its head: what an idle worker spins on.
+  bool value_ready() const noexcept;
+  // The same within the level at `rank`.
+  bool value_ready_in_level(uint32_t rank) const noexcept;
+
+  const PoolQueue& queue() const noexcept { return queue_; }
+
+ private:
+  uint64_t class_bits(uint64_t active, uint32_t c) const noexcept;
+  bool pop_class(uint64_t active, uint32_t c, uint32_t* value, uint32_t* lane) noexcept;
+  void served(uint64_t active, uint32_t c) noexcept;
+
+  PoolQueue queue_;
+  uint32_t since_[kClasses] = {};          // starts of other classes while this one held jobs
+  uint32_t cursor_[kPriorityLevels] = {};  // the client lane after the one last served
+};
+
+}  // namespace gpuq

@@ -1,0 +1,181 @@
+#include "gpuq/common/pool_queue.hpp"
+
+#include <new>
+
+#include "gpuq/common/assert.hpp"
+
+namespace gpuq {
+
+PoolQueue PoolQueue::create(void* memory, uint32_t capacity, uint32_t client_lanes) noexcept {
+  GPUQ_ASSERT(client_lanes >= 1 && client_lanes <= kMaxClientLanes);
+  GPUQ_ASSERT(reinterpret_cast<uintptr_t>(memory) % 64 == 0);
+  auto* h = new (memory) PoolQueueHeader;
+  h->active.store(0, std::memory_order_relaxed);
+  h->capacity = capacity;
+  h->client_lanes = client_lanes;
+  PoolQueue q(memory, capacity, client_lanes);
+  for (uint32_t i = 0; i < q.lane_count(); ++i) {
+    JobRing::create(static_cast<char*>(memory) + sizeof(PoolQueueHeader) +
+                        size_t{i} * JobRing::bytes_for(capacity),
+                    capacity);
+  }
+  std::atomic_thread_fence(std::memory_order_release);
+  return q;
+}
+
+bool PoolQueue::settle_bits() const noexcept {
+  bool any = false;
+  for (uint32_t i = 0; i < lane_count(); ++i) {
+    const uint64_t bit = uint64_t{1} << i;
+    JobRing l = lane(i);
+    if (l.has_values()) {
+      mark(i);
+      any = true;
+      continue;
+    }
+    if ((header_->active.load(std::memory_order_seq_cst) & bit) == 0) continue;
+    header_->active.fetch_and(~bit, std::memory_order_seq_cst);
+    // A pusher pushes (seq_cst) and then loads `active` (seq_cst). If its load saw the bit
+    // still set, it came before the clear above in the single total order, and so did its
+    // push: this look sees the value. If it saw the bit clear, it sets it itself.
+    if (l.has_values()) {
+      mark(i);
+      any = true;
+    }
+  }
+  return any;
+}
+
+uint32_t PoolQueue::size() const noexcept {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < lane_count(); ++i) n += lane(i).size();
+  return n;
+}
+
+bool PoolQueue::has_values() const noexcept {
+  for (uint32_t i = 0; i < lane_count(); ++i) {
+    if (lane(i).has_values()) return true;
+  }
+  return false;
+}
+
+uint32_t PoolQueue::level_size(uint32_t rank) const noexcept {
+  uint32_t n = 0;
+  const uint32_t first = level_first(rank);
+  for (uint32_t i = first; i < first + lanes_per_level(client_lanes_); ++i) n += lane(i).size();
+  return n;
+}
+
+// ---- LanePicker ----
+
+uint64_t LanePicker::class_bits(uint64_t active, uint32_t c) const noexcept {
+  const uint32_t rank = c / 2;
+  const uint32_t first = queue_.level_first(rank);
+  if (c % 2 == 0) return active & (uint64_t{1} << first);  // the fresh lane
+  const uint64_t lanes = (uint64_t{1} << queue_.client_lanes()) - 1;
+  return active & (lanes << (first + 1));
+}
+
+bool LanePicker::pop_class(uint64_t active, uint32_t c, uint32_t* value, uint32_t* lane) noexcept {
+  const uint32_t rank = c / 2;
+  const uint32_t first = queue_.level_first(rank);
+  if (c % 2 == 0) {
+    if (!queue_.lane(first).try_pop(value)) return false;
+    *lane = first;
+    return true;
+  }
+  // Round robin over the level's client lanes whose bits are set, from cursor_[rank].
+  const uint32_t k = queue_.client_lanes();
+  const uint64_t bits = (active >> (first + 1)) & ((uint64_t{1} << k) - 1);
+  const uint32_t start = cursor_[rank] < k ? cursor_[rank] : 0;
+  for (uint32_t n = 0; n < k; ++n) {
+    const uint32_t j = (start + n) % k;
+    if ((bits & (uint64_t{1} << j)) == 0) continue;
+    if (queue_.lane(first + 1 + j).try_pop(value)) {
+      cursor_[rank] = (j + 1) % k;
+      *lane = first + 1 + j;
+      return true;
+    }
+  }
+  return false;
+}
+
+void LanePicker::served(uint64_t active, uint32_t c) noexcept {
+  for (uint32_t o = 0; o < kClasses; ++o) {
+    if (o != c && class_bits(active, o) != 0) ++since_[o];
+  }
+  since_[c] = 0;
+}
+
+bool LanePicker::pop(uint32_t* value, uint32_t* lane) noexcept {
+  const uint64_t active = queue_.active();
+  if (active == 0) return false;
+  // A class that has waited kStarveAfter starts goes first, the lowest first.
+  for (uint32_t c = kClasses; c-- > 0;) {
+    if (since_[c] >= kStarveAfter && class_bits(active, c) != 0 &&
+        pop_class(active, c, value, lane)) {
+      served(active, c);
+      return true;
+    }
+  }
+  for (uint32_t c = 0; c < kClasses; ++c) {
+    if (class_bits(active, c) != 0 && pop_class(active, c, value, lane)) {
+      served(active, c);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool LanePicker::peek_level(uint32_t rank, uint32_t* value, uint32_t* lane) const noexcept {
+  const uint64_t active = queue_.active();
+  const uint32_t first = queue_.level_first(rank);
+  if ((active & (uint64_t{1} << first)) != 0 && queue_.lane(first).peek(value)) {
+    *lane = first;
+    return true;
+  }
+  const uint32_t k = queue_.client_lanes();
+  const uint64_t bits = (active >> (first + 1)) & ((uint64_t{1} << k) - 1);
+  const uint32_t start = cursor_[rank] < k ? cursor_[rank] : 0;
+  for (uint32_t n = 0; n < k; ++n) {
+    const uint32_t j = (start + n) % k;
+    if ((bits & (uint64_t{1} << j)) != 0 && queue_.lane(first + 1 + j).peek(value)) {
+      *lane = first + 1 + j;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool LanePicker::pop_lane(uint32_t lane, uint32_t* value) noexcept {
+  if (!queue_.lane(lane).try_pop(value)) return false;
+  if (!queue_.is_fresh(lane)) {
+    const uint32_t rank = queue_.rank_of(lane);
+    cursor_[rank] = (lane - queue_.level_first(rank)) % queue_.client_lanes();
+  }
+  return true;
+}
+
+bool LanePicker::value_ready() const noexcept {
+  uint64_t active = queue_.active();
+  while (active != 0) {
+    const auto i = static_cast<uint32_t>(std::countr_zero(active));
+    if (queue_.lane(i).value_at_head()) return true;
+    active &= active - 1;
+  }
+  return false;
+}
+
+bool LanePicker::value_ready_in_level(uint32_t rank) const noexcept {
+  const uint32_t first = queue_.level_first(rank);
+  const uint32_t n = PoolQueue::lanes_per_level(queue_.client_lanes());
+  uint64_t active = (queue_.active() >> first) & ((uint64_t{1} << n) - 1);
+  while (active != 0) {
+    const auto j = static_cast<uint32_t>(std::countr_zero(active));
+    if (queue_.lane(first + j).value_at_head()) return true;
+    active &= active - 1;
+  }
+  return false;
+}
+
+}  // namespace gpuq
