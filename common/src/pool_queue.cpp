@@ -7,7 +7,7 @@
 namespace gpuq {
 
 PoolQueue PoolQueue::create(void* memory, uint32_t capacity, uint32_t client_lanes) noexcept {
-  GPUQ_ASSERT(client_lanes >= 1 && client_lanes <= kMaxClientLanes);
+  GPUQ_ASSERT(valid_client_lanes(client_lanes));
   GPUQ_ASSERT(reinterpret_cast<uintptr_t>(memory) % 64 == 0);
   auto* h = new (memory) PoolQueueHeader;
   h->active.store(0, std::memory_order_relaxed);
@@ -68,12 +68,12 @@ uint32_t PoolQueue::level_size(uint32_t rank) const noexcept {
 
 // ---- LanePicker ----
 
-uint64_t LanePicker::class_bits(uint64_t active, uint32_t c) const noexcept {
-  const uint32_t rank = c / 2;
-  const uint32_t first = queue_.level_first(rank);
-  if (c % 2 == 0) return active & (uint64_t{1} << first);  // the fresh lane
+LanePicker::LanePicker(PoolQueue queue) noexcept : queue_(queue) {
   const uint64_t lanes = (uint64_t{1} << queue_.client_lanes()) - 1;
-  return active & (lanes << (first + 1));
+  for (uint32_t c = 0; c < kClasses; ++c) {
+    const uint32_t first = queue_.level_first(c / 2);
+    class_mask_[c] = c % 2 == 0 ? uint64_t{1} << first : lanes << (first + 1);
+  }
 }
 
 bool LanePicker::pop_class(uint64_t active, uint32_t c, uint32_t* value, uint32_t* lane) noexcept {
@@ -84,15 +84,19 @@ bool LanePicker::pop_class(uint64_t active, uint32_t c, uint32_t* value, uint32_
     *lane = first;
     return true;
   }
-  // Round robin over the level's client lanes whose bits are set, from cursor_[rank].
+  // Round robin over the level's client lanes whose bits are set, from cursor_[rank]: the
+  // bits rotated so that the cursor's lane is bit 0, then the lowest set bit first.
   const uint32_t k = queue_.client_lanes();
-  const uint64_t bits = (active >> (first + 1)) & ((uint64_t{1} << k) - 1);
+  const uint64_t k_mask = (uint64_t{1} << k) - 1;
+  const uint64_t bits = (active >> (first + 1)) & k_mask;
   const uint32_t start = cursor_[rank] < k ? cursor_[rank] : 0;
-  for (uint32_t n = 0; n < k; ++n) {
-    const uint32_t j = (start + n) % k;
-    if ((bits & (uint64_t{1} << j)) == 0) continue;
+  uint64_t rotated = ((bits >> start) | (bits << (k - start))) & k_mask;
+  while (rotated != 0) {
+    const auto n = static_cast<uint32_t>(std::countr_zero(rotated));
+    rotated &= rotated - 1;
+    const uint32_t j = start + n < k ? start + n : start + n - k;
     if (queue_.lane(first + 1 + j).try_pop(value)) {
-      cursor_[rank] = (j + 1) % k;
+      cursor_[rank] = j + 1 < k ? j + 1 : 0;
       *lane = first + 1 + j;
       return true;
     }
@@ -101,25 +105,25 @@ bool LanePicker::pop_class(uint64_t active, uint32_t c, uint32_t* value, uint32_
 }
 
 void LanePicker::served(uint64_t active, uint32_t c) noexcept {
-  for (uint32_t o = 0; o < kClasses; ++o) {
-    if (o != c && class_bits(active, o) != 0) ++since_[o];
-  }
+  for (uint32_t o = 0; o < kClasses; ++o) since_[o] += (active & class_mask_[o]) != 0 ? 1 : 0;
   since_[c] = 0;
 }
 
 bool LanePicker::pop(uint32_t* value, uint32_t* lane) noexcept {
   const uint64_t active = queue_.active();
   if (active == 0) return false;
-  // A class that has waited kStarveAfter starts goes first, the lowest first.
+  // A class that has waited kStarveAfter starts goes first, the lowest first. One found empty
+  // (its bit left set by a lane that emptied) is not waiting: its count starts again.
   for (uint32_t c = kClasses; c-- > 0;) {
-    if (since_[c] >= kStarveAfter && class_bits(active, c) != 0 &&
-        pop_class(active, c, value, lane)) {
+    if (since_[c] < kStarveAfter || (active & class_mask_[c]) == 0) continue;
+    if (pop_class(active, c, value, lane)) {
       served(active, c);
       return true;
     }
+    since_[c] = 0;
   }
   for (uint32_t c = 0; c < kClasses; ++c) {
-    if (class_bits(active, c) != 0 && pop_class(active, c, value, lane)) {
+    if ((active & class_mask_[c]) != 0 && pop_class(active, c, value, lane)) {
       served(active, c);
       return true;
     }
@@ -130,7 +134,7 @@ bool LanePicker::pop(uint32_t* value, uint32_t* lane) noexcept {
 bool LanePicker::peek_level(uint32_t rank, uint32_t* value, uint32_t* lane) const noexcept {
   const uint64_t active = queue_.active();
   const uint32_t first = queue_.level_first(rank);
-  if ((active & (uint64_t{1} << first)) != 0 && queue_.lane(first).peek(value)) {
+  if ((active & class_mask_[2 * rank]) != 0 && queue_.lane(first).peek(value)) {
     *lane = first;
     return true;
   }
@@ -167,12 +171,10 @@ bool LanePicker::value_ready() const noexcept {
 }
 
 bool LanePicker::value_ready_in_level(uint32_t rank) const noexcept {
-  const uint32_t first = queue_.level_first(rank);
-  const uint32_t n = PoolQueue::lanes_per_level(queue_.client_lanes());
-  uint64_t active = (queue_.active() >> first) & ((uint64_t{1} << n) - 1);
+  uint64_t active = queue_.active() & (class_mask_[2 * rank] | class_mask_[2 * rank + 1]);
   while (active != 0) {
-    const auto j = static_cast<uint32_t>(std::countr_zero(active));
-    if (queue_.lane(first + j).value_at_head()) return true;
+    const auto i = static_cast<uint32_t>(std::countr_zero(active));
+    if (queue_.lane(i).value_at_head()) return true;
     active &= active - 1;
   }
   return false;

@@ -74,8 +74,8 @@ Result<QueueView> QueueView::attach(void* base, uint64_t mapped_bytes) {
   v.layout_ = l;
   for (uint32_t p = 0; p < l.pool_count; ++p) {
     const QueueLayout::Pool& lp = l.pools[p];
-    if (lp.capacity == 0 || lp.capacity > JobRing::kMaxCapacity || lp.client_lanes == 0 ||
-        lp.client_lanes > PoolQueue::kMaxClientLanes ||
+    if (lp.capacity == 0 || lp.capacity > JobRing::kMaxCapacity ||
+        !PoolQueue::valid_client_lanes(lp.client_lanes) ||
         !inside(lp.queue_offset, 1, PoolQueue::bytes_for(lp.capacity, lp.client_lanes))) {
       return bad("the queue of pool " + std::to_string(p) + " lies outside the segment");
     }

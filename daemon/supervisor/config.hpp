@@ -124,7 +124,7 @@ struct Config {
   // Connected clients at once; parse_config sets default_max_clients() of the daemon's CPUs.
   uint32_t max_clients = kMinDefaultMaxClients;
   uint32_t max_jobs_per_client = 64;               // job slots (jobs in flight) per client
-  double client_queue_share = 0.5;                 // fraction of a ring one client may fill
+  double client_queue_share = 1.0;                 // fraction of a lane one client may fill
   uint64_t client_segment_bytes = 64ull << 20;     // default payload arena per client
   uint64_t max_client_segment_bytes = 1ull << 30;  // most a client may ask for
   uint32_t drain_timeout_ms = 30000;               // SIGTERM: longest wait for queued/running jobs

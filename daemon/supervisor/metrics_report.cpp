@@ -47,6 +47,13 @@ struct Histogram {
     }
     sum_ticks = saturating_add(sum_ticks, m.sum_ticks[kind].load(std::memory_order_relaxed));
   }
+  // A priority level's queue waits.
+  void add(const LevelWaitMetrics& m) {
+    for (uint32_t b = 0; b <= kMetricBounds; ++b) {
+      buckets[b] += m.buckets[b].load(std::memory_order_relaxed);
+    }
+    sum_ticks = saturating_add(sum_ticks, m.sum_ticks.load(std::memory_order_relaxed));
+  }
   // A batched op's gathering times.
   void add(const OpBatchMetrics& m) {
     for (uint32_t b = 0; b <= kMetricBounds; ++b) {
@@ -310,6 +317,26 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
       if (!t.observed) continue;
       e.histogram(f.name, {{"pool", c.pools[key.first].name}, {"op", op_label(key.second)}},
                   t.*f.of, ns_per_tick);
+    }
+  }
+  // Queue wait by pool and priority level, whatever the op (a level no job had counts zero).
+  if (c.job_metrics) {
+    std::vector<std::array<Histogram, kPriorityLevels>> levels(pools);
+    for (const auto& w : src.workers->all()) {
+      if (w->pool >= pools) continue;
+      for (uint32_t r = 0; r < kPriorityLevels; ++r) {
+        levels[w->pool][r].add(w->metrics().level_wait[r]);
+      }
+    }
+    e.family("gpuq_queue_wait_by_priority_seconds", "histogram",
+             "Time from the client's push to the worker's start, by pool and priority level.");
+    for (uint32_t p = 0; p < pools; ++p) {
+      for (uint32_t r = 0; r < kPriorityLevels; ++r) {
+        e.histogram("gpuq_queue_wait_by_priority_seconds",
+                    {{"pool", c.pools[p].name},
+                     {"priority", std::string(priority_name(priority_at_rank(r)))}},
+                    levels[p][r], ns_per_tick);
+      }
     }
   }
   // Only where a pool has batched ops: a daemon without any shows no such families.

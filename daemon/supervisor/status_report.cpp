@@ -65,6 +65,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
   s["metrics_listen"] = metrics_listen_.empty() ? json(nullptr) : json(metrics_listen_);
   // Indexes of departed clients whose last ring entries have not all been popped yet.
   s["client_indexes_retiring"] = s_.clients->retiring();
+  s["client_jobs"] = client_jobs();
   if (plan.discovery_ran) {
     s["gpu_discovery"] = {{"source", plan.discovery.source},
                           {"problem", plan.discovery.problem},
@@ -85,6 +86,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
               {"kind", c.pools[p].kind == PoolKind::kGpu ? "gpu" : "cpu"},
               {"capacity", ps.capacity},
               {"queue_depth", queue.queue(p).size()},
+              {"queued_by_priority", queued_by_priority(queue.queue(p))},
               {"client_share", ps.client_share},
               {"accepting", ps.accepting.load() == kPoolAccepting},
               {"jobs_submitted", s_.clients->jobs_submitted(p)},
@@ -257,6 +259,68 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
   s["ready"] = !draining && all_pools_serving && available_pools > 0;
   // Replace, not throw: start_error holds whatever a worker printed (maybe not UTF-8).
   return s.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// A pool's queued jobs by level, highest first (lane sizes: a hint while jobs move).
+json StatusReport::queued_by_priority(const PoolQueue& q) {
+  json levels = json::object();
+  for (uint32_t r = 0; r < kPriorityLevels; ++r) {
+    levels[std::string(priority_name(priority_at_rank(r)))] = q.level_size(r);
+  }
+  return levels;
+}
+
+// The clients with jobs queued or running, most queued first (then most running), at most
+// kClientJobsShown: each one's index, pid, program, and its jobs in each pool. From the slots'
+// state words, which the clients write: what a client claims about itself.
+json StatusReport::client_jobs() const {
+  const Config& c = *s_.config;
+  struct Row {
+    uint64_t queued = 0, running = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> pools;  // queued, running per pool
+    const Client* client = nullptr;
+  };
+  std::vector<Row> rows;
+  s_.clients->for_each([&](const Client& conn) {
+    Row r;
+    r.client = &conn;
+    r.pools.assign(c.pools.size(), {0, 0});
+    ClientSegmentView view(conn.segment.address(), conn.geometry, conn.slot_count);
+    for (uint32_t slot = 0; slot < conn.slot_count; ++slot) {
+      const JobSlot& js = view.slot(slot);
+      const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
+      if (w.state != JobState::kSubmitted && w.state != JobState::kRunning) continue;
+      const uint32_t pool = js.desc.pool_id;
+      if (pool >= r.pools.size()) continue;  // forged
+      if (w.state == JobState::kSubmitted) {
+        ++r.queued;
+        ++r.pools[pool].first;
+      } else {
+        ++r.running;
+        ++r.pools[pool].second;
+      }
+    }
+    if (r.queued + r.running != 0) rows.push_back(std::move(r));
+  });
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    return a.queued != b.queued ? a.queued > b.queued : a.running > b.running;
+  });
+  json out = json::array();
+  for (size_t i = 0; i < rows.size() && i < kClientJobsShown; ++i) {
+    const Row& r = rows[i];
+    json pools = json::object();
+    for (uint32_t p = 0; p < r.pools.size(); ++p) {
+      if (r.pools[p].first + r.pools[p].second == 0) continue;
+      pools[c.pools[p].name] = {{"queued", r.pools[p].first}, {"running", r.pools[p].second}};
+    }
+    out.push_back({{"client", r.client->index},
+                   {"pid", r.client->pid},
+                   {"program", r.client->name},
+                   {"queued", r.queued},
+                   {"running", r.running},
+                   {"pools", std::move(pools)}});
+  }
+  return out;
 }
 
 // Ring cells of pool `p` whose entries name a client index in use (a connected client, or

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,10 @@ class StatusReport {
 
  private:
   uint64_t cells_held(uint32_t pool) const;
+  // The clients listed in status' `client_jobs`, at most.
+  static constexpr size_t kClientJobsShown = 20;
+  nlohmann::json client_jobs() const;
+  static nlohmann::json queued_by_priority(const PoolQueue& queue);
   uint64_t jobs_completed(uint32_t pool) const;
 
   Sources s_;

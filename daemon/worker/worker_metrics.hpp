@@ -25,14 +25,16 @@ class WorkerMetricsWriter {
   // The histograms' bounds in job stamp ticks (the supervisor's, from the page).
   const uint64_t* bound_ticks() const noexcept { return bound_ticks_; }
 
-  // Counts an ended job. From the job's own stamps: no clock read here. The submit stamp is
+  // Counts an ended job (its op's counts and times, its level's queue wait). From the job's own
+  // stamps: no clock read here. The submit stamp is
   // the client's: one in the future counts as no wait, and a wait counts an hour at most.
   void record(const JobDescriptor& d, const JobOutcome& out, MetricOutcome outcome) {
     OpMetrics& m = page_->ops[slot(d.op_id)];
     bump(m.outcomes[static_cast<uint32_t>(outcome)]);
     const uint64_t wait = std::min(
         out.started_stamp > d.submit_stamp ? out.started_stamp - d.submit_stamp : 0, wait_cap_);
-    observe(m, kQueueWait, bound_ticks_, wait);
+    const uint32_t bucket = observe(m, kQueueWait, bound_ticks_, wait);
+    observe_wait(page_->level_wait[priority_rank(flags_priority(d.flags))], bucket, wait);
     if (outcome != MetricOutcome::kExpired) {
       observe(m, kRun, bound_ticks_, out.finished_stamp - out.started_stamp);
     }

@@ -1,7 +1,8 @@
 """Backpressure: try_submit raises gpuq.QueueFull, submit(timeout=) waits for room, expire_after.
 
-A pool's ring holds queue_factor x workers jobs; one client may hold client_share of them (10
-of 20 with the default config on 2 CPUs). Run (gpuqd running, $GPUQ_RUNTIME_DIR if needed):
+A pool's queue holds queue_factor x workers jobs (20 with the default config on 2 CPUs); one
+client alone may hold them all, several split them evenly. Run (gpuqd running,
+$GPUQ_RUNTIME_DIR if needed):
 
     python examples/python/backpressure.py
 """

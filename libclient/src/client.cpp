@@ -485,7 +485,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
            stale_[pool].load(std::memory_order_relaxed);
   }
   // Makes held(pool) exact, or as good as concurrent submits allow: a counted job whose slot
-  // has left SUBMITTED no longer counts, and each of this client's entries in the ring that is
+  // has left SUBMITTED no longer counts, and each of this client's entries in its lanes that is
   // not a counted job's (a job it ended while queued, or an entry someone forged) is stale.
   // Reads lines a worker wrote: only when held() passes the share.
   uint32_t recount(uint32_t pool) {
@@ -502,7 +502,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       if (is_terminal(w.state) || w.state == JobState::kRunning) uncount_locked(s, false);
     }
     uint32_t stale = 0;
-    queue_.queue(pool).for_each_value([&](uint32_t v) {
+    queue_.queue(pool).for_each_value_of(index_, [&](uint32_t v) {
       const JobRef ref = JobRef::unpack(v);
       if (ref.client != index_) return;
       const bool counted = ref.slot < slot_count_ && in_ring_[ref.slot] == pool + 1 &&
@@ -644,8 +644,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // Pushes `ref` into `lane` of the pool's queue within this client's share, waiting for room
   // if `blocking`, for at most `timeout_ns` (negative: no limit) from the first look that finds
   // none. The caller has raised `submitting` (see Supervisor::check_drain); its job counts
-  // against the share already, so the share has room while held() is at most the share: the
-  // configured one, split evenly among the busy client lanes (PoolQueue::share_limit).
+  // against the share already, so the share has room while held() is at most the share.
   Result<void> push(PoolShm& ps, const PoolQueue& queue, uint32_t lane, const Pool& pool,
                     uint32_t ref, int64_t timeout_ns, bool blocking) {
     uint64_t deadline = 0;  // set at the first look that finds no room
@@ -653,8 +652,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     // A recount takes the slot mutex and reads this client's slots and the whole queue: while
     // spinning for room, at most every 16th look does one (`force`: this look does).
     uint32_t looks = 0;
+    const uint32_t share = pool.info.client_share;
     auto share_has_room = [&](bool force) {
-      const uint32_t share = queue.share_limit(lane, pool.info.client_share);
       if (held(pool.id) <= share) return true;
       return (force || looks++ % 16 == 0) && recount(pool.id) <= share;
     };
@@ -686,7 +685,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
             ErrorCode::kShuttingDown,
             "the daemon is draining and accepts no new jobs on pool '" + pool.info.name + "'");
       }
-      if (!blocking) return queue_full_error(pool, queue, lane);
+      if (!blocking) return queue_full_error(pool, queue);
       const uint64_t now = monotonic_ns();
       if (deadline == 0) {
         deadline = timeout_ns < 0 ? kNoDeadline : now + static_cast<uint64_t>(timeout_ns);
@@ -716,19 +715,17 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
   }
 
-  Error queue_full_error(const Pool& pool, const PoolQueue& queue, uint32_t lane) {
+  Error queue_full_error(const Pool& pool, const PoolQueue& queue) {
     // held() counts the job being submitted too.
-    const uint32_t h = held(pool.id);
-    if (const uint32_t share = queue.share_limit(lane, pool.info.client_share); h > share) {
-      return Error(ErrorCode::kQueueFull,
-                   "this client already holds its share of pool '" + pool.info.name + "' (" +
-                       std::to_string(h - 1) + " of " + std::to_string(queue.capacity()) +
-                       " cells; its share is " + std::to_string(share) + " while " +
-                       std::to_string(std::max<uint32_t>(queue.busy_client_lanes(), 1)) +
-                       " clients use the pool)");
+    if (const uint32_t h = held(pool.id); h > pool.info.client_share) {
+      return Error(ErrorCode::kQueueFull, "this client already holds its share of pool '" +
+                                              pool.info.name + "' (" + std::to_string(h - 1) +
+                                              " of " + std::to_string(queue.capacity()) +
+                                              " cells: client_queue_share)");
     }
-    return Error(ErrorCode::kQueueFull, "pool '" + pool.info.name + "' lane is full (" +
-                                            std::to_string(queue.capacity()) + " jobs queued)");
+    return Error(ErrorCode::kQueueFull, "pool '" + pool.info.name + "' is full for this client (" +
+                                            std::to_string(queue.capacity()) +
+                                            " jobs queued in its lane)");
   }
 
   // ---- Wait / poll / cancel ----

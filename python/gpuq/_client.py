@@ -359,6 +359,7 @@ class Client:
         expire_after: Optional[float] = None,
         retryable: bool = False,
         time_limit: Optional[float] = None,
+        priority: Optional[str] = None,
         **params: Union[int, float, str],
     ) -> Future:
         """Submits op ``op`` and returns its :class:`gpuq.Future`.
@@ -371,8 +372,10 @@ class Client:
         queued ends :class:`gpuq.Expired` without running. ``retryable``: run it again if its
         worker dies. ``time_limit``: seconds the job may run once a worker starts it (None or
         0: no limit of its own; the pool's ``job_time_limit_ms`` still applies); past it the
-        daemon stops it and it fails with :class:`gpuq.TimedOut`. ``params``: the op's
-        parameters (int, float or str).
+        daemon stops it and it fails with :class:`gpuq.TimedOut`. ``priority``: "high",
+        "normal" (None) or "low": higher levels are taken first, and a lower level that waits
+        still gets a tenth of the pool's starts. ``params``: the op's parameters (int, float
+        or str).
 
         The future's result is ``out`` when given, else the op's scalar ``value``.
         """
@@ -383,8 +386,11 @@ class Client:
             or timeout is not None
             or expire_after is not None
             or time_limit is not None
+            or priority is not None
         ):
-            options = _options.job_options(pool, timeout, expire_after, retryable, time_limit)
+            options = _options.job_options(
+                pool, timeout, expire_after, retryable, time_limit, priority=priority
+            )
             return self._submit(op, inputs, out, params, options)
         # No buffers, no params: the short path (a no-op's round trip is a few microseconds).
         conn = self._conn
@@ -405,12 +411,13 @@ class Client:
         expire_after: Optional[float] = None,
         retryable: bool = False,
         time_limit: Optional[float] = None,
+        priority: Optional[str] = None,
         **params: Union[int, float, str],
     ) -> Future:
         """Like :meth:`submit`, but raises :class:`gpuq.QueueFull` at once when the queue has
         no room, instead of waiting."""
         options = _options.job_options(
-            pool, None, expire_after, retryable, time_limit, try_only=True
+            pool, None, expire_after, retryable, time_limit, try_only=True, priority=priority
         )
         return self._submit(op, inputs, out, params, options)
 
@@ -468,6 +475,7 @@ class Client:
         expire_after: Optional[float] = None,
         retryable: bool = False,
         time_limit: Optional[float] = None,
+        priority: Optional[str] = None,
         params: Optional[Dict[str, Any]] = None,
         **kwargs: Any,
     ) -> Future:
@@ -495,7 +503,9 @@ class Client:
                 )
             kwargs = dict(kwargs, **params)
         pool = _pools.pool_for(self, op, pool)
-        options = _options.job_options(pool, timeout, expire_after, retryable, time_limit)
+        options = _options.job_options(
+            pool, timeout, expire_after, retryable, time_limit, priority=priority
+        )
         return _calls.submit_python(self, op, args, kwargs, options, output_bytes)
 
     def call(self, op: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
@@ -519,6 +529,7 @@ class Client:
         expire_after: Optional[float] = None,
         retryable: bool = False,
         time_limit: Optional[float] = None,
+        priority: Optional[str] = None,
         params: Optional[Dict[str, Any]] = None,
         **kwargs: Any,
     ) -> Future:
@@ -550,7 +561,9 @@ class Client:
                 )
             kwargs = dict(kwargs, **params)
         pool = _pools.pool_for(self, op, pool)
-        options = _options.job_options(pool, timeout, expire_after, retryable, time_limit)
+        options = _options.job_options(
+            pool, timeout, expire_after, retryable, time_limit, priority=priority
+        )
         return _call_backlog.submit_nowait(self, op, args, kwargs, options, output_bytes)
 
     async def acall(
@@ -605,7 +618,7 @@ class Client:
     # ---- tensor ops ----------------------------------------------------------------------------
     #
     # Each takes the job options of :meth:`submit` as keywords (``pool``, ``timeout``,
-    # ``expire_after``, ``retryable``, ``time_limit``) and ``try_only`` (QueueFull at once when
+    # ``expire_after``, ``retryable``, ``time_limit``, ``priority``) and ``try_only`` (QueueFull at once when
     # the queue has no room): gpuq._options.Options.
 
     def conv2d(

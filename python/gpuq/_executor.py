@@ -51,7 +51,8 @@ class Executor(concurrent.futures.Executor):
     ``client`` (default: a new one, closed by :meth:`shutdown`), ``max_pending`` (``submit``
     waits while this many tasks are unfinished; by default it never waits), ``output_bytes``
     (room for each result; default: the arguments' array bytes plus 64 KiB), ``time_limit``
-    (seconds each call may run), ``wait_at_exit`` (default True: at interpreter exit, the
+    (seconds each call may run), ``priority`` (its tasks' level: "high", "normal" or "low";
+    higher levels are taken first), ``wait_at_exit`` (default True: at interpreter exit, the
     tasks not yet finished are waited for, as the stdlib executors do; False abandons them).
 
     The callable and its arguments travel pickled (cloudpickle, so lambdas and functions of
@@ -77,6 +78,7 @@ class Executor(concurrent.futures.Executor):
         max_pending: Optional[int] = None,
         output_bytes: Optional[int] = None,
         time_limit: Optional[float] = None,
+        priority: Optional[str] = None,
         wait_at_exit: bool = True,
     ) -> None:
         if max_workers is not None and type(max_workers) is not int:
@@ -93,7 +95,9 @@ class Executor(concurrent.futures.Executor):
             raise TypeError("initializer must be a callable")
         # Every task's options: sent without waiting for room (a task that finds none waits in
         # this process, in the backlog), with the executor's time limit; the pool comes below.
-        options = _options.job_options(timeout=0.0, time_limit=time_limit, try_only=True)
+        options = _options.job_options(
+            timeout=0.0, time_limit=time_limit, try_only=True, priority=priority
+        )
         try:
             import cloudpickle
         except ImportError:  # pragma: no cover - a dependency of the package

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Optional
 
-from . import _ops
+from . import _ops, _options
 from ._executor import Executor
 from ._future import Future
 
@@ -24,8 +24,8 @@ def _backend_class() -> Any:
     )
 
     class GpuqBackend(AutoBatchingMixin, ParallelBackendBase):
-        """joblib's "gpuq" backend (see the module's docstring). ``pool``, ``client`` and
-        ``output_bytes`` are :class:`gpuq.Executor`'s; ``initializer`` and ``initargs`` (given
+        """joblib's "gpuq" backend (see the module's docstring). ``pool``, ``client``,
+        ``output_bytes`` and ``priority`` are :class:`gpuq.Executor`'s; ``initializer`` and ``initargs`` (given
         to ``Parallel`` or ``parallel_config``) run in each worker before its first batch, as
         with loky. Batches are sized as loky's are (joblib's AutoBatchingMixin: short calls
         are grouped so that a batch lasts 0.2 to 2 s). Inside a gpuq worker, it runs the calls in that worker, one after another:
@@ -41,6 +41,7 @@ def _backend_class() -> Any:
             pool: Optional[str] = None,
             client: Any = None,
             output_bytes: Optional[int] = None,
+            priority: Optional[str] = None,
             nesting_level: Optional[int] = None,
             inner_max_num_threads: Optional[int] = None,
             **kwargs: Any,
@@ -51,6 +52,8 @@ def _backend_class() -> Any:
             self._pool_name = pool
             self._client = client
             self._output_bytes = output_bytes
+            _options.priority_level(priority)  # a wrong level is refused here, not at first use
+            self._priority = priority
             self._workers: Optional[Executor] = None  # as loky's backend names its executor
             self._init: Any = (None, ())
 
@@ -101,6 +104,7 @@ def _backend_class() -> Any:
                     pool=self._pool_name,
                     client=self._client,
                     output_bytes=self._output_bytes,
+                    priority=self._priority,
                 )
                 self._init = init
             return self.effective_n_jobs(n_jobs)

@@ -1,4 +1,4 @@
-"""A job's options (pool, timeout, expire_after, retryable, time_limit, try_only): checked and
+"""A job's options (pool, timeout, expire_after, retryable, time_limit, try_only, priority): checked and
 converted once, into the one value every submit of gpuq._native takes (``_native.JobOptions``,
 python/src/job_options.hpp). A new option is a field there and a keyword of job_options here."""
 
@@ -23,6 +23,7 @@ class Options(TypedDict, total=False):
     retryable: bool
     time_limit: Optional[float]
     try_only: bool
+    priority: Optional[str]
 
 
 # The options of a job given none: made once.
@@ -36,11 +37,13 @@ def job_options(
     retryable: bool = False,
     time_limit: Optional[float] = None,
     try_only: bool = False,
+    priority: Optional[str] = None,
 ) -> JobOptions:
     """The options of a submit, checked: InvalidArgument naming the first one that is wrong.
     ``timeout``: seconds a submit waits for room (None: as long as it takes). ``expire_after``:
     seconds a job may stay queued. ``time_limit``: seconds it may run (None or 0: none of its
-    own). ``try_only``: no room is QueueFull at once."""
+    own). ``try_only``: no room is QueueFull at once. ``priority``: "high", "normal" (None)
+    or "low"."""
     if pool is not None and not isinstance(pool, str):
         raise _errors.InvalidArgument(f"pool: must be a pool's name (str), not {pool!r}")
     return JobOptions(
@@ -50,7 +53,25 @@ def job_options(
         bool(retryable),
         time_limit_ms(time_limit),
         bool(try_only),
+        priority_level(priority),
     )
+
+
+# gpuq::Priority's levels by name, from the highest (priority.hpp, exported by the binding).
+PRIORITIES: dict = _native.PRIORITIES
+
+
+def priority_level(value: Optional[str]) -> int:
+    """``priority`` as gpuq::Priority's number (None: normal)."""
+    if value is None:
+        return int(PRIORITIES["normal"])
+    level = PRIORITIES.get(value) if isinstance(value, str) else None
+    if level is None:
+        raise _errors.InvalidArgument(
+            f"priority: must be one of {', '.join(repr(p) for p in PRIORITIES)} "
+            f"(higher levels are taken first), not {value!r}"
+        )
+    return int(level)
 
 
 def replace(options: JobOptions, **changes: Any) -> JobOptions:

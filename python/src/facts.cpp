@@ -9,6 +9,7 @@
 
 #include "gpuq/client.hpp"
 #include "gpuq/error.hpp"
+#include "gpuq/priority.hpp"
 #include "ops.hpp"
 
 namespace nb = nanobind;
@@ -31,6 +32,14 @@ void bind_facts(nb::module_& m) {
     status[std::string(job_status_name(s)).c_str()] = static_cast<int>(s);
   }
   m.attr("JOB_STATUS") = status;
+
+  // gpuq::Priority: name ("high"...) -> value, from the highest level to the lowest.
+  nb::dict priorities;
+  for (uint32_t rank = 0; rank < kPriorityLevels; ++rank) {
+    const Priority p = priority_at_rank(rank);
+    priorities[std::string(priority_name(p)).c_str()] = static_cast<int>(p);
+  }
+  m.attr("PRIORITIES") = priorities;
 
   // The op gpuq.Executor's jobs name, and the bounds of a Python op's batching.
   m.attr("CALL_OP") = daemon::kPythonCallOp;

@@ -20,16 +20,18 @@ struct JobOptions {
   bool retryable = false;      // run it again if its worker dies
   uint32_t time_limit_ms = 0;  // its own time limit (0: none; its pool's applies anyway)
   bool try_only = false;       // no room: QueueFull at once, not a wait
+  uint32_t priority = 0;       // a gpuq::Priority (gpuq._native.PRIORITIES), checked by the client
 
   JobOptions() = default;
   JobOptions(std::string pool_, int64_t timeout_ns_, int64_t expire_ns_, bool retryable_,
-             uint32_t time_limit_ms_, bool try_only_)
+             uint32_t time_limit_ms_, bool try_only_, uint32_t priority_)
       : pool(std::move(pool_)),
         timeout_ns(timeout_ns_),
         expire_ns(expire_ns_),
         retryable(retryable_),
         time_limit_ms(time_limit_ms_),
-        try_only(try_only_) {}
+        try_only(try_only_),
+        priority(priority_) {}
 
   // The options that travel with the job (the others are the submit's own).
   void apply(JobSpec& spec) const {
@@ -37,6 +39,8 @@ struct JobOptions {
     spec.expire_after = std::chrono::nanoseconds(expire_ns);
     spec.retryable = retryable;
     spec.time_limit = std::chrono::milliseconds(time_limit_ms);
+    // Out of range stays out of range: Client::submit refuses it, naming the field.
+    spec.priority = static_cast<Priority>(priority > 255 ? 255 : priority);
   }
 };
 

@@ -539,9 +539,9 @@ NB_MODULE(_native, m) {
 
   nb::class_<JobOptions>(m, "JobOptions",
                          "A job's options, checked (gpuq._options.job_options makes them).")
-      .def(nb::init<std::string, int64_t, int64_t, bool, uint32_t, bool>(), "pool"_a = "",
+      .def(nb::init<std::string, int64_t, int64_t, bool, uint32_t, bool, uint32_t>(), "pool"_a = "",
            "timeout_ns"_a = -1, "expire_ns"_a = -1, "retryable"_a = false, "time_limit_ms"_a = 0,
-           "try_only"_a = false)
+           "try_only"_a = false, "priority"_a = 0)
       // Writable for gpuq._options.replace, which changes a copy; the package never changes
       // an options value it did not just copy.
       .def_rw("pool", &JobOptions::pool)
@@ -550,13 +550,15 @@ NB_MODULE(_native, m) {
       .def_rw("retryable", &JobOptions::retryable)
       .def_rw("time_limit_ms", &JobOptions::time_limit_ms)
       .def_rw("try_only", &JobOptions::try_only)
+      .def_rw("priority", &JobOptions::priority)
       .def("__copy__", [](const JobOptions& o) { return o; })
       .def("__repr__", [](const JobOptions& o) {
         return "JobOptions(pool='" + o.pool + "', timeout_ns=" + std::to_string(o.timeout_ns) +
                ", expire_ns=" + std::to_string(o.expire_ns) +
                ", retryable=" + (o.retryable ? "True" : "False") +
                ", time_limit_ms=" + std::to_string(o.time_limit_ms) +
-               ", try_only=" + (o.try_only ? "True" : "False") + ")";
+               ", try_only=" + (o.try_only ? "True" : "False") +
+               ", priority=" + std::to_string(o.priority) + ")";
       });
 
   nb::class_<Block>(m, "Block", "An allocation in a client's payload segment (array base).");

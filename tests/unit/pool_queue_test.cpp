@@ -2,8 +2,8 @@
 // geometry, the `active` bits (set by a push, settled by a sleeping worker or the audit, also
 // for a lane whose pusher died before its mark), the order workers take jobs in (levels, the
 // fresh lane, client lanes round robin, FIFO within a lane), that a waiting class still gets a
-// tenth of the starts, the share split among busy clients, batching's look-then-take within a
-// level, and exactly-once delivery with threads pushing and popping at once.
+// tenth of the starts, batching's look-then-take within a level, and exactly-once delivery with
+// threads pushing and popping at once.
 #include "gpuq/common/pool_queue.hpp"
 
 #include <doctest/doctest.h>
@@ -44,17 +44,19 @@ struct Lanes {
   LanePicker picker;
 };
 
-TEST_CASE("PoolQueue: client lanes per level follow the cell budget, 1 to 16") {
+TEST_CASE("PoolQueue: client lanes per level follow the cell budget, a power of two to 16") {
   CHECK(PoolQueue::client_lanes_for(1) == PoolQueue::kMaxClientLanes);
   CHECK(PoolQueue::client_lanes_for(20) == PoolQueue::kMaxClientLanes);
   CHECK(PoolQueue::client_lanes_for(320) == 16);  // 3 x 17 x 320 = 16320 cells
-  CHECK(PoolQueue::client_lanes_for(640) == 7);
+  CHECK(PoolQueue::client_lanes_for(640) == 4);   // 7 would fit
   CHECK(PoolQueue::client_lanes_for(JobRing::kMaxCapacity) == 1);
+  CHECK_FALSE(PoolQueue::valid_client_lanes(0));
+  CHECK_FALSE(PoolQueue::valid_client_lanes(3));
+  CHECK_FALSE(PoolQueue::valid_client_lanes(32));
   for (uint32_t cap : {1u, 20u, 100u, 321u, 640u, 8192u}) {
     CAPTURE(cap);
     const uint32_t k = PoolQueue::client_lanes_for(cap);
-    CHECK(k >= 1);
-    CHECK(k <= PoolQueue::kMaxClientLanes);
+    CHECK(PoolQueue::valid_client_lanes(k));
     CHECK((k == 1 || uint64_t{kPriorityLevels} * (k + 1) * cap <= PoolQueue::kCellBudget));
     CHECK(PoolQueue::bytes_for(cap, k) ==
           sizeof(PoolQueueHeader) + kPriorityLevels * (k + 1) * JobRing::bytes_for(cap));
@@ -62,19 +64,20 @@ TEST_CASE("PoolQueue: client lanes per level follow the cell budget, 1 to 16") {
 }
 
 TEST_CASE("PoolQueue: a client's lanes, the fresh lanes, and their levels") {
-  Lanes l(4, 3);
+  Lanes l(4, 4);
   const PoolQueue& q = l.queue;
-  CHECK(q.lane_count() == 12);
+  CHECK(q.lane_count() == 15);
   CHECK(q.lane_for(0, Priority::kHigh, true) == 0);
   CHECK(q.lane_for(0, Priority::kHigh, false) == 1);
-  CHECK(q.lane_for(5, Priority::kHigh, false) == 3);  // 5 % 3 = 2
-  CHECK(q.lane_for(7, Priority::kNormal, true) == 4);
-  CHECK(q.lane_for(7, Priority::kNormal, false) == 6);  // 7 % 3 = 1
-  CHECK(q.lane_for(2, Priority::kLow, false) == 11);
+  CHECK(q.lane_for(5, Priority::kHigh, false) == 2);  // 5 % 4 = 1
+  CHECK(q.lane_for(7, Priority::kNormal, true) == 5);
+  CHECK(q.lane_for(7, Priority::kNormal, false) == 9);  // 7 % 4 = 3
+  CHECK(q.lane_for(2, Priority::kLow, false) == 13);
+  CHECK(q.column_of(6) == 2);
   for (uint32_t lane = 0; lane < q.lane_count(); ++lane) {
     CAPTURE(lane);
-    CHECK(q.rank_of(lane) == lane / 4);
-    CHECK(q.is_fresh(lane) == (lane % 4 == 0));
+    CHECK(q.rank_of(lane) == lane / 5);
+    CHECK(q.is_fresh(lane) == (lane % 5 == 0));
   }
 }
 
@@ -178,30 +181,6 @@ TEST_CASE("LanePicker: a waiting lower class gets a tenth of the starts; nothing
   CHECK(at[2] == std::vector<size_t>{9, 19});   // low: its two jobs
   CHECK(at[1] == std::vector<size_t>{10, 20});  // normal
   CHECK(at[0].size() == 36);
-}
-
-TEST_CASE("PoolQueue: the share splits the capacity among the busy client lanes") {
-  Lanes l(20, 16);
-  const PoolQueue& q = l.queue;
-  const uint32_t mine = q.lane_for(1, Priority::kNormal, false);
-  CHECK(q.share_limit(mine, 20) == 20);  // alone
-  CHECK(q.share_limit(mine, 10) == 10);  // the configured share caps it
-  REQUIRE(l.push(1, Priority::kNormal, false, 0));
-  CHECK(q.share_limit(mine, 20) == 20);  // its own lane counts once
-  REQUIRE(l.push(2, Priority::kNormal, false, 0));
-  REQUIRE(l.push(3, Priority::kLow, false, 0));
-  REQUIRE(l.push(4, Priority::kNormal, true, 0));  // fresh lanes do not count
-  REQUIRE(l.push(1, Priority::kHigh, false, 0));   // nor a client's lanes of other levels
-  REQUIRE(l.push(1, Priority::kLow, false, 0));
-  CHECK(q.busy_client_lanes() == 3);
-  CHECK(q.share_limit(mine, 20) == 7);                                     // ceil(20 / 3)
-  CHECK(q.share_limit(q.lane_for(5, Priority::kNormal, false), 20) == 5);  // a fourth: 20 / 4
-  // Many clients: at least one cell each.
-  for (uint32_t c = 5; c < 16; ++c) REQUIRE(l.push(c, Priority::kNormal, false, 0));
-  CHECK(q.share_limit(mine, 20) == 2);
-  Lanes tiny(1, 16);
-  for (uint32_t c = 0; c < 16; ++c) REQUIRE(tiny.push(c, Priority::kNormal, false, 0));
-  CHECK(tiny.queue.share_limit(tiny.queue.lane_for(0, Priority::kNormal, false), 1) == 1);
 }
 
 TEST_CASE("LanePicker: batching looks at a level's next job, then takes it from that lane") {

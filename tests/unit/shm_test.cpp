@@ -397,6 +397,7 @@ TEST_CASE("QueueView::attach rejects every layout field that points outside the 
   CHECK(rejected([](LaidOutQueue& q) { q.pool().client_lanes = 0; }));
   CHECK(rejected([](LaidOutQueue& q) { q.pool().client_lanes = PoolQueue::kMaxClientLanes + 1; }));
   CHECK(rejected([](LaidOutQueue& q) { q.pool().client_lanes = LaidOutQueue::kLanes - 1; }));
+  CHECK(rejected([](LaidOutQueue& q) { q.pool().client_lanes = LaidOutQueue::kLanes / 2; }));
   CHECK(rejected([](LaidOutQueue& q) {  // the last lane's own header
     q.pool().capacity = LaidOutQueue::kCapacity;
     PoolQueue pq(q.base + q.pool().queue_offset, LaidOutQueue::kCapacity, LaidOutQueue::kLanes);

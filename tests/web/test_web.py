@@ -256,7 +256,7 @@ def overload(srv, daemon):
                                 held.append(c.try_submit("sleep", us=60_000_000, pool="model"))
                         except gpuq.QueueFull:
                             pass
-                    with pytest.raises(gpuq.QueueFull, match="ring is full"):
+                    with pytest.raises(gpuq.QueueFull, match="pool 'model'"):
                         fillers[-1].try_submit("noop", pool="model")
                 t0 = time.monotonic()
                 r = http.post("/classify", json=rows)

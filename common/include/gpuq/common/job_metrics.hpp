@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gpuq/priority.hpp"
+
 namespace gpuq {
 
 // Finite upper bounds of the histogram buckets, in seconds (Prometheus `le`); a last bucket
@@ -72,6 +74,13 @@ struct alignas(64) OpBatchMetrics {
   std::atomic<uint64_t> gather_buckets[kMetricBounds + 1];
 };
 
+// The queue wait of one priority level's jobs in one worker, whatever their op (the same
+// bounds as OpMetrics' histograms; per bucket, not cumulative).
+struct alignas(64) LevelWaitMetrics {
+  std::atomic<uint64_t> sum_ticks;
+  std::atomic<uint64_t> buckets[kMetricBounds + 1];
+};
+
 // Op slots per worker. The last is kept for kMetricOtherOp, so a worker keeps at most 95 ops
 // apart; jobs of further ops count under `other`.
 inline constexpr uint32_t kMaxMetricOps = 96;
@@ -87,7 +96,8 @@ struct alignas(64) WorkerMetrics {
   std::atomic<uint64_t> device_memory_used;
   std::atomic<uint64_t> device_memory_budget;
   OpMetrics ops[kMaxMetricOps];
-  OpBatchMetrics batch[kMaxMetricOps];  // by the same slot as `ops`
+  OpBatchMetrics batch[kMaxMetricOps];           // by the same slot as `ops`
+  LevelWaitMetrics level_wait[kPriorityLevels];  // by priority_rank (0: high)
 };
 static_assert(std::is_standard_layout_v<WorkerMetrics> &&
               std::is_trivially_destructible_v<WorkerMetrics>);
@@ -101,16 +111,26 @@ inline void bump(std::atomic<uint64_t>& counter, uint64_t n = 1) noexcept {
   counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 }
 
-// Records a duration of `ticks` in op `m`'s histogram `kind` (the worker; single writer).
-// Bucket search is linear: short jobs, the common case, stop at the first bounds.
-inline void observe(OpMetrics& m, MetricHistogramKind kind, const uint64_t* bound_ticks,
-                    uint64_t ticks) noexcept {
+// Records a duration of `ticks` in op `m`'s histogram `kind` (the worker; single writer);
+// returns its bucket. Bucket search is linear: short jobs, the common case, stop at the first
+// bounds.
+inline uint32_t observe(OpMetrics& m, MetricHistogramKind kind, const uint64_t* bound_ticks,
+                        uint64_t ticks) noexcept {
   uint32_t i = 0;
   while (i < kMetricBounds && ticks > bound_ticks[i]) ++i;
   bump(m.buckets[i][kind]);
   // Saturating: a sum that wrapped would read as a counter reset.
   const uint64_t sum = m.sum_ticks[kind].load(std::memory_order_relaxed);
   m.sum_ticks[kind].store(sum + ticks < sum ? UINT64_MAX : sum + ticks, std::memory_order_relaxed);
+  return i;
+}
+
+// Records a queue wait of `ticks` in level `m`, in `bucket` (observe() found it for the job's
+// op) (the worker; single writer).
+inline void observe_wait(LevelWaitMetrics& m, uint32_t bucket, uint64_t ticks) noexcept {
+  bump(m.buckets[bucket]);
+  const uint64_t sum = m.sum_ticks.load(std::memory_order_relaxed);
+  m.sum_ticks.store(sum + ticks < sum ? UINT64_MAX : sum + ticks, std::memory_order_relaxed);
 }
 
 // Records one call of a batched op's function with `rows` rows (the worker; single writer).

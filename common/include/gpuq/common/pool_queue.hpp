@@ -17,8 +17,9 @@
 //     pusher died between its push and its mark: then the next worker about to sleep, or the
 //     audit within 100 ms, sets it. Workers look only at lanes whose bits are set, except
 //     before they sleep, when they look at every lane.
-//   - The total of a pool stays `capacity` cells in the steady state: a client may hold at most
-//     capacity / (busy client lanes) cells, and at most its configured share (share_limit()).
+//   - Each lane holds `capacity` cells: a client may queue up to the pool's whole bound in its
+//     own lane (less if its configured share says so, which the client counts itself), and
+//     a flood in one lane neither fills another's nor lengthens its wait.
 #pragma once
 
 #include <atomic>
@@ -53,12 +54,16 @@ class PoolQueue {
   static_assert(kMaxLanes <= 64, "one bit per lane in `active`");
 
   // K for a pool whose lanes hold `capacity` cells each: as many as the cell budget allows,
-  // from 1 to kMaxClientLanes.
+  // a power of two from 1 to kMaxClientLanes (a client's lane is its index masked: no division
+  // on the submit path).
   static constexpr uint32_t client_lanes_for(uint32_t capacity) noexcept {
     const uint64_t per_level = kCellBudget / kPriorityLevels / (capacity == 0 ? 1 : capacity);
-    if (per_level <= 2) return 1;
-    return per_level - 1 >= kMaxClientLanes ? kMaxClientLanes
-                                            : static_cast<uint32_t>(per_level - 1);
+    uint32_t k = kMaxClientLanes;
+    while (k > 1 && k + 1 > per_level) k /= 2;
+    return k;
+  }
+  static constexpr bool valid_client_lanes(uint32_t k) noexcept {
+    return k >= 1 && k <= kMaxClientLanes && (k & (k - 1)) == 0;
   }
   static constexpr size_t bytes_for(uint32_t capacity, uint32_t client_lanes) noexcept {
     return sizeof(PoolQueueHeader) +
@@ -81,10 +86,12 @@ class PoolQueue {
   uint32_t lane_count() const noexcept { return kPriorityLevels * lanes_per_level(client_lanes_); }
   PoolQueueHeader& header() const noexcept { return *header_; }
 
+  // A client's column: its lane within each level's client lanes (its index modulo K).
+  uint32_t column_of(uint32_t client) const noexcept { return client & (client_lanes_ - 1); }
   // The lane a job of `client` at `priority` goes to: the level's fresh lane if `fresh` (the
   // client has no other job in the pool), else the client's own lane of the level.
   uint32_t lane_for(uint32_t client, Priority priority, bool fresh) const noexcept {
-    return level_first(priority_rank(priority)) + (fresh ? 0 : 1 + client % client_lanes_);
+    return level_first(priority_rank(priority)) + (fresh ? 0 : 1 + column_of(client));
   }
   // The first lane of the level at `rank` (its fresh lane); its client lanes follow.
   uint32_t level_first(uint32_t rank) const noexcept {
@@ -130,42 +137,25 @@ class PoolQueue {
   // Values in the lanes of the level at `rank`.
   uint32_t level_size(uint32_t rank) const noexcept;
 
-  // Clients (client lanes, one per client index modulo K, at any level) marked active: the
-  // clients that share the pool now, as far as the lanes tell (several may share a lane).
-  uint32_t busy_client_lanes() const noexcept {
-    return static_cast<uint32_t>(std::popcount(client_columns(active())));
-  }
-  // The most cells a client may hold for its job at lane `i` to be pushed: its configured
-  // share (`share`), and no more than an even split of the capacity among the busy clients,
-  // itself counted (at least 1).
-  uint32_t share_limit(uint32_t i, uint32_t share) const noexcept {
-    const uint64_t columns = client_columns(active());
-    uint32_t busy = static_cast<uint32_t>(std::popcount(columns));
-    if (!is_fresh(i)) {
-      const uint32_t column = i % lanes_per_level(client_lanes_) - 1;
-      if ((columns & (uint64_t{1} << column)) == 0) ++busy;
+  // Visits the values queued in the lanes `client`'s jobs go to (its lane and the fresh lane of
+  // each level), head to tail (JobRing::for_each_queued): a client's recount of its entries.
+  // Entries a forger pushed into other lanes are not seen (they cost the forger's victim
+  // nothing then).
+  template <typename Fn>
+  void for_each_value_of(uint32_t client, Fn&& fn) const noexcept {
+    for (uint32_t r = 0; r < kPriorityLevels; ++r) {
+      lane(level_first(r)).for_each_queued(fn);
+      lane(level_first(r) + 1 + column_of(client)).for_each_queued(fn);
     }
-    if (busy == 0) busy = 1;
-    uint32_t even = (capacity_ + busy - 1) / busy;
-    if (even == 0) even = 1;
-    return even < share ? even : share;
   }
 
-  // Visits every value in every lane (racy with pushes and pops; for recovery and recounts).
+  // Visits every value in every lane (racy with pushes and pops; for recovery and status).
   template <typename Fn>
   void for_each_value(Fn&& fn) const noexcept {
     for (uint32_t i = 0; i < lane_count(); ++i) lane(i).for_each_value(fn);
   }
 
  private:
-  // Bit j: client lane j is marked at some level.
-  uint64_t client_columns(uint64_t active) const noexcept {
-    const uint64_t k_mask = (uint64_t{1} << client_lanes_) - 1;
-    uint64_t columns = 0;
-    for (uint32_t r = 0; r < kPriorityLevels; ++r) columns |= active >> (level_first(r) + 1);
-    return columns & k_mask;
-  }
-
   PoolQueueHeader* header_ = nullptr;
   uint32_t capacity_ = 0;
   uint32_t client_lanes_ = 1;
@@ -185,7 +175,7 @@ class LanePicker {
   static constexpr uint32_t kStarveAfter = 9;
 
   LanePicker() = default;
-  explicit LanePicker(PoolQueue queue) noexcept : queue_(queue) {}
+  explicit LanePicker(PoolQueue queue) noexcept;
 
   // Takes the next job into `*value`; `*lane` the lane it came from. False: no lane whose bit
   // is set holds one.
@@ -207,11 +197,11 @@ class LanePicker {
   const PoolQueue& queue() const noexcept { return queue_; }
 
  private:
-  uint64_t class_bits(uint64_t active, uint32_t c) const noexcept;
   bool pop_class(uint64_t active, uint32_t c, uint32_t* value, uint32_t* lane) noexcept;
   void served(uint64_t active, uint32_t c) noexcept;
 
   PoolQueue queue_;
+  uint64_t class_mask_[kClasses] = {};     // the lanes of each class, as bits of `active`
   uint32_t since_[kClasses] = {};          // starts of other classes while this one held jobs
   uint32_t cursor_[kPriorityLevels] = {};  // the client lane after the one last served
 };

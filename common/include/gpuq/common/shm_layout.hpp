@@ -309,7 +309,7 @@ struct alignas(64) PoolShm {
   uint32_t capacity;  // cells of each lane = queue_factor x workers
   uint32_t worker_count;
   uint32_t first_worker;  // index into WorkerShm[]
-  uint32_t client_share;  // most cells one client may hold (PoolQueue::share_limit)
+  uint32_t client_share;  // most cells one client may hold (client_queue_share x capacity)
   uint64_t queue_offset;  // the PoolQueue, from the start of the queue segment
   uint32_t client_lanes;  // PoolQueue's client lanes per level
   uint32_t reserved_lanes;
