@@ -49,6 +49,8 @@ void fail(BatchRunner::Job& c, JobState state, MetricOutcome outcome, const Erro
 std::optional<uint32_t> BatchRunner::run(Job&& first, BatchSettings settings) {
   const OpInfo* op = first.v->op;
   const uint32_t op_id = first.d.op_id;
+  // Gathered within the first job's priority level (its client's to write: any level will do).
+  const uint32_t rank = priority_rank(flags_priority(first.d.flags));
   first.rows = rows_hint(first);
   first.time_limit_ms = own_time_limit_ms(*first.slot);
   first.claimed_ns = monotonic_ns();
@@ -56,8 +58,7 @@ std::optional<uint32_t> BatchRunner::run(Job&& first, BatchSettings settings) {
   gatherer_.begin(op_id, settings, first.rows == 0 ? kMaxBatchSize : first.rows, first.claimed_ns);
   batch_.clear();
   batch_.push_back(std::move(first));
-  // Within the first job's priority level (its client's to write: any level will do).
-  std::optional<uint32_t> carried = gather(op, op_id, priority_rank(flags_priority(first.d.flags)));
+  std::optional<uint32_t> carried = gather(op, op_id, rank);
   gatherer_.finish();
   if (w_.metrics.on()) {
     const uint64_t now = read_stamp(w_.options.job_clock);

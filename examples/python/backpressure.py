@@ -1,7 +1,7 @@
 """Backpressure: try_submit raises gpuq.QueueFull, submit(timeout=) waits for room, expire_after.
 
-A pool's queue holds queue_factor x workers jobs (20 with the default config on 2 CPUs); one
-client alone may hold them all, several split them evenly. Run (gpuqd running,
+Each client may queue queue_factor x workers jobs in a pool (20 with the default config on 2
+CPUs), in a lane of its own; the pool serves the clients in turn. Run (gpuqd running,
 $GPUQ_RUNTIME_DIR if needed):
 
     python examples/python/backpressure.py
@@ -12,7 +12,7 @@ import gpuq
 
 clients = [gpuq.connect()]
 pool = clients[0].pools[0]                      # the default pool
-print(f"pool {pool['name']}: ring of {pool['capacity']} jobs, share {pool['client_share']}")
+print(f"pool {pool['name']}: {pool['capacity']} jobs per client's lane, share {pool['client_share']}")
 jobs = []                                       # 0.4 s sleep jobs, until there is no room
 for _ in range(2):                              # the second pass refills what the workers took
     try:

@@ -18,7 +18,7 @@ import gpuq.testing
 
 OPS_DIR = str(pathlib.Path(__file__).resolve().parent / "pyops")
 
-# One worker, a ring of one cell: a held worker and one queued job make it full.
+# One worker, lanes of one cell: a held worker and the jobs a client queues make it full.
 CONFIG = {"pools": [{"name": "py", "kind": "cpu", "workers": 1,
                      "python": {"interpreter": sys.executable, "modules": ["pyops_async"],
                                 "path": [OPS_DIR]}}],
@@ -39,30 +39,29 @@ def client(daemon):
 
 
 class FullRing:
-    """The pool's worker held by a job of another client and the ring's cell taken: no room
-    until release()."""
+    """The pool's worker held by a job of another client and `client`'s room in the queue
+    taken by jobs of its own (each client queues into lanes of its own: another client's jobs
+    take none of its room): no room for it until release()."""
 
-    def __init__(self, daemon, fill=True):
+    def __init__(self, daemon, client=None):
         self.other = gpuq.connect(daemon.runtime_dir, name="pytest-acall-filler")
         self.hold = self.other.submit("sleep", us=60_000_000, pool="py")
         deadline = time.monotonic() + 30
         while not self.hold.running():
             assert time.monotonic() < deadline, "the worker never took the holding job"
             time.sleep(0.005)
-        self.queued = None
-        if fill:
-            self.queued = self.other.try_submit("sleep", us=1, pool="py")
+        self.queued = []
+        if client is not None:
             with pytest.raises(gpuq.QueueFull):
-                self.other.try_submit("sleep", us=1, pool="py")
+                for _ in range(10):
+                    self.queued.append(client.try_submit("sleep", us=1, pool="py"))
 
     def release(self):
         self.hold.stop()
 
     def close(self):
         self.hold.stop()
-        for f in (self.hold, self.queued):
-            if f is None:
-                continue
+        for f in (self.hold, *self.queued):
             try:
                 f.result(timeout=30)
             except gpuq.Cancelled:
@@ -71,16 +70,16 @@ class FullRing:
 
 
 @pytest.fixture
-def full_ring(daemon):
-    ring = FullRing(daemon)
+def full_ring(daemon, client):
+    ring = FullRing(daemon, client)
     yield ring
     ring.close()
 
 
 @pytest.fixture
 def held_worker(daemon):
-    """The worker held, the ring's cell free: a call is sent and stays queued."""
-    ring = FullRing(daemon, fill=False)
+    """The worker held, the queue's room free: a call is sent and stays queued."""
+    ring = FullRing(daemon)
     yield ring
     ring.close()
 

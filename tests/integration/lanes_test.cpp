@@ -3,6 +3,8 @@
 // lower level still started), clients in turn (two floods alternate), and a client with one
 // job taken before any flood's queue. One worker, so the start order is the run order: each
 // job's start is its submit time plus its time queued.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -23,7 +25,7 @@ struct Queued {
   std::chrono::steady_clock::time_point submitted;
 };
 
-Queued submit_tagged(Client& client, JobSpec spec, std::string tag) {
+Queued submit_tagged(Client& client, const JobSpec& spec, std::string tag) {
   Queued q{Job(), std::move(tag), std::chrono::steady_clock::now()};
   q.job = submit_ok(client, spec);
   return q;
@@ -32,12 +34,14 @@ Queued submit_tagged(Client& client, JobSpec spec, std::string tag) {
 // The tags in the order their jobs started.
 std::vector<std::string> start_order(std::vector<Queued>& jobs) {
   std::vector<std::pair<std::chrono::steady_clock::time_point, std::string>> starts;
+  starts.reserve(jobs.size());
   for (Queued& q : jobs) {
     const JobResult r = wait_done(q.job);
     starts.emplace_back(q.submitted + std::chrono::nanoseconds(r.queued_ns), q.tag);
   }
   std::sort(starts.begin(), starts.end());
   std::vector<std::string> order;
+  order.reserve(starts.size());
   for (auto& [at, tag] : starts) order.push_back(tag);
   return order;
 }
@@ -54,6 +58,7 @@ TEST_CASE("lanes: high jobs first, each level in order, a waiting lower level st
   Job running = submit_ok(client, sleep_spec(kOccupyUs));
   wait_running(running);
   std::vector<Queued> jobs;
+  jobs.reserve(18);
   for (const auto& [priority, name] :
        {std::pair{Priority::kLow, "L"}, std::pair{Priority::kNormal, "N"},
         std::pair{Priority::kHigh, "H"}}) {
@@ -63,6 +68,24 @@ TEST_CASE("lanes: high jobs first, each level in order, a waiting lower level st
       jobs.push_back(submit_tagged(client, spec, name + std::to_string(i)));
     }
   }
+  // Status: the jobs queued at each level, and this client's queued and running jobs.
+  const nlohmann::json status = daemon.status();
+  INFO("status: " << status.dump());
+  const nlohmann::json& levels = status["pools"][0]["queued_by_priority"];
+  CHECK(levels["high"] == 6);
+  CHECK(levels["normal"] == 6);
+  CHECK(levels["low"] == 6);
+  REQUIRE(status["client_jobs"].size() == 1);
+  const nlohmann::json& mine = status["client_jobs"][0];
+  CHECK(mine["queued"] == 18);
+  CHECK(mine["running"] == 1);
+  CHECK(mine["pools"]["cpu"]["queued"] == 18);
+  CHECK(mine["pid"] == getpid());
+  const CommandResult text = run_command(std::string("'") + gpuqctl_path() + "' --runtime-dir '" +
+                                         daemon.runtime_dir() + "' status 2>&1");
+  INFO(text.output);
+  CHECK(text.output.find("queue 18/32 (6 high, 6 low)") != std::string::npos);
+  CHECK(text.output.find("clients with jobs (most queued first):") != std::string::npos);
   wait_done(running);
   const std::vector<std::string> order = start_order(jobs);
   INFO("start order: " << joined(order));
@@ -94,6 +117,7 @@ TEST_CASE("lanes: two floods are served in turn; a client with one job goes befo
   Job running = submit_ok(occupier, sleep_spec(kOccupyUs));
   wait_running(running);
   std::vector<Queued> jobs;
+  jobs.reserve(13);
   // Flood a queues all of its jobs first, then flood b: in arrival order every a would go
   // before every b.
   for (int i = 0; i < 6; ++i) jobs.push_back(submit_tagged(flood_a, sleep_spec(kJobUs), "a"));

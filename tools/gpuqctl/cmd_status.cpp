@@ -86,6 +86,30 @@ void print_indented(const std::string& what, const std::string& text) {
   }
 }
 
+// The clients with jobs queued or running, most queued first (status' `client_jobs`).
+void print_client_jobs(const Json& doc) {
+  auto clients = doc.is_object() ? doc.find("client_jobs") : doc.end();
+  if (clients == doc.end() || !clients->is_array() || clients->empty()) return;
+  std::cout << "\nclients with jobs (most queued first):\n";
+  std::cout << strf("  %6s %8s %-24s %8s %8s  %s\n", "CLIENT", "PID", "PROGRAM", "QUEUED",
+                    "RUNNING", "POOLS");
+  for (const Json& c : *clients) {
+    std::string pools;
+    if (auto p = c.is_object() ? c.find("pools") : c.end(); p != c.end() && p->is_object()) {
+      for (const auto& [name, jobs] : p->items()) {
+        pools += (pools.empty() ? "" : ", ") + name + " " + text_field(jobs, "queued") + "/" +
+                 text_field(jobs, "running");
+      }
+    }
+    std::string program = text_field(c, "program", "");
+    if (program.size() > 24) program = program.substr(0, 21) + "...";
+    std::cout << strf("  %6s %8s %-24s %8s %8s  ", text_field(c, "client").c_str(),
+                      text_field(c, "pid").c_str(), program.c_str(),
+                      text_field(c, "queued").c_str(), text_field(c, "running").c_str())
+              << pools << '\n';
+  }
+}
+
 void print_status_table(const Json& doc) {
   std::string header = "gpuqd " + text_field(doc, "version") + ", pid " + text_field(doc, "pid");
   if (auto up = number_field(doc, "uptime_s")) header += ", up " + format_uptime(*up);
@@ -104,6 +128,17 @@ void print_status_table(const Json& doc) {
     std::string reason = text_field(pool, "reason", "");
     if (!reason.empty()) line += " (" + reason + ")";
     line += ", queue " + text_field(pool, "queue_depth") + "/" + text_field(pool, "capacity");
+    // Jobs queued at each priority level but the normal one, when there are any.
+    if (auto levels = pool.is_object() ? pool.find("queued_by_priority") : pool.end();
+        levels != pool.end() && levels->is_object()) {
+      std::string by_level;
+      for (const char* level : {"high", "low"}) {
+        if (auto n = number_field(*levels, level); n && *n > 0) {
+          by_level += (by_level.empty() ? "" : ", ") + text_field(*levels, level) + " " + level;
+        }
+      }
+      if (!by_level.empty()) line += " (" + by_level + ")";
+    }
     if (text_field(pool, "status", "") == "removed") {  // by a config reload: no workers to show
       std::cout << '\n' << line << '\n';
       continue;
@@ -216,6 +251,7 @@ void print_status_table(const Json& doc) {
                      text_field(w, "start_error", ""));
     }
   }
+  print_client_jobs(doc);
 }
 
 int run_status(const std::string& runtime_dir, bool as_json) {

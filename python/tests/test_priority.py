@@ -1,0 +1,88 @@
+"""Priorities from Python (issue 41): ``priority=`` on submit, try_submit, submit_call, the
+Executor and the joblib backend; checked with a clear error; and a real daemon starting higher
+levels first. One worker, so the start order is the run order (each job's start: its submit
+time plus its time queued)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import gpuq
+import gpuq.testing
+
+CONFIG = {"pools": [{"name": "cpu", "kind": "cpu", "workers": 1}], "queue_factor": 32,
+          "max_jobs_per_client": 64}
+
+
+@pytest.fixture(scope="module")
+def one_worker():
+    with gpuq.testing.Daemon(CONFIG) as d:
+        yield d
+
+
+def test_priority_levels_come_from_the_native_module():
+    assert list(gpuq._options.PRIORITIES) == ["high", "normal", "low"]
+    assert gpuq._options.priority_level(None) == gpuq._options.PRIORITIES["normal"]
+
+
+@pytest.mark.parametrize("bad", ["urgent", "HIGH", 1, 0.5, b"high"])
+def test_a_wrong_priority_names_the_levels(one_worker, bad):
+    with gpuq.connect(one_worker.runtime_dir) as c:
+        with pytest.raises(gpuq.InvalidArgument, match="priority: must be one of 'high', "
+                                                        "'normal', 'low'"):
+            c.submit("noop", priority=bad)
+        with pytest.raises(gpuq.InvalidArgument, match="priority"):
+            c.try_submit("noop", priority=bad)
+        with pytest.raises(gpuq.InvalidArgument, match="priority"):
+            gpuq.Executor(client=c, priority=bad)
+        # The client goes on.
+        assert c.submit("noop", priority="low").result(timeout=30) is not None
+
+
+def test_higher_levels_start_first(one_worker):
+    with gpuq.connect(one_worker.runtime_dir) as c:
+        hold = c.submit("sleep", us=400_000)
+        deadline = time.monotonic() + 30
+        while not hold.running():
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        jobs = []
+        for level in ("low", "normal", "high"):
+            for i in range(3):
+                t = time.monotonic_ns()
+                jobs.append((f"{level[0].upper()}{i}", t,
+                             c.submit("sleep", us=3000, priority=level)))
+        hold.result(timeout=30)
+        starts = []
+        for tag, t, f in jobs:
+            f.result(timeout=30)
+            starts.append((t + f.info.queued_ns, tag))
+        order = " ".join(tag for _, tag in sorted(starts))
+        assert order == "H0 H1 H2 N0 N1 N2 L0 L1 L2", order
+
+
+def test_executor_and_joblib_check_their_priority(one_worker):
+    with gpuq.connect(one_worker.runtime_dir) as c:
+        with pytest.raises(gpuq.InvalidArgument, match="priority"):
+            gpuq.Executor(client=c, priority="soon")
+    joblib = pytest.importorskip("joblib")
+    gpuq.register_joblib()
+    with pytest.raises(gpuq.InvalidArgument, match="priority"):
+        joblib.parallel_backend("gpuq", priority="soon")
+
+
+def test_executor_and_joblib_run_at_a_priority():
+    import sys
+
+    config = {"pools": [{"name": "py", "kind": "cpu", "workers": 1,
+                         "python": {"interpreter": sys.executable, "allow_callables": True}}]}
+    joblib = pytest.importorskip("joblib")
+    gpuq.register_joblib()
+    with gpuq.testing.Daemon(config) as d, gpuq.connect(d.runtime_dir) as c:
+        with gpuq.Executor(client=c, priority="high") as ex:
+            assert list(ex.map(abs, range(-2, 3))) == [2, 1, 0, 1, 2]
+        with joblib.parallel_backend("gpuq", client=c, priority="low"):
+            out = joblib.Parallel(n_jobs=2)(joblib.delayed(abs)(i) for i in range(-2, 3))
+        assert out == [2, 1, 0, 1, 2]
