@@ -13,6 +13,7 @@ PoolQueue PoolQueue::create(void* memory, uint32_t capacity, uint32_t client_lan
   h->active.store(0, std::memory_order_relaxed);
   h->capacity = capacity;
   h->client_lanes = client_lanes;
+  for (auto& w : h->weight) w.store(1, std::memory_order_relaxed);
   PoolQueue q(memory, capacity, client_lanes);
   for (uint32_t i = 0; i < q.lane_count(); ++i) {
     JobRing::create(static_cast<char*>(memory) + sizeof(PoolQueueHeader) +
@@ -84,8 +85,9 @@ bool LanePicker::pop_class(uint64_t active, uint32_t c, uint32_t* value, uint32_
     *lane = first;
     return true;
   }
-  // Round robin over the level's client lanes whose bits are set, from cursor_[rank]: the
-  // bits rotated so that the cursor's lane is bit 0, then the lowest set bit first.
+  // The level's client lanes whose bits are set take turns from cursor_[rank] (the bits rotated
+  // so that the cursor's lane is bit 0, then the lowest set bit first); the lane whose turn it
+  // is gives up to its weight of jobs in a row.
   const uint32_t k = queue_.client_lanes();
   const uint64_t k_mask = (uint64_t{1} << k) - 1;
   const uint64_t bits = (active >> (first + 1)) & k_mask;
@@ -96,7 +98,13 @@ bool LanePicker::pop_class(uint64_t active, uint32_t c, uint32_t* value, uint32_
     rotated &= rotated - 1;
     const uint32_t j = start + n < k ? start + n : start + n - k;
     if (queue_.lane(first + 1 + j).try_pop(value)) {
-      cursor_[rank] = j + 1 < k ? j + 1 : 0;
+      if (j != start) streak_[rank] = 0;  // the turn passed to lane j
+      if (++streak_[rank] >= queue_.weight(j)) {
+        cursor_[rank] = j + 1 < k ? j + 1 : 0;
+        streak_[rank] = 0;
+      } else {
+        cursor_[rank] = j;
+      }
       *lane = first + 1 + j;
       return true;
     }
@@ -156,6 +164,7 @@ bool LanePicker::pop_lane(uint32_t lane, uint32_t* value) noexcept {
   if (!queue_.is_fresh(lane)) {
     const uint32_t rank = queue_.rank_of(lane);
     cursor_[rank] = (lane - queue_.level_first(rank)) % queue_.client_lanes();
+    streak_[rank] = 0;
   }
   return true;
 }

@@ -41,13 +41,26 @@ ClientRegistry::ClientRegistry(const Config& config, QueueView& queue, EventLoop
       index_in_use_(config.max_clients, false),
       by_index_(config.max_clients, nullptr) {}
 
-bool ClientRegistry::authorized(uid_t uid, gid_t gid) const {
-  const Config& c = config_;
-  if (c.allowed_uids.empty() && c.allowed_gids.empty()) return uid == geteuid();
-  if (std::find(c.allowed_uids.begin(), c.allowed_uids.end(), uid) != c.allowed_uids.end()) {
-    return true;
+namespace {
+
+// `uid`'s primary group `gid` and its supplementary groups (the primary alone for an unknown
+// user, or one in more than 64 groups).
+// A client's weight: the first entry naming its user, else the first naming one of its
+// groups, else 1.
+uint32_t weight_of(const std::vector<Config::ClientWeight>& weights, const Client& client) {
+  for (const Config::ClientWeight& e : weights) {
+    if (!e.group && e.id == client.uid) return e.weight;
   }
-  if (c.allowed_gids.empty()) return false;
+  for (const Config::ClientWeight& e : weights) {
+    if (e.group &&
+        std::find(client.groups.begin(), client.groups.end(), e.id) != client.groups.end()) {
+      return e.weight;
+    }
+  }
+  return 1;
+}
+
+std::vector<gid_t> groups_of(uid_t uid, gid_t gid) {
   std::vector<gid_t> groups{gid};
   passwd pw{}, *res = nullptr;
   std::vector<char> buf(16384);
@@ -59,7 +72,19 @@ bool ClientRegistry::authorized(uid_t uid, gid_t gid) const {
       groups.assign(g.begin(), g.begin() + n);
     }
   }
-  for (gid_t g : groups) {
+  return groups;
+}
+
+}  // namespace
+
+bool ClientRegistry::authorized(uid_t uid, gid_t gid) const {
+  const Config& c = config_;
+  if (c.allowed_uids.empty() && c.allowed_gids.empty()) return uid == geteuid();
+  if (std::find(c.allowed_uids.begin(), c.allowed_uids.end(), uid) != c.allowed_uids.end()) {
+    return true;
+  }
+  if (c.allowed_gids.empty()) return false;
+  for (gid_t g : groups_of(uid, gid)) {
     if (std::find(c.allowed_gids.begin(), c.allowed_gids.end(), g) != c.allowed_gids.end()) {
       return true;
     }
@@ -284,9 +309,11 @@ Result<void> ClientRegistry::admit(Client& client, const std::string& hello_body
   client.index = index;
   client.session = next_session_++;
   client.registered = true;
+  client.groups = groups_of(client.uid, client.gid);
   index_in_use_[index] = true;
   by_index_[index] = &client;
   ++registered_;
+  apply_weights();
   ClientShm& cs = queue_.client(index);
   for (auto& n : cs.submitted) n.store(0, std::memory_order_relaxed);
   cs.submitting.store(0, std::memory_order_relaxed);
@@ -326,6 +353,7 @@ void ClientRegistry::unregister(Client& client) {
   by_index_[client.index] = nullptr;
   --registered_;
   client.registered = false;
+  apply_weights();
   GPUQ_LOG_INFO("client %u (pid %d) disconnected", client.index, client.pid);
 }
 
@@ -361,6 +389,54 @@ void ClientRegistry::count_submitted(const Client& client, uint32_t pool) const 
 uint64_t ClientRegistry::jobs_submitted(uint32_t pool) const {
   for_each([&](const Client& c) { count_submitted(c, pool); });
   return submitted_counted_[pool];
+}
+
+std::vector<ClientRegistry::JobCounts> ClientRegistry::busiest(size_t pool_count,
+                                                               size_t limit) const {
+  std::vector<JobCounts> rows;
+  for_each([&](const Client& conn) {
+    JobCounts r;
+    r.client = &conn;
+    r.pools.assign(pool_count, {0, 0});
+    ClientSegmentView view(conn.segment.address(), conn.geometry, conn.slot_count);
+    for (uint32_t slot = 0; slot < conn.slot_count; ++slot) {
+      const JobSlot& js = view.slot(slot);
+      const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
+      if (w.state != JobState::kSubmitted && w.state != JobState::kRunning) continue;
+      const uint32_t pool = js.desc.pool_id;
+      if (pool >= pool_count) continue;  // forged
+      if (w.state == JobState::kSubmitted) {
+        ++r.queued;
+        ++r.pools[pool].first;
+      } else {
+        ++r.running;
+        ++r.pools[pool].second;
+      }
+    }
+    if (r.queued + r.running != 0) rows.push_back(std::move(r));
+  });
+  std::sort(rows.begin(), rows.end(), [](const JobCounts& a, const JobCounts& b) {
+    return a.queued != b.queued ? a.queued > b.queued : a.running > b.running;
+  });
+  if (rows.size() > limit) rows.resize(limit);
+  return rows;
+}
+
+void ClientRegistry::apply_weights() {
+  const Config& c = config_;
+  uint32_t columns[PoolQueue::kMaxClientLanes];
+  for (uint32_t p = 0; p < queue_.layout().pool_count; ++p) {
+    const PoolQueue q = queue_.queue(p);
+    std::fill(std::begin(columns), std::end(columns), 1u);
+    for (const auto& entry : clients_) {
+      Client& client = *entry.second;
+      if (!client.registered) continue;
+      client.weight = weight_of(c.client_weights, client);
+      uint32_t& column = columns[q.column_of(client.index)];
+      column = std::max(column, client.weight);
+    }
+    for (uint32_t j = 0; j < q.client_lanes(); ++j) q.set_weight(j, columns[j]);
+  }
 }
 
 }  // namespace gpuq::daemon

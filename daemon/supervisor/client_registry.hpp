@@ -39,6 +39,8 @@ struct Client {
   ClientSegmentGeometry geometry{};
   uint32_t slot_count = 0;
   bool keep_running_jobs = false;  // Hello: its running jobs are not cancelled when it leaves
+  std::vector<gid_t> groups;       // its primary and supplementary groups, at registration
+  uint32_t weight = 1;             // config client_weights (ClientRegistry::apply_weights)
   // Its ClientShm::submitted counters as last counted (jobs_submitted): the counters are in
   // memory the client writes, so only their rises are added, and the total never falls.
   mutable uint64_t submitted_seen[kMaxPools] = {};
@@ -95,6 +97,22 @@ class ClientRegistry {
   const Client* by_index(uint32_t index) const {
     return index < by_index_.size() ? by_index_[index] : nullptr;
   }
+
+  // A client's jobs queued (SUBMITTED) and running, in all and per pool (by pool id).
+  struct JobCounts {
+    const Client* client = nullptr;
+    uint64_t queued = 0, running = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> pools;  // queued, running
+  };
+  // The clients with jobs queued or running, most queued first (then most running), at most
+  // `limit`, counted over `pool_count` pools from their slots' state words (which the clients
+  // write: what a client claims about itself). For status and metrics: reads every slot.
+  std::vector<JobCounts> busiest(size_t pool_count, size_t limit) const;
+
+  // Each registered client's weight from the config's `client_weights`, and each pool's lane
+  // weights from them (a column shared by clients of different weights gets the largest).
+  // Called as clients come and go, and after a reload.
+  void apply_weights();
 
   // fn(client) for every registered client.
   template <typename Fn>

@@ -559,6 +559,44 @@ const std::vector<Key>& key_table() {
          }
          return {};
        }},
+      {"client_weights",
+       [](Config& c, const json& v, const std::string& p) -> Result<void> {
+         if (!v.is_array()) {
+           return bad(p,
+                      "must be a list of {\"user\": NAME or uid, \"weight\": N} and "
+                      "{\"group\": NAME or gid, \"weight\": N}");
+         }
+         for (size_t i = 0; i < v.size(); ++i) {
+           const std::string at = p + "[" + std::to_string(i) + "]";
+           const json& e = v[i];
+           if (!e.is_object()) return bad(at, "must be an object with \"user\" or \"group\"");
+           for (const auto& [key, value] : e.items()) {
+             if (key != "user" && key != "group" && key != "weight") {
+               return bad(at + "." + key, "is not a key of a client weight (user, group, weight)");
+             }
+           }
+           if (e.contains("user") == e.contains("group")) {
+             return bad(at, "must name one \"user\" or one \"group\"");
+           }
+           if (!e.contains("weight")) return bad(at + ".weight", "is missing (1 to 16)");
+           Config::ClientWeight w;
+           w.group = e.contains("group");
+           if (w.group) {
+             auto g = resolve_group(e["group"], at + ".group");
+             if (!g) return g.error();
+             w.id = *g;
+           } else {
+             auto u = resolve_user(e["user"], at + ".user");
+             if (!u) return u.error();
+             w.id = *u;
+           }
+           auto n = read_uint(e["weight"], at + ".weight", 1, PoolQueue::kMaxWeight);
+           if (!n) return n.error();
+           w.weight = static_cast<uint32_t>(*n);
+           c.client_weights.push_back(w);
+         }
+         return {};
+       }},
       {"group",
        [](Config& c, const json& v, const std::string& p) -> Result<void> {
          auto g = resolve_group(v, p);

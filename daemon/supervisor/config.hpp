@@ -151,6 +151,15 @@ struct Config {
   uint32_t pool_down_fail_ms = 10000;
   std::vector<uid_t> allowed_uids;  // empty with allowed_gids empty: the daemon's user
   std::vector<gid_t> allowed_gids;
+  // A client's weight in its pools' turns (docs/design/ring.md, "Lanes"): the first entry that
+  // names its user, else the first that names one of its groups, else 1.
+  struct ClientWeight {
+    bool group = false;  // `id` is a gid, else a uid
+    uint32_t id = 0;
+    uint32_t weight = 1;  // 1 to PoolQueue::kMaxWeight
+    bool operator==(const ClientWeight&) const = default;
+  };
+  std::vector<ClientWeight> client_weights;
   gid_t group = static_cast<gid_t>(-1);  // group given access to socket and segment
   bool group_set = false;
   LogLevel log_level = LogLevel::kInfo;

@@ -130,6 +130,10 @@ const std::vector<LiveKey>& live_daemon_keys() {
       {"allowed_groups",
        [](const Config& a, const Config& b) { return a.allowed_gids == b.allowed_gids; },
        [](Config& to, const Config& from) { to.allowed_gids = from.allowed_gids; }},
+      // The lanes' weights follow within an audit (ClientRegistry::apply_weights).
+      {"client_weights",
+       [](const Config& a, const Config& b) { return a.client_weights == b.client_weights; },
+       [](Config& to, const Config& from) { to.client_weights = from.client_weights; }},
   };
   return kKeys;
 }

@@ -231,6 +231,22 @@ std::string MetricsReport::text(bool draining, const std::vector<GpuSample>& gpu
   e.sample("gpuq_clients_connected", {}, uint64_t{src.clients->registered()});
   e.family("gpuq_clients_max", "gauge", "Clients the daemon admits at once (max_clients).");
   e.sample("gpuq_clients_max", {}, uint64_t{c.max_clients});
+  // The clients with the most jobs queued (then running), at most kClientJobsShown of them: a
+  // bounded set of series, for `gpuqctl top` and dashboards.
+  e.family("gpuq_client_jobs", "gauge",
+           "Jobs of the clients with the most queued, by client, pid, program and state.");
+  for (const ClientRegistry::JobCounts& r :
+       src.clients->busiest(pools, StatusReport::kClientJobsShown)) {
+    for (const auto& [state, n] :
+         {std::pair{"queued", r.queued}, std::pair{"running", r.running}}) {
+      e.sample("gpuq_client_jobs",
+               {{"client", std::to_string(r.client->index)},
+                {"pid", std::to_string(r.client->pid)},
+                {"program", r.client->name},
+                {"state", state}},
+               n);
+    }
+  }
 
   e.family("gpuq_queue_depth", "gauge", "Jobs waiting in the pool's ring.");
   for (uint32_t p = 0; p < pools; ++p) {

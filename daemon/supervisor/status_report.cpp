@@ -271,43 +271,11 @@ json StatusReport::queued_by_priority(const PoolQueue& q) {
 }
 
 // The clients with jobs queued or running, most queued first (then most running), at most
-// kClientJobsShown: each one's index, pid, program, and its jobs in each pool. From the slots'
-// state words, which the clients write: what a client claims about itself.
+// kClientJobsShown: each one's index, pid, program, and its jobs in each pool.
 json StatusReport::client_jobs() const {
   const Config& c = *s_.config;
-  struct Row {
-    uint64_t queued = 0, running = 0;
-    std::vector<std::pair<uint64_t, uint64_t>> pools;  // queued, running per pool
-    const Client* client = nullptr;
-  };
-  std::vector<Row> rows;
-  s_.clients->for_each([&](const Client& conn) {
-    Row r;
-    r.client = &conn;
-    r.pools.assign(c.pools.size(), {0, 0});
-    ClientSegmentView view(conn.segment.address(), conn.geometry, conn.slot_count);
-    for (uint32_t slot = 0; slot < conn.slot_count; ++slot) {
-      const JobSlot& js = view.slot(slot);
-      const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
-      if (w.state != JobState::kSubmitted && w.state != JobState::kRunning) continue;
-      const uint32_t pool = js.desc.pool_id;
-      if (pool >= r.pools.size()) continue;  // forged
-      if (w.state == JobState::kSubmitted) {
-        ++r.queued;
-        ++r.pools[pool].first;
-      } else {
-        ++r.running;
-        ++r.pools[pool].second;
-      }
-    }
-    if (r.queued + r.running != 0) rows.push_back(std::move(r));
-  });
-  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-    return a.queued != b.queued ? a.queued > b.queued : a.running > b.running;
-  });
   json out = json::array();
-  for (size_t i = 0; i < rows.size() && i < kClientJobsShown; ++i) {
-    const Row& r = rows[i];
+  for (const ClientRegistry::JobCounts& r : s_.clients->busiest(c.pools.size(), kClientJobsShown)) {
     json pools = json::object();
     for (uint32_t p = 0; p < r.pools.size(); ++p) {
       if (r.pools[p].first + r.pools[p].second == 0) continue;
@@ -316,6 +284,7 @@ json StatusReport::client_jobs() const {
     out.push_back({{"client", r.client->index},
                    {"pid", r.client->pid},
                    {"program", r.client->name},
+                   {"weight", r.client->weight},
                    {"queued", r.queued},
                    {"running", r.running},
                    {"pools", std::move(pools)}});

@@ -61,10 +61,11 @@ class StatusReport {
   // Where the metrics HTTP listener listens ("127.0.0.1:9464", its real port); empty: off.
   void set_metrics_listen(std::string at) { metrics_listen_ = std::move(at); }
 
+  // The clients listed in status' `client_jobs` (and the metric gpuq_client_jobs), at most.
+  static constexpr size_t kClientJobsShown = 20;
+
  private:
   uint64_t cells_held(uint32_t pool) const;
-  // The clients listed in status' `client_jobs`, at most.
-  static constexpr size_t kClientJobsShown = 20;
   nlohmann::json client_jobs() const;
   static nlohmann::json queued_by_priority(const PoolQueue& queue);
   uint64_t jobs_completed(uint32_t pool) const;

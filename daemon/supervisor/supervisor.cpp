@@ -408,6 +408,7 @@ void Supervisor::handle_message(Client& client, Message& msg) {
 }
 
 void Supervisor::reload_ended(uint64_t requester, const Result<std::vector<std::string>>& outcome) {
+  clients_.apply_weights();    // client_weights is a live key
   if (requester == 0) return;  // SIGHUP: the log has it
   Client* client = clients_.find(requester);
   if (client == nullptr) return;  // it went away meanwhile

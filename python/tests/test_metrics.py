@@ -30,6 +30,9 @@ GPU_ONLY = {"gpuq_worker_gpu_memory_used_bytes", "gpuq_worker_gpu_memory_budget_
 # Metrics that exist only while a worker's starts fail, or it waits to be started again
 # (test_failing_starts_and_a_pool_down_are_in_the_metrics).
 START_FAILURE_ONLY = {"gpuq_worker_consecutive_start_failures", "gpuq_worker_next_start_seconds"}
+# Metrics that exist only while some client has jobs queued or running
+# (test_the_clients_with_jobs_are_in_the_metrics).
+CLIENT_JOBS_ONLY = {"gpuq_client_jobs"}
 
 CONFIG = {"pools": [{"name": "cpu", "kind": "cpu", "workers": 2},
                     {"name": "py", "kind": "cpu", "workers": 1,
@@ -113,6 +116,8 @@ def test_every_documented_metric_with_its_type_and_labels(mdaemon):
             continue  # no GPU here (the gpu-labelled tests see them)
         if name in START_FAILURE_ONLY:
             continue  # every worker starts here (below: a pool whose workers do not)
+        if name in CLIENT_JOBS_ONLY:
+            continue  # no client has jobs by now (below: one that has)
         fam = families.get(family_name(name, kind))
         assert fam is not None, f"{name} missing"
         assert fam.type == kind, f"{name}: {fam.type}, documented {kind}"
@@ -122,6 +127,31 @@ def test_every_documented_metric_with_its_type_and_labels(mdaemon):
     # Nothing undocumented either.
     documented = {family_name(n, k) for n, (k, _) in documented_metrics().items()}
     assert set(families) <= documented, set(families) - documented
+
+
+def test_the_clients_with_jobs_are_in_the_metrics(mdaemon):
+    with gpuq.connect(mdaemon.runtime_dir, name="metrics-client-jobs") as c:
+        held = [c.submit("sleep", us=30_000_000, pool="cpu") for _ in range(5)]
+        try:
+            deadline = time.monotonic() + 30
+            while sum(f.running() for f in held) < 2:
+                assert time.monotonic() < deadline, "the workers never took the jobs"
+                time.sleep(0.01)
+            fam = parse(ctl_metrics(mdaemon))["gpuq_client_jobs"]
+            assert fam.type == "gauge"
+            mine = {s.labels["state"]: s.value for s in fam.samples
+                    if s.labels["program"] == "metrics-client-jobs"}
+            assert mine == {"queued": 3, "running": 2}, fam.samples
+            assert {s.labels["pid"] for s in fam.samples
+                    if s.labels["program"] == "metrics-client-jobs"} == {str(os.getpid())}
+        finally:
+            for f in held:
+                f.stop()
+            for f in held:
+                try:
+                    f.result(timeout=30)
+                except gpuq.Cancelled:
+                    pass
 
 
 def test_counts_equal_the_jobs_run(mdaemon):

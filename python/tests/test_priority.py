@@ -5,6 +5,7 @@ time plus its time queued)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -86,3 +87,32 @@ def test_executor_and_joblib_run_at_a_priority():
         with joblib.parallel_backend("gpuq", client=c, priority="low"):
             out = joblib.Parallel(n_jobs=2)(joblib.delayed(abs)(i) for i in range(-2, 3))
         assert out == [2, 1, 0, 1, 2]
+
+
+def test_client_weights_reach_the_status_and_follow_a_reload():
+    config = {"pools": [{"name": "cpu", "kind": "cpu", "workers": 1}],
+              "client_weights": [{"user": os.getuid(), "weight": 3}]}
+    with gpuq.testing.Daemon(config) as d, gpuq.connect(d.runtime_dir, name="weighted") as c:
+        held = [c.submit("sleep", us=30_000_000) for _ in range(2)]
+        try:
+            deadline = time.monotonic() + 30
+            while not held[0].running():
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+
+            def weight():
+                rows = [r for r in c.status()["client_jobs"] if r["program"] == "weighted"]
+                assert len(rows) == 1, rows
+                return rows[0]["weight"]
+
+            assert weight() == 3
+            d.reload(dict(config, client_weights=[{"user": os.getuid(), "weight": 7}]))
+            assert weight() == 7
+        finally:
+            for f in held:
+                f.stop()
+            for f in held:
+                try:
+                    f.result(timeout=30)
+                except gpuq.Cancelled:
+                    pass

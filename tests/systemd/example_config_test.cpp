@@ -103,6 +103,7 @@ TEST_CASE("example config: every documented key, with its built-in default") {
   CHECK(c.max_clients == d.max_clients);
   CHECK(c.max_jobs_per_client == d.max_jobs_per_client);
   CHECK(c.client_queue_share == d.client_queue_share);
+  CHECK(c.client_weights == d.client_weights);
   CHECK(c.client_segment_bytes == d.client_segment_bytes);
   CHECK(c.max_client_segment_bytes == d.max_client_segment_bytes);
   CHECK(c.drain_timeout_ms == d.drain_timeout_ms);

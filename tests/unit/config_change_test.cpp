@@ -61,6 +61,14 @@ TEST_CASE("diff_configs: live daemon keys, a rolled Python pool, a live pool key
   CHECK(mentions(lines, "pool old: removed"));
 }
 
+TEST_CASE("diff_configs: client_weights is a live daemon key") {
+  const ConfigChange c =
+      diff_configs(parse(R"({"pools":[{"name":"a"}]})"),
+                   parse(R"({"client_weights":[{"user":0,"weight":3}],"pools":[{"name":"a"}]})"));
+  CHECK(c.fixed.empty());
+  CHECK(c.daemon_keys == std::vector<std::string>{"client_weights"});
+}
+
 TEST_CASE("diff_configs: a pool's effective worker_spin_us, from the top-level key too") {
   const ConfigChange c = diff_configs(
       parse(R"({"worker_spin_us":50,"pools":[{"name":"a"},{"name":"b","worker_spin_us":9}]})"),

@@ -472,5 +472,41 @@ TEST_CASE("compute_top and format_top: draining, GPU workers and GPUs, no escape
   CHECK(shown.find('\033') == std::string::npos);
 }
 
+TEST_CASE("compute_top and format_top: the clients with the most jobs queued, at most five") {
+  std::string extra;
+  // Seven clients; client 6 has the most queued, client 2 ties client 3 on queued and runs more.
+  const int queued[] = {0, 3, 5, 5, 1, 2, 9};
+  const int running[] = {1, 0, 2, 0, 0, 1, 1};
+  for (int c = 0; c < 7; ++c) {
+    for (const char* state : {"queued", "running"}) {
+      extra += "gpuq_client_jobs{client=\"" + std::to_string(c) + "\",pid=\"" +
+               std::to_string(1000 + c) + "\",program=\"" +
+               (c == 6 ? std::string("a-program-name-longer-than-the-column") : "app") +
+               "\",state=\"" + state + "\"} " +
+               std::to_string(std::string(state) == "queued" ? queued[c] : running[c]) + "\n";
+    }
+  }
+  const std::string text = common_text(1700000000, extra);
+  const TopReport r = compute_top(parse_ok(text), parse_ok(text), 1.0);
+  REQUIRE(r.clients_with_jobs.size() == 7);
+  const std::string shown = format_top(r, 1700000001);
+  INFO(shown);
+  CHECK(contains(shown, "CLIENT      PID  PROGRAM"));
+  const size_t six = shown.find("     6     1006  a-program-name-longer...");
+  const size_t two = shown.find("     2     1002  app");
+  const size_t three = shown.find("     3     1003  app");
+  REQUIRE(six != std::string::npos);
+  REQUIRE(two != std::string::npos);
+  REQUIRE(three != std::string::npos);
+  CHECK(six < two);
+  CHECK(two < three);                               // the same queued: more running first
+  CHECK_FALSE(contains(shown, "     4     1004"));  // the sixth and seventh are left out
+  CHECK_FALSE(contains(shown, "     0     1000"));
+  // No client with jobs: no table.
+  const std::string idle = common_text(1700000000, "");
+  CHECK_FALSE(
+      contains(format_top(compute_top(parse_ok(idle), parse_ok(idle), 1.0), 1700000001), "CLIENT"));
+}
+
 }  // namespace
 }  // namespace gpuq::ctl

@@ -158,6 +158,23 @@ TEST_CASE("LanePicker: a client's wait depends on the busy clients, not on their
   CHECK(taken <= 9);
 }
 
+TEST_CASE("LanePicker: a client lane of weight 3 gives three jobs per turn") {
+  Lanes l(32, 4);
+  l.queue.set_weight(l.queue.column_of(1), 3);
+  CHECK(l.queue.weight(l.queue.column_of(1)) == 3);
+  CHECK(l.queue.weight(l.queue.column_of(2)) == 1);
+  for (uint32_t n = 0; n < 9; ++n) REQUIRE(l.push(1, Priority::kNormal, false, n));
+  for (uint32_t n = 0; n < 5; ++n) REQUIRE(l.push(2, Priority::kNormal, false, n));
+  std::vector<uint32_t> clients;
+  for (uint32_t v : l.drain()) clients.push_back(v / 1000);
+  CHECK(clients == std::vector<uint32_t>{1, 1, 1, 2, 1, 1, 1, 2, 1, 1, 1, 2, 2, 2});
+  // A scribbled weight is clamped; 0 reads as 1.
+  l.queue.set_weight(0, 200);
+  CHECK(l.queue.weight(0) == PoolQueue::kMaxWeight);
+  l.queue.set_weight(0, 0);
+  CHECK(l.queue.weight(0) == 1);
+}
+
 TEST_CASE("LanePicker: a waiting lower class gets a tenth of the starts; nothing starves") {
   Lanes l(64, 2);
   REQUIRE(l.push(0, Priority::kLow, false, 0));

@@ -91,8 +91,8 @@ void print_client_jobs(const Json& doc) {
   auto clients = doc.is_object() ? doc.find("client_jobs") : doc.end();
   if (clients == doc.end() || !clients->is_array() || clients->empty()) return;
   std::cout << "\nclients with jobs (most queued first):\n";
-  std::cout << strf("  %6s %8s %-24s %8s %8s  %s\n", "CLIENT", "PID", "PROGRAM", "QUEUED",
-                    "RUNNING", "POOLS");
+  std::cout << strf("  %6s %8s %-24s %6s %8s %8s  %s\n", "CLIENT", "PID", "PROGRAM", "WEIGHT",
+                    "QUEUED", "RUNNING", "POOLS");
   for (const Json& c : *clients) {
     std::string pools;
     if (auto p = c.is_object() ? c.find("pools") : c.end(); p != c.end() && p->is_object()) {
@@ -103,9 +103,10 @@ void print_client_jobs(const Json& doc) {
     }
     std::string program = text_field(c, "program", "");
     if (program.size() > 24) program = program.substr(0, 21) + "...";
-    std::cout << strf("  %6s %8s %-24s %8s %8s  ", text_field(c, "client").c_str(),
+    std::cout << strf("  %6s %8s %-24s %6s %8s %8s  ", text_field(c, "client").c_str(),
                       text_field(c, "pid").c_str(), program.c_str(),
-                      text_field(c, "queued").c_str(), text_field(c, "running").c_str())
+                      text_field(c, "weight").c_str(), text_field(c, "queued").c_str(),
+                      text_field(c, "running").c_str())
               << pools << '\n';
   }
 }

@@ -169,6 +169,9 @@ class TopBuilder {
                name == "gpuq_worker_gpu_memory_budget_bytes") {
       GpuWorkerTop& w = gpu_worker(s);
       (name == "gpuq_worker_gpu_memory_used_bytes" ? w.used_bytes : w.budget_bytes) = s.value;
+    } else if (name == "gpuq_client_jobs") {
+      ClientTop& c = client(s);
+      (s.label("state") == "queued" ? c.queued : c.running) = s.value;
     } else if (name == "gpuq_gpu_utilization_ratio") {
       gpu(s).utilization = s.value;
     } else if (name == "gpuq_gpu_memory_used_bytes") {
@@ -190,6 +193,16 @@ class TopBuilder {
                                                {},
                                                {}});
     return report_.gpu_workers.back();
+  }
+
+  ClientTop& client(const PromSample& s) {
+    for (ClientTop& c : report_.clients_with_jobs) {
+      if (c.client == s.label("client") && c.pid == s.label("pid")) return c;
+    }
+    report_.clients_with_jobs.push_back(ClientTop{std::string(s.label("client")),
+                                                  std::string(s.label("pid")),
+                                                  std::string(s.label("program")), 0, 0});
+    return report_.clients_with_jobs.back();
   }
 
   GpuTop& gpu(const PromSample& s) {
@@ -386,6 +399,21 @@ std::string format_top(const TopReport& r, double now_unix_s) {
         (p.batched ? strf(kBatchCell, batch.c_str()) : std::string()) + '\n';
   }
   if (r.pools.empty()) out += "no pools\n";
+
+  if (!r.clients_with_jobs.empty()) {
+    std::vector<ClientTop> clients = r.clients_with_jobs;
+    std::stable_sort(clients.begin(), clients.end(), [](const ClientTop& a, const ClientTop& b) {
+      return a.queued != b.queued ? a.queued > b.queued : a.running > b.running;
+    });
+    out += "\nCLIENT      PID  " + pad_right("PROGRAM", 24) + "  QUEUED  RUNNING\n";
+    for (size_t i = 0; i < clients.size() && i < kTopClientsShown; ++i) {
+      const ClientTop& c = clients[i];
+      std::string program = c.program.size() > 24 ? c.program.substr(0, 21) + "..." : c.program;
+      out += strf("%6s %8s  ", c.client.c_str(), c.pid.c_str()) + pad_right(program, 24) +
+             strf("  %6s  %7s", format_count(c.queued).c_str(), format_count(c.running).c_str()) +
+             '\n';
+    }
+  }
 
   if (!r.gpu_workers.empty()) {
     out += "\nGPU WORKER  " + pad_right("POOL", 10) + "  GPU  MEMORY USED / BUDGET\n";

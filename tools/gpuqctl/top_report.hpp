@@ -46,6 +46,12 @@ struct GpuWorkerTop {
   std::optional<double> used_bytes, budget_bytes;
 };
 
+// One client among those with the most jobs queued (gpuq_client_jobs, the second text).
+struct ClientTop {
+  std::string client, pid, program;
+  double queued = 0, running = 0;
+};
+
 // One GPU as NVML sees it (gpuq_gpu_*).
 struct GpuTop {
   std::string gpu, uuid;
@@ -64,7 +70,11 @@ struct TopReport {
   std::vector<PoolTop> pools;  // in the order the second text names them
   std::vector<GpuWorkerTop> gpu_workers;
   std::vector<GpuTop> gpus;
+  std::vector<ClientTop> clients_with_jobs;  // most queued first (then most running)
 };
+
+// The clients `format_top` lists, at most.
+inline constexpr size_t kTopClientsShown = 5;
 
 // The q-quantile (0 <= q <= 1) of a histogram given as cumulative buckets (upper bound `le`,
 // count), as Prometheus' histogram_quantile computes it: the buckets are sorted by bound (equal
@@ -83,7 +93,8 @@ TopReport compute_top(const std::vector<PromSample>& before, const std::vector<P
 
 // The report as plain text, one line each, no escape codes: a header (version, uptime from
 // `now_unix_s`, state, clients, interval), a table of pools (with a BATCH column, the mean batch
-// size, when a pool has batched ops), then the GPU workers and the GPUs when there are any.
+// size, when a pool has batched ops), the clients with the most jobs queued (at most
+// kTopClientsShown), then the GPU workers and the GPUs when there are any.
 // Thread-safe.
 std::string format_top(const TopReport& report, double now_unix_s);
 

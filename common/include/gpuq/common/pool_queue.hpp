@@ -2,10 +2,10 @@
 // pool has, for each priority level, one "fresh" lane and K client lanes. A client pushes a job
 // into its own lane of the job's level (client index % K), or into the level's fresh lane when
 // it has no other job in the pool. Workers take from the lanes in turn (LanePicker): higher
-// levels first, within a level the fresh lane first, then the client lanes round robin. So a
-// client's wait depends on how many clients are busy, not on how many jobs another client has
-// queued, and a client sending one job at a time goes ahead of any flood
-// (docs/design/ring.md, "Lanes").
+// levels first, within a level the fresh lane first, then the client lanes in turn (each up to
+// its weight of jobs per turn, config client_weights). So a client's wait depends on how many
+// clients are busy, not on how many jobs another client has queued, and a client sending one
+// job at a time goes ahead of any flood (docs/design/ring.md, "Lanes").
 //
 // Contract
 //   - Everything JobRing promises holds per lane: lock-free, crash-safe (a process killed at
@@ -37,13 +37,19 @@ struct alignas(64) PoolQueueHeader {
   std::atomic<uint64_t> active;  // bit i: lane i may hold values (see the contract)
   uint32_t capacity;             // each lane's cells; written once before sharing
   uint32_t client_lanes;         // K: client lanes per level; written once before sharing
+  // The weight of each client column (jobs a worker takes from it per turn; 0 reads as 1),
+  // written by the supervisor as clients come and go (their configured `client_weights`),
+  // read by workers. A client can scribble on it: that only reorders turns.
+  std::atomic<uint8_t> weight[16];
 };
 static_assert(sizeof(PoolQueueHeader) == 64);
+static_assert(std::atomic<uint8_t>::is_always_lock_free);
 static_assert(std::is_standard_layout_v<PoolQueueHeader>);
 
 class PoolQueue {
  public:
   static constexpr uint32_t kMaxClientLanes = 16;
+  static constexpr uint32_t kMaxWeight = 16;  // of a client column (client_weights)
   // Cells of all lanes of a pool, at most (unless one client lane per level exceeds it): a
   // pool's lanes cost up to 1 MiB of shared memory, as much as the largest ring did.
   static constexpr uint64_t kCellBudget = 16384;
@@ -52,6 +58,7 @@ class PoolQueue {
   }
   static constexpr uint32_t kMaxLanes = kPriorityLevels * (kMaxClientLanes + 1);
   static_assert(kMaxLanes <= 64, "one bit per lane in `active`");
+  static_assert(kMaxClientLanes <= sizeof(PoolQueueHeader::weight), "a weight per column");
 
   // K for a pool whose lanes hold `capacity` cells each: as many as the cell budget allows,
   // a power of two from 1 to kMaxClientLanes (a client's lane is its index masked: no division
@@ -124,6 +131,15 @@ class PoolQueue {
   }
   uint64_t active() const noexcept { return header_->active.load(std::memory_order_seq_cst); }
 
+  // The weight of client column `column` (1 to kMaxWeight; a scribbled value is clamped).
+  uint32_t weight(uint32_t column) const noexcept {
+    const uint32_t w = header_->weight[column].load(std::memory_order_relaxed);
+    return w == 0 ? 1 : w > kMaxWeight ? kMaxWeight : w;
+  }
+  void set_weight(uint32_t column, uint32_t w) const noexcept {
+    header_->weight[column].store(static_cast<uint8_t>(w), std::memory_order_relaxed);
+  }
+
   // Clears the bits of lanes found empty and sets those of lanes found holding values (a
   // pusher that died before its mark). Each cleared lane is looked at again after the clear
   // (seq_cst: the Dekker pair with a pusher's push-then-load), and set back if it has a value
@@ -164,8 +180,9 @@ class PoolQueue {
 // A worker's choice of the next job of its pool: its own state, nothing shared. Over the
 // classes, in order high-fresh, high-clients, normal-fresh, normal-clients, low-fresh,
 // low-clients:
-//   - the first class with a job is served; in a clients class, the lanes round robin from the
-//     one after the lane last served;
+//   - the first class with a job is served; in a clients class, the lanes take turns: a lane
+//     whose turn it is gives up to its weight of jobs in a row (PoolQueue::weight), then the
+//     turn goes to the next lane with a job;
 //   - but a class that held jobs while kStarveAfter starts went to other classes is served
 //     first (the lowest such first): every waiting class gets at least one start in
 //     kStarveAfter + 1 of this worker's, so no level and no lane starves.
@@ -203,7 +220,8 @@ class LanePicker {
   PoolQueue queue_;
   uint64_t class_mask_[kClasses] = {};     // the lanes of each class, as bits of `active`
   uint32_t since_[kClasses] = {};          // starts of other classes while this one held jobs
-  uint32_t cursor_[kPriorityLevels] = {};  // the client lane after the one last served
+  uint32_t cursor_[kPriorityLevels] = {};  // the client lane whose turn it is
+  uint32_t streak_[kPriorityLevels] = {};  // jobs taken from it in this turn
 };
 
 }  // namespace gpuq
