@@ -664,7 +664,12 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
         return accepting == kPoolDown ? -2 : accepting == kPoolRemoved ? -3 : -1;
       }
       if (!share_has_room(true)) return 0;
-      return queue.try_push(lane, ref) ? 1 : 0;
+      if (!ring.try_push(ref)) return 0;
+      // In the lane, its bit maybe not set yet: workers busy with other lanes do not see it
+      // until one about to sleep looks at every lane, or the audit settles the bits.
+      GPUQ_FAULT_POINT("client.submit.before_mark");
+      queue.mark(lane);
+      return 1;
     };
     for (;;) {
       int r = try_once();

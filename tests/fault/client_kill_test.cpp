@@ -28,7 +28,7 @@ namespace {
 
 constexpr const char* kClientPoints[] = {
     "client.submit.slot_acquired", "client.submit.mid_descriptor", "client.submit.before_push",
-    "client.submit.after_push",    "client.wait.sleeping",
+    "client.submit.before_mark",   "client.submit.after_push",     "client.wait.sleeping",
 };
 
 constexpr int kBystanders = 2;
