@@ -7,6 +7,9 @@
 #   bash bench/ab_roundtrip.sh run            # there, carrying build-device-deps and build-ab:
 #                                             # builds both, alternates 3 rounds of each
 #
+# AB_ROUNDS=N: rounds (default 3; base first in odd rounds, the new tree first in even ones);
+# AB_CONFIG=FILE: a gpuqd config for both daemons (default: none, gpuqd's defaults).
+#
 # Output: a summary on stdout; every run's full output in $OUT/ab.txt (default build-ab/ab.txt).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,6 +25,7 @@ case "${1:-}" in
   run)
     OUT="${OUT:-${ROOT}/build-ab}"
     mkdir -p "${OUT}" /tmp/ab-base
+    : >"${OUT}/ab.txt"
     tar xzf build-ab/base.tgz -C /tmp/ab-base
     cp scripts/device_check.sh /tmp/ab-base/scripts/  # the base may predate it
     export GPUQ_DEVICE_DEPS="${ROOT}/build-device-deps"
@@ -33,15 +37,23 @@ case "${1:-}" in
       ninja -C "${tree}/build-device" gpuqd gpuq-worker gpuq_bench_roundtrip \
         >"${OUT}/build-${name}.log" 2>&1 || echo "build failed: ${name}"
     done
-    for i in 1 2 3; do
-      for tree in /tmp/ab-base "${ROOT}"; do
-        echo "=== round ${i} $([[ ${tree} == /tmp/ab-base ]] && echo base || echo new)"
+    rounds="${AB_ROUNDS:-3}"
+    config=()
+    [[ -n ${AB_CONFIG:-} ]] && config=(--daemon-config "${AB_CONFIG}")
+    for ((i = 1; i <= rounds; i++)); do
+      # ABBA: the base first in odd rounds, the new tree first in even ones.
+      order=(/tmp/ab-base "${ROOT}")
+      ((i % 2 == 0)) && order=("${ROOT}" /tmp/ab-base)
+      for tree in "${order[@]}"; do
+        echo "=== round ${i} $([[ ${tree} == /tmp/ab-base ]] && echo base || echo new)" |
+          tee -a "${OUT}/ab.txt"
         "${tree}/build-device/bench/gpuq_bench_roundtrip" --systems gpuq,uds --clients 1,4 \
           --rounds 1 --duration 1 --jobs 20000 --warmup-jobs 2000 --sleeping-jobs 500 \
-          --no-json 2>&1 | grep -v "^gpuqd\[" | tee -a "${OUT}/ab.txt" |
+          "${config[@]}" --no-json 2>&1 | grep -v "^gpuqd\[" | tee -a "${OUT}/ab.txt" |
           grep -E "^(Round|Throughput|  gpuq|  uds)"
       done
     done
+    python3 bench/ab_summary.py "${OUT}/ab.txt"
     ;;
   *)
     echo "usage: ab_roundtrip.sh prepare BASE | run" >&2

@@ -24,27 +24,45 @@ PoolQueue PoolQueue::create(void* memory, uint32_t capacity, uint32_t client_lan
   return q;
 }
 
-bool PoolQueue::settle_bits() const noexcept {
-  bool any = false;
+uint32_t PoolQueue::settle_bits() const noexcept {
+  uint32_t found = 0;
   for (uint32_t i = 0; i < lane_count(); ++i) {
-    const uint64_t bit = uint64_t{1} << i;
-    JobRing l = lane(i);
-    if (l.has_values()) {
-      mark(i);
-      any = true;
-      continue;
-    }
-    if ((header_->active.load(std::memory_order_seq_cst) & bit) == 0) continue;
-    header_->active.fetch_and(~bit, std::memory_order_seq_cst);
-    // A pusher pushes (seq_cst) and then loads `active` (seq_cst). If its load saw the bit
-    // still set, it came before the clear above in the single total order, and so did its
-    // push: this look sees the value. If it saw the bit clear, it sets it itself.
-    if (l.has_values()) {
-      mark(i);
-      any = true;
+    if (lane(i).has_values()) {
+      const uint64_t bit = uint64_t{1} << i;
+      if ((header_->active.load(std::memory_order_seq_cst) & bit) == 0) {
+        header_->active.fetch_or(bit, std::memory_order_seq_cst);
+        ++found;
+      }
+    } else if (clear_if_empty(i)) {
+      ++found;
     }
   }
+  // Bits past the lanes (a client's scribble) mean nothing; clear them.
+  if ((header_->active.load(std::memory_order_relaxed) & ~lanes_mask()) != 0) {
+    header_->active.fetch_and(lanes_mask(), std::memory_order_seq_cst);
+  }
+  return found;
+}
+
+bool PoolQueue::settle_active_bits() const noexcept {
+  bool any = false;
+  for (uint64_t bits = active(); bits != 0; bits &= bits - 1) {
+    const auto i = static_cast<uint32_t>(std::countr_zero(bits));
+    any = (lane(i).has_values() || clear_if_empty(i)) || any;
+  }
   return any;
+}
+
+bool PoolQueue::clear_if_empty(uint32_t i) const noexcept {
+  const uint64_t bit = uint64_t{1} << i;
+  if ((header_->active.load(std::memory_order_seq_cst) & bit) == 0) return false;
+  header_->active.fetch_and(~bit, std::memory_order_seq_cst);
+  // A pusher pushes (seq_cst) and then loads `active` (seq_cst). If its load saw the bit
+  // still set, it came before the clear above in the single total order, and so did its
+  // push: this look sees the value. If it saw the bit clear, it sets it itself.
+  if (!lane(i).has_values()) return false;
+  mark(i);
+  return true;
 }
 
 uint32_t PoolQueue::size() const noexcept {
@@ -74,6 +92,9 @@ LanePicker::LanePicker(PoolQueue queue) noexcept : queue_(queue) {
   for (uint32_t c = 0; c < kClasses; ++c) {
     const uint32_t first = queue_.level_first(c / 2);
     class_mask_[c] = c % 2 == 0 ? uint64_t{1} << first : lanes << (first + 1);
+  }
+  for (uint32_t i = 0; i < queue_.lane_count(); ++i) {
+    lane_class_[i] = static_cast<uint8_t>(2 * queue_.rank_of(i) + (queue_.is_fresh(i) ? 0 : 1));
   }
 }
 
@@ -113,8 +134,16 @@ bool LanePicker::pop_class(uint64_t active, uint32_t c, uint32_t* value, uint32_
 }
 
 void LanePicker::served(uint64_t active, uint32_t c) noexcept {
-  for (uint32_t o = 0; o < kClasses; ++o) since_[o] += (active & class_mask_[o]) != 0 ? 1 : 0;
   since_[c] = 0;
+  starving_ &= ~(1u << c);
+  // Every other class holding jobs waited one more start. Lanes are laid out in class order,
+  // so a class is found from its lowest lane's bit, and most often there is none.
+  uint64_t others = active & ~class_mask_[c];
+  while (others != 0) {
+    const uint32_t o = lane_class_[std::countr_zero(others)];
+    if (++since_[o] >= kStarveAfter) starving_ |= 1u << o;
+    others &= ~class_mask_[o];
+  }
 }
 
 bool LanePicker::pop(uint32_t* value, uint32_t* lane) noexcept {
@@ -122,19 +151,26 @@ bool LanePicker::pop(uint32_t* value, uint32_t* lane) noexcept {
   if (active == 0) return false;
   // A class that has waited kStarveAfter starts goes first, the lowest first. One found empty
   // (its bit left set by a lane that emptied) is not waiting: its count starts again.
-  for (uint32_t c = kClasses; c-- > 0;) {
-    if (since_[c] < kStarveAfter || (active & class_mask_[c]) == 0) continue;
+  for (uint32_t s = starving_; s != 0;) {
+    const auto c = static_cast<uint32_t>(31 - std::countl_zero(s));
+    s &= ~(1u << c);
+    if ((active & class_mask_[c]) == 0) continue;
     if (pop_class(active, c, value, lane)) {
       served(active, c);
       return true;
     }
     since_[c] = 0;
+    starving_ &= ~(1u << c);
   }
-  for (uint32_t c = 0; c < kClasses; ++c) {
-    if ((active & class_mask_[c]) != 0 && pop_class(active, c, value, lane)) {
+  // Then the first class with a job, in class order: the class of the lowest set bit, then
+  // past that class's lanes if they were all empty after all.
+  for (uint64_t rest = active; rest != 0;) {
+    const uint32_t c = lane_class_[std::countr_zero(rest)];
+    if (pop_class(active, c, value, lane)) {
       served(active, c);
       return true;
     }
+    rest &= ~class_mask_[c];
   }
   return false;
 }

@@ -265,8 +265,9 @@ void JobRecovery::tick(uint64_t now) {
 void JobRecovery::audit_ring(uint32_t p) {
   PoolQueue queue = queue_.queue(p);
   // Lane bits of lanes that emptied while the workers never slept, and of lanes whose pusher
-  // died before its mark (PoolQueue's contract).
-  queue.settle_bits();
+  // died before its mark or whose bit a client cleared (PoolQueue's contract): no worker looks
+  // at those until their bits are set, so one is woken for them.
+  if (queue.settle_bits() != 0) queue_.wake_worker(p);
   ring_audits_[p].resize(queue.lane_count());
   for (uint32_t lane = 0; lane < queue.lane_count(); ++lane) audit_lane(p, lane);
 }

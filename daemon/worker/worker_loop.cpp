@@ -181,9 +181,9 @@ class Worker {
       // Pushers load `sleepers` after their seq_cst push with no fence of their own
       // (wake_worker_after_push): this one orders the raise before the re-check's loads.
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      // Every lane, whatever its bit says (settle_bits: a lane found empty has its bit cleared,
-      // one found holding a value, its pusher dead before its mark, has it set).
-      if (has_work() || lanes_.queue().settle_bits()) {
+      // The lanes whose bits are set (settle_active_bits: one found empty has its bit cleared,
+      // then looked at again). A pusher whose mark this misses sees `sleepers` raised.
+      if (has_work() || lanes_.queue().settle_active_bits()) {
         self_->asleep.store(0, std::memory_order_relaxed);
         pool_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
         self_->wake.cancel_wait();

@@ -81,7 +81,7 @@ TEST_CASE("PoolQueue: a client's lanes, the fresh lanes, and their levels") {
   }
 }
 
-TEST_CASE("PoolQueue: a push marks its lane; settle_bits clears empty lanes, marks full ones") {
+TEST_CASE("PoolQueue: a push marks its lane; settling clears empty lanes, marks full ones") {
   Lanes l(4, 2);
   PoolQueue& q = l.queue;
   CHECK(q.active() == 0);
@@ -99,21 +99,44 @@ TEST_CASE("PoolQueue: a push marks its lane; settle_bits clears empty lanes, mar
   // Popped empty: the bits stay (workers clear them only before they sleep).
   CHECK(l.drain().size() == 5);
   CHECK(q.active() != 0);
-  CHECK_FALSE(q.settle_bits());
+  CHECK_FALSE(q.settle_active_bits());  // what a worker about to sleep does
   CHECK(q.active() == 0);
 
-  // A pusher that died between its push and its mark: no bit, so a picker does not see it...
+  // A pusher that died between its push and its mark: no bit, so neither a picker nor a
+  // worker about to sleep sees it...
   REQUIRE(q.lane(lane).try_push(42));
   uint32_t v = 0;
   uint32_t from = 0;
   CHECK_FALSE(l.picker.pop(&v, &from));
   CHECK_FALSE(l.picker.value_ready());
-  // ...until the lanes are settled (a worker about to sleep looks at every lane).
-  CHECK(q.settle_bits());
+  CHECK_FALSE(q.settle_active_bits());
+  CHECK(q.active() == 0);
+  // ...until the audit settles every lane: one hidden value found (its caller wakes a worker).
+  CHECK(q.settle_bits() == 1);
   CHECK(q.active() == uint64_t{1} << lane);
+  CHECK(q.settle_bits() == 0);  // a value whose bit is set is not hidden
+  CHECK(q.settle_active_bits());
   REQUIRE(l.picker.pop(&v, &from));
   CHECK(v == 42);
   CHECK(from == lane);
+  CHECK(q.settle_bits() == 0);
+  CHECK(q.active() == 0);
+}
+
+TEST_CASE("PoolQueue: bits a client set past the lanes are ignored, and the audit clears them") {
+  Lanes l(4, 2);  // 3 x 3 lanes: bits 9 to 63 name none
+  l.queue.header().active.store(~uint64_t{0});
+  uint32_t v = 0;
+  uint32_t from = 0;
+  CHECK(l.queue.active() == (uint64_t{1} << 9) - 1);
+  CHECK_FALSE(l.picker.pop(&v, &from));
+  CHECK_FALSE(l.picker.value_ready());
+  CHECK(l.queue.settle_bits() == 0);
+  CHECK(l.queue.header().active.load() == 0);
+  REQUIRE(l.push(1, Priority::kLow, false, 7));
+  l.queue.header().active.fetch_or(uint64_t{1} << 63);
+  REQUIRE(l.picker.pop(&v, &from));
+  CHECK(v == 1007);
 }
 
 TEST_CASE("LanePicker: higher levels first; within a level the fresh lane, then clients in turn") {
@@ -252,7 +275,7 @@ TEST_CASE("PoolQueue: threads pushing to every lane and popping with pickers, ea
           popped[c].push_back(v);
           continue;
         }
-        if (done_producers.load() == kProducers && !l.queue.settle_bits()) break;
+        if (done_producers.load() == kProducers && !l.queue.settle_active_bits()) break;
         std::this_thread::yield();
       }
     });

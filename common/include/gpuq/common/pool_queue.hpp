@@ -12,11 +12,11 @@
 //     any instruction stalls nothing), each value popped exactly once, FIFO within a lane.
 //   - `active` is a hint: bit i set means lane i may hold values. A push sets its lane's bit
 //     after the push (one load while it is set already); only a worker about to sleep and the
-//     supervisor's audit clear bits, each with a re-check of the lane (settle_bits()), so a
-//     lane that holds a value has its bit set, or a re-check that sets it is on its way, or its
-//     pusher died between its push and its mark: then the next worker about to sleep, or the
-//     audit within 100 ms, sets it. Workers look only at lanes whose bits are set, except
-//     before they sleep, when they look at every lane.
+//     supervisor's audit clear bits, each with a re-check of the lane (settle_active_bits(),
+//     settle_bits()), so a lane that holds a value has its bit set, or a re-check that sets it
+//     is on its way, or its pusher died between its push and its mark (or a client cleared
+//     the bit): then the audit sets it within 100 ms and wakes a worker. Workers look only at
+//     lanes whose bits are set.
 //   - Each lane holds `capacity` cells: a client may queue up to the pool's whole bound in its
 //     own lane (less if its configured share says so, which the client counts itself), and
 //     a flood in one lane neither fills another's nor lengthens its wait.
@@ -129,7 +129,11 @@ class PoolQueue {
       header_->active.fetch_or(bit, std::memory_order_seq_cst);
     }
   }
-  uint64_t active() const noexcept { return header_->active.load(std::memory_order_seq_cst); }
+  // The bits of this queue's lanes in `active` (a client may have set others: ignored).
+  uint64_t active() const noexcept {
+    return header_->active.load(std::memory_order_seq_cst) & lanes_mask();
+  }
+  uint64_t lanes_mask() const noexcept { return (uint64_t{1} << lane_count()) - 1; }
 
   // The weight of client column `column` (1 to kMaxWeight; a scribbled value is clamped).
   uint32_t weight(uint32_t column) const noexcept {
@@ -140,11 +144,16 @@ class PoolQueue {
     header_->weight[column].store(static_cast<uint8_t>(w), std::memory_order_relaxed);
   }
 
-  // Clears the bits of lanes found empty and sets those of lanes found holding values (a
-  // pusher that died before its mark). Each cleared lane is looked at again after the clear
-  // (seq_cst: the Dekker pair with a pusher's push-then-load), and set back if it has a value
-  // by then. True if some lane holds a value. For a worker about to sleep and the audit.
-  bool settle_bits() const noexcept;
+  // A worker about to sleep: clears the bits of the lanes whose bits are set and that are
+  // found empty. Each cleared lane is looked at again after the clear (seq_cst: the Dekker
+  // pair with a pusher's push-then-load) and its bit set back if it has a value by then. True
+  // if some lane whose bit was set holds a value. Lanes whose bits are clear are not looked
+  // at: a live pusher marks its lane and then looks for sleepers (ring.md, "Lanes").
+  bool settle_active_bits() const noexcept;
+  // The audit: every lane, whatever its bit. Sets the bits of lanes found holding values (a
+  // pusher that died before its mark, a bit a client cleared) and clears the others as above.
+  // Returns how many lanes held values their bits did not show: the caller wakes a worker.
+  uint32_t settle_bits() const noexcept;
 
   // Values in all lanes at some instant during the call (exact when quiescent).
   uint32_t size() const noexcept;
@@ -172,6 +181,10 @@ class PoolQueue {
   }
 
  private:
+  // Clears lane `i`'s bit if it is set, then looks at the lane again and sets the bit back if
+  // it holds a value by then (true).
+  bool clear_if_empty(uint32_t i) const noexcept;
+
   PoolQueueHeader* header_ = nullptr;
   uint32_t capacity_ = 0;
   uint32_t client_lanes_ = 1;
@@ -218,8 +231,10 @@ class LanePicker {
   void served(uint64_t active, uint32_t c) noexcept;
 
   PoolQueue queue_;
-  uint64_t class_mask_[kClasses] = {};     // the lanes of each class, as bits of `active`
+  uint64_t class_mask_[kClasses] = {};             // the lanes of each class, as bits of `active`
+  uint8_t lane_class_[PoolQueue::kMaxLanes] = {};  // the class of each lane
   uint32_t since_[kClasses] = {};          // starts of other classes while this one held jobs
+  uint32_t starving_ = 0;                  // bit c: since_[c] >= kStarveAfter
   uint32_t cursor_[kPriorityLevels] = {};  // the client lane whose turn it is
   uint32_t streak_[kPriorityLevels] = {};  // jobs taken from it in this turn
 };
