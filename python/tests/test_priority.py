@@ -6,13 +6,17 @@ time plus its time queued)."""
 from __future__ import annotations
 
 import os
+import pathlib
+import sys
 import time
 
+import numpy as np
 import pytest
 
 import gpuq
 import gpuq.testing
 
+OPS_DIR = str(pathlib.Path(__file__).resolve().parent / "pyops")
 CONFIG = {"pools": [{"name": "cpu", "kind": "cpu", "workers": 1}], "queue_factor": 32,
           "max_jobs_per_client": 64}
 
@@ -62,6 +66,49 @@ def test_higher_levels_start_first(one_worker):
             starts.append((t + f.info.queued_ns, tag))
         order = " ".join(tag for _, tag in sorted(starts))
         assert order == "H0 H1 H2 N0 N1 N2 L0 L1 L2", order
+
+
+def test_batching_gathers_within_one_level():
+    # One worker of a Python pool (pyops/pyops_batch.py), held by a job that sleeps until it is
+    # stopped, while two clients queue 1-row jobs of the batched op "bmlp" (64 rows a call),
+    # low and high in turn: 16 rows that would all fit one call. Each job's meta names its call
+    # (call ids grow on a worker), so each job tells which jobs shared its call: no call mixes
+    # levels, and the high calls come before the low ones.
+    pool = {
+        "name": "py",
+        "kind": "cpu",
+        "workers": 1,
+        "python": {"interpreter": sys.executable, "modules": ["pyops_batch"], "path": [OPS_DIR]},
+    }
+    with (
+        gpuq.testing.Daemon(dict(CONFIG, pools=[pool])) as d,
+        gpuq.connect(d.runtime_dir) as a,
+        gpuq.connect(d.runtime_dir) as b,
+    ):
+        hold = a.submit_call("bsleep", np.zeros((1, 8), np.float32), seconds=120)
+        deadline = time.monotonic() + 60
+        while not hold.running():
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        jobs = []
+        for i in range(4):
+            for c in (a, b):
+                for level in ("low", "high"):
+                    x = np.full((1, 8), i, np.float32)
+                    jobs.append((level, c.submit_call("bmlp", x, priority=level)))
+        hold.stop()
+        with pytest.raises(gpuq.Cancelled):
+            hold.result(timeout=60)
+        calls = {}
+        for level, f in jobs:
+            _, meta = f.result(timeout=60)
+            calls.setdefault(int(meta[0, 0]), []).append(level)
+        levels = [sorted(set(calls[call])) for call in sorted(calls)]
+        assert all(len(one) == 1 for one in levels), levels  # no call mixes levels
+        order = [one[0] for one in levels]
+        assert order == sorted(order, key=["high", "low"].index), order  # high calls first
+        for level in ("low", "high"):  # and each level's jobs did share calls
+            assert max(js.count(level) for js in calls.values()) > 1, calls
 
 
 def test_executor_and_joblib_check_their_priority(one_worker):
