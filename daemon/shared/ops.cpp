@@ -50,22 +50,56 @@ Result<OpOutput> op_echo(const OpContext& c) {
   return OpOutput{c.input_bytes, c.input_bytes};
 }
 
-// Sleeps for param "us" microseconds (0..60 s), waking every millisecond to honour a cancel.
-Result<OpOutput> op_sleep(const OpContext& c) {
-  auto us = c.params.get_int("us", 0, 0, 60'000'000);
-  if (!us) return us.error();
-  const uint64_t end = monotonic_ns() + static_cast<uint64_t>(*us) * 1000;
+// Sleeps `us` microseconds, waking every millisecond to honour a cancel (false: cancelled).
+bool sleep_unless_cancelled(const OpContext& c, uint64_t us) {
+  const uint64_t end = monotonic_ns() + us * 1000;
   for (;;) {
     uint64_t now = monotonic_ns();
-    if (now >= end) break;
-    if (c.cancel_requested.load(std::memory_order_relaxed) != 0) {
-      return cancelled_error("sleep");
-    }
+    if (now >= end) return true;
+    if (c.cancel_requested.load(std::memory_order_relaxed) != 0) return false;
     uint64_t step = end - now < 1'000'000 ? end - now : 1'000'000;
     timespec ts{0, static_cast<long>(step)};
     nanosleep(&ts, nullptr);
   }
+}
+
+// Sleeps for param "us" microseconds (0..60 s), waking every millisecond to honour a cancel.
+Result<OpOutput> op_sleep(const OpContext& c) {
+  auto us = c.params.get_int("us", 0, 0, 60'000'000);
+  if (!us) return us.error();
+  if (!sleep_unless_cancelled(c, static_cast<uint64_t>(*us))) return cancelled_error("sleep");
   return OpOutput{0, static_cast<uint64_t>(*us)};
+}
+
+// The numbers 0 to param "n" - 1 (at most 1000000) as 8-byte little-endian integers, param
+// "us" microseconds apart (0..60 s, before each but the first): one part each for a streaming
+// job, all of them in the output buffer otherwise. The value is how many were made.
+Result<OpOutput> op_count(const OpContext& c) {
+  auto n = c.params.get_int("n", 0, 0, 1'000'000);
+  if (!n) return n.error();
+  auto us = c.params.get_int("us", 0, 0, 60'000'000);
+  if (!us) return us.error();
+  const auto count = static_cast<uint64_t>(*n);
+  if (c.parts == nullptr && c.output_capacity < count * 8) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "count: output buffer holds " + std::to_string(c.output_capacity) +
+                     " bytes, n = " + std::to_string(count) + " needs " +
+                     std::to_string(count * 8) + " (or submit it as a stream)");
+  }
+  for (uint64_t i = 0; i < count; ++i) {
+    if (i > 0 && !sleep_unless_cancelled(c, static_cast<uint64_t>(*us))) {
+      return cancelled_error("count");
+    }
+    if (c.parts == nullptr) {
+      std::memcpy(c.output + i * 8, &i, 8);
+      continue;
+    }
+    auto cell = c.parts->next_cell();
+    if (!cell) return cell.error();
+    std::memcpy(cell->data(), &i, 8);
+    c.parts->publish(8);
+  }
+  return OpOutput{c.parts == nullptr ? count * 8 : 0, count};
 }
 
 // CRC32C of the input into `value`; also written little-endian to the output if it has room
@@ -100,6 +134,7 @@ constexpr OpInfo kOps[] = {
     {9, "batchnorm", "inference batch normalization per channel (fused ReLU)", nullptr,
      tensor::OpKind::kBatchNorm},
     {10, "gemm", "y = alpha op(a) op(b) + beta c, row-major", nullptr, tensor::OpKind::kGemm},
+    {11, "count", "0 to param n - 1, param us apart (a part each when streamed)", op_count},
     // Test only: on a GPU worker started with GPUQ_TEST_HOOKS=1, a kernel that writes far out
     // of bounds (a real sticky CUDA error); UnknownOp everywhere else. No CPU implementation.
     {1000, "gpu_fault_test", "test only (GPUQ_TEST_HOOKS=1, gpu pools): a sticky CUDA error",

@@ -19,6 +19,25 @@
 
 namespace gpuq::daemon {
 
+// Where a streaming job's op puts its parts (docs/design/streams.md): the worker's
+// StreamWriter. An op makes a part by asking for the next cell, writing the part into it, and
+// publishing it; the client can read it at once.
+class PartSink {
+ public:
+  // The cell the next part goes into (a multiple of 64 bytes). Waits while the client has
+  // `window` parts unread; Cancelled when the job is asked to stop meanwhile (cancelled, its
+  // time limit, its client gone) or when the client has read no part for the daemon's
+  // stream_reader_timeout_ms (the message says so).
+  virtual Result<std::span<std::byte>> next_cell() = 0;
+  // Publishes the part just written into the cell next_cell() gave, `bytes` of it.
+  virtual void publish(uint64_t bytes) = 0;
+  // Parts published so far.
+  virtual uint32_t parts() const = 0;
+
+ protected:
+  ~PartSink() = default;
+};
+
 // What an op gets. The buffers are already validated to lie inside the client's arena.
 struct OpContext {
   const std::byte* input;
@@ -35,6 +54,9 @@ struct OpContext {
   // say its size here (a Python op: the exception's type and traceback); the client gets it as
   // the failed job's output size. At most output_capacity.
   mutable uint64_t failure_output_bytes = 0;
+  // A streaming job's parts (JobSpec::stream_window); null for a job that answers once. Its
+  // output buffer then holds the part cells: an op that streams writes only through this.
+  PartSink* parts = nullptr;
 };
 
 struct OpOutput {

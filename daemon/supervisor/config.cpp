@@ -503,6 +503,7 @@ const std::vector<Key>& key_table() {
       uint_key("max_client_segment_bytes", &Config::max_client_segment_bytes, 4096, 1ull << 40),
       uint_key("drain_timeout_ms", &Config::drain_timeout_ms, 0, 3600000),
       uint_key("cancel_grace_ms", &Config::cancel_grace_ms, 0, 600000),
+      uint_key("stream_reader_timeout_ms", &Config::stream_reader_timeout_ms, 0, 86400000),
       uint_key("worker_spin_us", &Config::worker_spin_us, 0, 100000),
       {"job_clock",
        [](Config& c, const json& v, const std::string& p) -> Result<void> {

@@ -131,6 +131,9 @@ struct Config {
   // A running job asked to stop (its time limit, a cancel, its client gone) that has not ended
   // this long after is stopped by killing its worker, which is then replaced.
   uint32_t cancel_grace_ms = 1000;
+  // A streaming job whose caller has read none of its `window` unread parts this long ends
+  // Cancelled, and its worker goes on (0: no limit; docs/design/streams.md).
+  uint32_t stream_reader_timeout_ms = 60000;
   uint32_t worker_spin_us = 50;  // idle worker spins this long before sleeping
   // What job stamps count in (clock.hpp, "Job stamps"): "auto" (unset) picks the TSC where
   // the kernel keeps time with it; "tsc" insists on it (gpuqd refuses to start without it).

@@ -41,6 +41,8 @@ void diff_daemon(const Config& a, const Config& b, ConfigChange& out) {
   fixed(a.group_set != b.group_set || a.group != b.group, "group",
         "the socket and the queue segment were made with it");
   fixed(a.job_metrics != b.job_metrics, "job_metrics", "every worker was started with it");
+  fixed(a.stream_reader_timeout_ms != b.stream_reader_timeout_ms, "stream_reader_timeout_ms",
+        "every worker was started with it");
   fixed(!same_listen(a.metrics_listen, b.metrics_listen), "metrics_listen",
         "the listener was bound at start");
   fixed(a.plugins != b.plugins, "plugins", "their ops' ids were given to clients");

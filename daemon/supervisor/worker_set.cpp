@@ -143,7 +143,8 @@ LaunchSpec WorkerSet::launch_spec(const Worker& w) const {
       {"--queue-segment", options_.segment_name, "--worker-id", std::to_string(w.id), "--pool-id",
        std::to_string(w.pool), "--supervisor-pid", std::to_string(getpid()), "--spin-us",
        std::to_string(spin_us_of(c, pool)), "--job-clock", stamp_clock_name(options_.job_clock),
-       "--private-fd", std::to_string(kWorkerPrivateFd)});
+       "--private-fd", std::to_string(kWorkerPrivateFd), "--stream-reader-timeout-ms",
+       std::to_string(c.stream_reader_timeout_ms)});
   if (pool.job_time_limit_ms > 0) {
     spec.argv.insert(spec.argv.end(),
                      {"--job-time-limit-ms", std::to_string(pool.job_time_limit_ms)});

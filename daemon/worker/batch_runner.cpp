@@ -13,6 +13,7 @@
 #include "gpuq/common/event_count.hpp"
 #include "gpuq/common/fault_point.hpp"
 #include "gpuq/common/time_limit.hpp"
+#include "stream_writer.hpp"
 
 namespace gpuq::daemon {
 namespace {
@@ -135,7 +136,8 @@ std::optional<uint32_t> BatchRunner::gather(const OpInfo* op, uint32_t op_id, ui
     take(c);
     check(c);
     if (c.v && c.v->op == op) c.rows = rows_hint(c);
-    if (c.v && c.v->op == op && gatherer_.fits(counted(c.rows))) {
+    // A stream job of the op runs on its own: its parts are its own (docs/design/streams.md).
+    if (c.v && c.v->op == op && c.v->stream_window == 0 && gatherer_.fits(counted(c.rows))) {
       c.time_limit_ms = own_time_limit_ms(*c.slot);
       gatherer_.add(counted(c.rows));
       batch_.push_back(std::move(c));
@@ -367,9 +369,14 @@ OpContext BatchRunner::context(const Job& c) const {
 }
 
 void BatchRunner::run_one(Job& c) {
-  const OpContext ctx = context(c);
+  OpContext ctx = context(c);
   GPUQ_FAULT_POINT("worker.running");
-  settle(c, w_.backend.run(*c.v->op, ctx), ctx);
+  settle(c,
+         c.v->stream_window == 0
+             ? w_.backend.run(*c.v->op, ctx)
+             : run_streaming(w_.backend, *c.v->op, ctx, *c.slot, c.mc->view, c.v->stream_window,
+                             w_.options.stream_reader_timeout_ms),
+         ctx);
 }
 
 // The job's end from its op's result.

@@ -53,6 +53,21 @@ Result<ValidatedJob> validate_descriptor(const JobDescriptor& d, uint64_t arena_
   if (auto r = check_range("output", d.output_offset, d.output_capacity, arena_bytes); !r) {
     return r.error();
   }
+  const uint32_t window = flags_stream_window(d.flags);
+  if (window > kMaxStreamWindow) {
+    return Error(ErrorCode::kInvalidArgument, "stream window " + std::to_string(window) +
+                                                  " is more than " +
+                                                  std::to_string(kMaxStreamWindow) + " parts");
+  }
+  if (window > 0 && (d.flags & kJobFlagRetryable) != 0) {
+    return Error(ErrorCode::kInvalidArgument, "a stream cannot be retryable");
+  }
+  if (window > 0 && stream_cell_bytes(d.output_capacity, window) == 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "a stream of window " + std::to_string(window) + " needs an output buffer of " +
+                     std::to_string(window * 64) + " bytes or more (it has " +
+                     std::to_string(d.output_capacity) + "): each part's cell is 64 or more");
+  }
   if (d.params_bytes > kMaxParamBytes) {
     return Error(ErrorCode::kInvalidArgument, "params_bytes " + std::to_string(d.params_bytes) +
                                                   " exceeds " + std::to_string(kMaxParamBytes));
@@ -60,7 +75,8 @@ Result<ValidatedJob> validate_descriptor(const JobDescriptor& d, uint64_t arena_
   auto params = ParamBlock::parse(d.params, d.params_bytes);
   if (!params) return params.error();
   return ValidatedJob{
-      op, d.input_offset, d.input_bytes, d.output_offset, d.output_capacity, std::move(*params)};
+      op,    d.input_offset, d.input_bytes, d.output_offset, d.output_capacity, std::move(*params),
+      window};
 }
 
 }  // namespace gpuq::daemon

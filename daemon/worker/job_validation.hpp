@@ -16,10 +16,11 @@ struct ValidatedJob {
   uint64_t input_offset, input_bytes;
   uint64_t output_offset, output_capacity;
   ParamBlock params;
+  uint32_t stream_window = 0;  // parts that may wait unread; 0: not a stream
 };
 
 // Errors: UnknownOp (op_id), InvalidArgument naming the field (pool_id, input/output range,
-// params). Pure function; thread-safe.
+// the stream window and its cells, params). Pure function; thread-safe.
 Result<ValidatedJob> validate_descriptor(const JobDescriptor& d, uint64_t arena_bytes,
                                          uint32_t expected_pool);
 

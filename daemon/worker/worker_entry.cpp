@@ -69,6 +69,8 @@ int worker_main(int argc, char** argv, const char* program,
       o.private_fd = static_cast<int>(n);
     } else if (a == "--job-time-limit-ms" && parse_number(v, &n)) {
       o.job_time_limit_ms = n;
+    } else if (a == "--stream-reader-timeout-ms" && parse_number(v, &n)) {
+      o.stream_reader_timeout_ms = n;
     } else if (a == "--job-clock" && parse_stamp_clock(v)) {
       o.job_clock = parse_stamp_clock(v).value();
     } else if (a == "--memory-limit-bytes" && parse_number(v, &o.memory_limit_bytes) &&

@@ -34,6 +34,7 @@
 #include "job_steps.hpp"
 #include "job_validation.hpp"
 #include "op_backend.hpp"
+#include "stream_writer.hpp"
 #include "worker_metrics.hpp"
 
 namespace gpuq::daemon {
@@ -341,7 +342,8 @@ class Worker {
       final_state = JobState::kFailed;
       outcome = MetricOutcome::kFailed;
       set_outcome(out, v.error());
-    } else if (v->op->python != nullptr && v->op->python->batching_on(options_.pool_id).batched()) {
+    } else if (v->op->python != nullptr && v->stream_window == 0 &&
+               v->op->python->batching_on(options_.pool_id).batched()) {
       BatchRunner::Job c;
       c.value = value;
       c.mc = &mc;
@@ -364,7 +366,10 @@ class Worker {
                     v->input_offset,
                     v->output_offset};
       GPUQ_FAULT_POINT("worker.running");
-      auto r = backend_.run(*v->op, ctx);
+      auto r = v->stream_window == 0
+                   ? backend_.run(*v->op, ctx)
+                   : run_streaming(backend_, *v->op, ctx, slot, mc.view, v->stream_window,
+                                   options_.stream_reader_timeout_ms);
       if (r) {
         out.output_bytes = r->output_bytes;
         out.value = r->value;

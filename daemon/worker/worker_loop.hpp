@@ -22,6 +22,9 @@ struct WorkerOptions {
   // batched call's jobs (BatchRunner: which one the supervisor watches, which ones a stopped
   // call ends TimedOut). The supervisor enforces the limit.
   uint32_t job_time_limit_ms = 0;
+  // How long a streaming job's op waits for its caller to read a part when `window` are unread
+  // (the daemon's stream_reader_timeout_ms; 0: no limit): then the job ends Cancelled.
+  uint32_t stream_reader_timeout_ms = 60000;
   StampClock job_clock = StampClock::kMonotonic;  // what job stamps count in (clock.hpp)
   int control_fd = 3;                             // SOCK_SEQPACKET to the supervisor
   int private_fd = -1;  // the page only this worker and the supervisor map (WorkerPrivate)

@@ -186,6 +186,11 @@ static_assert(offsetof(gpuq_job_spec_t, time_limit_ms) ==
               "which took its tail padding");
 static_assert(offsetof(gpuq_job_spec_t, priority) == (GPUQ_JOB_SPEC_VERSION3 & 0xFFFFFFu),
               "revision 3 of gpuq_job_spec_t must be the prefix before `priority`");
+static_assert(sizeof(gpuq_job_spec_t) == (GPUQ_JOB_SPEC_VERSION4 & 0xFFFFFFu) &&
+                  offsetof(gpuq_job_spec_t, stream_window) ==
+                      offsetof(gpuq_job_spec_t, priority) + sizeof(int32_t),
+              "revision 4 of gpuq_job_spec_t must be the prefix before `stream_window`, "
+              "which took its tail padding");
 static_assert(GPUQ_PRIORITY_NORMAL == static_cast<int>(gpuq::Priority::kNormal) &&
                   GPUQ_PRIORITY_HIGH == static_cast<int>(gpuq::Priority::kHigh) &&
                   GPUQ_PRIORITY_LOW == static_cast<int>(gpuq::Priority::kLow),
@@ -194,17 +199,18 @@ static_assert(offsetof(gpuq_connect_options_t, flags) ==
                   (GPUQ_CONNECT_OPTIONS_VERSION1 & 0xFFFFFFu),
               "revision 1 of gpuq_connect_options_t must be the prefix before `flags`");
 
-// The revision (1 to 4) of a gpuq_job_spec_t, or 0 with the InvalidArgument status in
+// The revision (1 to 5) of a gpuq_job_spec_t, or 0 with the InvalidArgument status in
 // `status` for a version this library does not know.
 int job_spec_revision(uint32_t version, gpuq_status_t& status) {
   if (version == GPUQ_JOB_SPEC_VERSION1) return 1;
   if (version == GPUQ_JOB_SPEC_VERSION2) return 2;
   if (version == GPUQ_JOB_SPEC_VERSION3) return 3;
+  if (version == GPUQ_JOB_SPEC_VERSION4) return 4;
   if (!check_version(version, GPUQ_JOB_SPEC_VERSION, "gpuq_job_spec_t", "GPUQ_JOB_SPEC_VERSION",
                      status)) {
     return 0;
   }
-  return 4;
+  return 5;
 }
 
 // Fills `out` from `spec`, or returns the InvalidArgument status that names the bad field.
@@ -223,6 +229,8 @@ gpuq_status_t to_cpp(const gpuq_job_spec_t& spec, gpuq::JobSpec& out) {
                    " (GPUQ_PRIORITY_NORMAL 0, GPUQ_PRIORITY_HIGH 1 or GPUQ_PRIORITY_LOW 2)");
   }
   out.priority = static_cast<gpuq::Priority>(priority);
+  // Revision 4's struct has the same size: those bytes are its padding.
+  out.stream_window = revision >= 5 ? spec.stream_window : 0;
   if ((flags & ~GPUQ_JOB_RETRYABLE) != 0) {
     return invalid("gpuq_job_spec_t.flags has unknown bits " + std::to_string(flags) +
                    " (known: GPUQ_JOB_RETRYABLE)");
@@ -679,6 +687,26 @@ gpuq_status_t gpuq_job_wait(gpuq_job_t* job, int64_t timeout_ns, gpuq_job_result
     } else {
       fill_result(result.value(), out);
     }
+    return GPUQ_OK;
+  });
+}
+
+gpuq_status_t gpuq_job_next_part(gpuq_job_t* job, int64_t timeout_ns, gpuq_job_part_t* out) {
+  return guarded(__func__, [&]() -> gpuq_status_t {
+    if (job == nullptr) return invalid("job is NULL");
+    if (out == nullptr) return invalid("out is NULL");
+    gpuq::Result<std::optional<gpuq::JobPart>> part =
+        job->job.next_part(std::chrono::nanoseconds(timeout_ns));
+    if (!part) return fail(part.error());
+    gpuq_job_part_t p{};
+    if (part->has_value()) {
+      p.index = (*part)->index;
+      p.data = (*part)->data;
+      p.size = (*part)->size;
+    } else {
+      p.end = 1;
+    }
+    *out = p;
     return GPUQ_OK;
   });
 }

@@ -389,6 +389,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       JobSlot& js = slot(s);
       const SlotWord w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
       if (!is_terminal(w.state) || in_free_list_locked(s) || is_abandoned_locked(s)) continue;
+      // A stream's unread parts live in its slot's output cells: its slot stays its Job's.
+      if (flags_stream_window(js.desc.flags) != 0) continue;
       detached_.emplace(detached_key(s, w.generation), read_result(js, w));
       // seq_cst: a wait that counts itself in readers_ after this sees the new generation
       // (and takes the kept copy); one counted before holds off the submit that reuses s.
@@ -550,6 +552,23 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                    "priority: " + std::to_string(static_cast<uint32_t>(spec.priority)) +
                        " is not a level (Priority::kHigh, kNormal or kLow)");
     }
+    if (spec.stream_window > kMaxStreamWindow) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "stream_window: " + std::to_string(spec.stream_window) + " is more than " +
+                       std::to_string(kMaxStreamWindow) + " parts (0: not a stream)");
+    }
+    if (spec.stream_window > 0 && spec.retryable) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "stream_window: a stream cannot be retryable (a second run would make its "
+                   "parts again); submit it with retryable false");
+    }
+    if (spec.stream_window > 0 && stream_cell_bytes(spec.output.size, spec.stream_window) == 0) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "stream_window: " + std::to_string(spec.stream_window) +
+                       " parts need an output buffer of " +
+                       std::to_string(64 * spec.stream_window) + " bytes or more (it has " +
+                       std::to_string(spec.output.size) + "); each part takes an equal share");
+    }
     if (spec.time_limit.count() < 0 || spec.time_limit.count() > UINT32_MAX) {
       return Error(ErrorCode::kInvalidArgument,
                    "time_limit: " + std::to_string(spec.time_limit.count()) +
@@ -600,7 +619,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     JobDescriptor& d = js.desc;
     d.op_id = *op;
     d.pool_id = pool->id;
-    d.flags = (spec.retryable ? kJobFlagRetryable : 0) | priority_flags(spec.priority);
+    d.flags = (spec.retryable ? kJobFlagRetryable : 0) | priority_flags(spec.priority) |
+              stream_flags(spec.stream_window);
     d.params_bytes = static_cast<uint32_t>(params.size());
     GPUQ_FAULT_POINT("client.submit.mid_descriptor");
     d.input_offset = spec.input.offset;
@@ -614,6 +634,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                         : monotonic_ns() + static_cast<uint64_t>(spec.expire_after.count());
     if (params.size() > 0) std::memcpy(d.params, params.data(), params.size());
     js.time_limit_ms = static_cast<uint32_t>(spec.time_limit.count());
+    if (spec.stream_window > 0) {  // the slot is this client's (FREE): no worker reads these
+      js.stream.written.store(0, std::memory_order_relaxed);
+      js.stream.read.store(0, std::memory_order_relaxed);
+    }
     // `submitting` is up from before the slot turns SUBMITTED until its reference is in the
     // ring (or the slot is free again): the supervisor's drain handshake waits for it, and its
     // audit does not take a SUBMITTED job in no ring for one whose entry was lost meanwhile.
@@ -844,6 +868,69 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
                    ? stamps_.to_ns(out.finished_stamp - out.started_stamp)
                    : 0;
     return r;
+  }
+
+  // Job::next_part: `*read` is the Job's count of parts it has read (the next part's index).
+  Result<std::optional<JobPart>> next_part(uint32_t s, uint32_t generation, uint32_t* read,
+                                           int64_t timeout_ns) {
+    if (forked()) return forked_error();
+    JobSlot& js = slot(s);
+    // A stream's slot is never given back while its Job lives (detach_finished_locked).
+    if (SlotWord::unpack(js.state.load(std::memory_order_acquire)).generation != generation) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "next_part: the job was not submitted as a stream (JobSpec::stream_window)");
+    }
+    const uint32_t window = flags_stream_window(js.desc.flags);
+    if (window == 0) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "next_part: the job was not submitted as a stream (JobSpec::stream_window)");
+    }
+    // The cell of the part read last goes back to the worker (which may wait for it).
+    if (*read > 0 && js.stream.read.load(std::memory_order_relaxed) != *read) {
+      js.stream.read.exchange(*read, std::memory_order_seq_cst);
+      js.stream.room.notify_all_after_rmw();
+    }
+    // The state first, then `written`: a worker publishes every part before its terminal
+    // store, so once the state is terminal `written` counts them all.
+    SlotWord w{};
+    uint32_t written = 0;
+    auto ready = [&] {
+      w = SlotWord::unpack(js.state.load(std::memory_order_acquire));
+      written = js.stream.written.load(std::memory_order_acquire);
+      return written > *read || is_terminal(w.state);
+    };
+    if (!spin_until(ready, wait_spin_ns_.load(std::memory_order_relaxed))) {
+      const uint64_t deadline = deadline_after_ns(timeout_ns);
+      const uint64_t job_deadline = js.desc.deadline_ns;
+      for (;;) {
+        EventCount::Key key = js.done.prepare_wait();
+        if (ready()) {
+          js.done.cancel_wait();
+          break;
+        }
+        const uint64_t now = monotonic_ns();
+        if (now >= job_deadline && expire_if_queued(js, generation)) {
+          js.done.cancel_wait();
+          continue;
+        }
+        js.done.wait(key, std::min({deadline, now + kLivenessCheckNs, job_deadline}));
+        if (ready()) break;
+        if (!daemon_alive()) return disconnected_error();
+        if (monotonic_ns() >= deadline) {
+          return Error(ErrorCode::kTimeout, "no part of the stream has come yet");
+        }
+      }
+    }
+    if (written > *read) {
+      const uint32_t i = (*read)++;
+      const uint64_t cell = stream_cell_bytes(js.desc.output_capacity, window);
+      const uint64_t bytes = std::min<uint64_t>(js.stream.part_bytes[i % window], cell);
+      const char* data = view_.arena() + js.desc.output_offset + uint64_t{i % window} * cell;
+      return std::optional<JobPart>(JobPart{i, data, bytes});
+    }
+    if (w.state == JobState::kDone) return std::optional<JobPart>();
+    const JobResult r = read_result(js, w);
+    return Error(r.code, r.message.empty() ? std::string(job_status_name(r.status)) : r.message);
   }
 
   Result<JobStatus> poll(uint32_t s, uint32_t generation) {
@@ -1082,7 +1169,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 // ---- Job ----
 
 Job::Job(Job&& o) noexcept
-    : impl_(std::exchange(o.impl_, nullptr)), slot_(o.slot_), generation_(o.generation_) {}
+    : impl_(std::exchange(o.impl_, nullptr)),
+      slot_(o.slot_),
+      generation_(o.generation_),
+      parts_read_(o.parts_read_) {}
 
 Job& Job::operator=(Job&& o) noexcept {
   if (this != &o) {
@@ -1090,6 +1180,7 @@ Job& Job::operator=(Job&& o) noexcept {
     impl_ = std::exchange(o.impl_, nullptr);
     slot_ = o.slot_;
     generation_ = o.generation_;
+    parts_read_ = o.parts_read_;
   }
   return *this;
 }
@@ -1108,6 +1199,11 @@ Result<JobResult> Job::wait(std::chrono::nanoseconds timeout) {
   auto r = impl_->wait(slot_, generation_, timeout.count());
 
   return r;
+}
+
+Result<std::optional<JobPart>> Job::next_part(std::chrono::nanoseconds timeout) {
+  if (!impl_) return Error(ErrorCode::kNotFound, "empty Job handle");
+  return impl_->next_part(slot_, generation_, &parts_read_, timeout.count());
 }
 
 Result<JobStatus> Job::poll() const {

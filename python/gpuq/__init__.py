@@ -41,6 +41,7 @@ from ._executor import Executor
 from ._joblib import register as register_joblib
 from ._future import Future, JobInfo
 from ._ops import WorkerContext, cancelled, context, on_start, op
+from ._stream import Stream
 
 __version__ = _native.version()
 
@@ -49,6 +50,7 @@ __all__ = [
     "Executor",
     "Future",
     "RemoteTraceback",
+    "Stream",
     "WorkerContext",
     "op",
     "on_start",

@@ -37,13 +37,13 @@ def result_arrays(result: Any) -> Tuple[str, List[np.ndarray], Any]:
         arrays = [_to_numpy(x) if not is_array(x) else np.asarray(x) for x in result]
         if all(a is not None for a in arrays):
             return "tuple", arrays, None  # type: ignore[return-value]
-    if isinstance(result, (str, dict)):
+    if isinstance(result, (str, dict, list)):
         json_text(result, "the op's result")  # TypeError when it is not JSON-able
         return "json", [], result
     raise TypeError(
         f"the op returned {type(result).__name__}; return a numpy array (or a "
-        "torch/CuPy/JAX/TensorFlow array), a tuple of them, a scalar, a str or "
-        "dict, or None"
+        "torch/CuPy/JAX/TensorFlow array), a tuple of them, a scalar, a str, dict or "
+        "list, or None"
     )
 
 
@@ -113,12 +113,22 @@ def write_error(out: memoryview, kind: str, message: str, tb: str, **extra: Any)
 
 class ResultTooLarge(Exception):
     def __init__(self, needed: int, capacity: int) -> None:
-        super().__init__(
-            f"the result needs {needed} bytes, and the job's output buffer holds "
-            f"{capacity}: pass output_bytes={needed} (or more)"
-        )
+        super().__init__()
         self.needed = needed
         self.capacity = capacity
+        self.part: Optional[int] = None  # a stream's part (gpuq._parts): its cell was too small
+
+    def __str__(self) -> str:
+        if self.part is not None:
+            return (
+                f"part {self.part} of the stream needs {self.needed} bytes, and each part's "
+                f"cell holds {self.capacity}: pass part_bytes={self.needed} (or more) to "
+                "Client.stream"
+            )
+        return (
+            f"the result needs {self.needed} bytes, and the job's output buffer holds "
+            f"{self.capacity}: pass output_bytes={self.needed} (or more)"
+        )
 
 
 def read_answer(out: np.ndarray, nbytes: int) -> Dict[str, Any]:

@@ -61,6 +61,19 @@ def submit_python(
     return f
 
 
+def submit_stream(
+    client: Any,
+    op: str,
+    args: Tuple[Any, ...],
+    kwargs: Optional[Dict[str, Any]],
+    options: JobOptions,
+    output_bytes: int,
+) -> Tuple[Any, Any, Any]:
+    """Submits a streaming Python op's job (``options.stream_window`` set): laid out as any
+    call's, its answer room the part cells. (job, cells, arrays passed in place)."""
+    return _lay_out(client._c(), op, args, kwargs, output_bytes, 0, False, options)
+
+
 def output_bytes_for(
     args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]], output_bytes: Optional[int]
 ) -> int:

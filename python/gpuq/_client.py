@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 
 import numpy as np
 
-from . import _call_backlog, _calls, _errors, _native, _options, _pools, _room, _tensors
+from . import _call_backlog, _calls, _errors, _native, _options, _pools, _room, _stream, _tensors
 from ._future import Future, Watcher
 
 if TYPE_CHECKING:
@@ -516,6 +516,54 @@ class Client:
         deadline = time.monotonic() + _seconds_to_ns(timeout, "timeout") / 1e9
         f = self.submit_call(op, *args, timeout=timeout, **kwargs)
         return f.result(max(0.0, deadline - time.monotonic()))
+
+    def stream(
+        self,
+        op: str,
+        *args: Any,
+        pool: Optional[str] = None,
+        window: int = _stream.DEFAULT_WINDOW,
+        part_bytes: int = _stream.DEFAULT_PART_BYTES,
+        timeout: Optional[float] = None,
+        expire_after: Optional[float] = None,
+        time_limit: Optional[float] = None,
+        priority: Optional[str] = None,
+        params: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> _stream.Stream:
+        """Submits a job of the streaming Python op ``op`` (a ``@gpuq.op`` generator function)
+        and returns its :class:`gpuq.Stream`: each value the generator yields, as soon as it
+        is yielded (``for part in client.stream("generate", prompt)``; ``async for`` too).
+
+        ``window``: parts that may wait unread, 1 to 8 (default 4): a generator ahead of its
+        reader by that many waits at its ``yield``. ``part_bytes``: room for each part's answer
+        (default 64 KiB); a larger part fails the stream with :class:`gpuq.InvalidArgument`
+        naming the size needed. ``time_limit`` covers the whole stream. The other arguments
+        are :meth:`submit_call`'s. A function that is not a generator streams one part, its
+        result. The stream's end, and its error after the parts made, come as the iteration's
+        end and its exception (docs/python.md, "Streaming")."""
+        if params:
+            clash = set(params) & set(kwargs)
+            if clash:
+                raise _errors.InvalidArgument(
+                    f"keyword {sorted(clash)[0]!r} given in params and as a keyword"
+                )
+            kwargs = dict(kwargs, **params)
+        if type(window) is not int or not 1 <= window <= _stream.MAX_WINDOW:
+            raise _errors.InvalidArgument(
+                f"window: must be an int from 1 to {_stream.MAX_WINDOW} (the parts that may "
+                f"wait unread), not {window!r}"
+            )
+        if type(part_bytes) is not int or part_bytes < 64:
+            raise _errors.InvalidArgument(
+                f"part_bytes: must be an int of at least 64, not {part_bytes!r}"
+            )
+        pool = _pools.pool_for(self, op, pool)
+        options = _options.job_options(pool, timeout, expire_after, False, time_limit, priority=priority)
+        options = _options.replace(options, stream_window=window)
+        cell = -(-part_bytes // 64) * 64
+        job, out, kept = _calls.submit_stream(self, op, args, kwargs, options, window * cell)
+        return _stream.Stream(job, out, kept, op, window)
 
     # ---- Python ops from an event loop: never blocking ----------------------------------------
 

@@ -18,6 +18,19 @@ def run_worker(argv: Sequence[str], handler: object) -> int:
     Runs gpuq's worker loop with `handler` for the Python ops (GIL released); the exit status.
     """
 
+def job_streams() -> bool:
+    """
+    Whether the running job is a stream (its caller reads parts as they are made).
+    """
+
+def part_cell() -> tuple[object, int, str]:
+    """
+    The running stream's next part cell, a writable memoryview (waits while every cell holds an unread part): (view, 0, '') or (None, code, why) when the job was asked to stop, or its caller read nothing for stream_reader_timeout_ms.
+    """
+
+def part_publish(bytes: int) -> None:
+    """Publishes the part just written into the cell part_cell() gave."""
+
 def job_cancelled() -> bool:
     """
     Whether the running job was asked to stop (its client cancelled it, its time limit); in a batched call, whether a job's time limit passed or every job was cancelled.
@@ -69,6 +82,11 @@ MAX_BATCH_SIZE: int = 65536
 
 MAX_QUEUE_DELAY_US: int = 1000000
 
+MAX_STREAM_WINDOW: int = 8
+
+def stream_cell_bytes(output_bytes: int, window: int) -> int:
+    """The size of each part cell of a stream's output buffer (0: too small)."""
+
 PARAM_HEADER: str = "py.h"
 
 PARAM_HEADER_BYTES: str = "py.n"
@@ -119,6 +137,10 @@ class JobOptions:
     def priority(self) -> int: ...
     @priority.setter
     def priority(self, arg: int, /) -> None: ...
+    @property
+    def stream_window(self) -> int: ...
+    @stream_window.setter
+    def stream_window(self, arg: int, /) -> None: ...
     def __copy__(self) -> JobOptions: ...
     def __repr__(self) -> str: ...
 
@@ -133,6 +155,11 @@ class Job:
 
     def poll(self) -> int:
         """The job's status as an int (gpuq::JobStatus), lock-free."""
+
+    def next_part(self, timeout_ns: int) -> tuple[int, int, int] | None:
+        """
+        A stream's next part: (index, address, size), (-1, 0, 0) at its end, None after timeout_ns (negative: no limit); its error raised after its last part.
+        """
 
     def cancel(self) -> None:
         """Cancels the job (gpuq::Job::cancel)."""

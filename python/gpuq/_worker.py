@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import inspect
 import json
 import os
 import pickle
@@ -28,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _answers, _batching, _errors, _native, _ops, _spill
+from . import _answers, _batching, _errors, _native, _ops, _parts, _spill
 from ._answers import ResultTooLarge
 from ._frameworks import Frameworks, out_of_memory
 
@@ -139,6 +140,11 @@ class Runtime:
         """One call of a named op for one job, its answer or failure written into ``out``."""
         try:
             result = fn(*args, **kwargs)
+            if _native.job_streams():  # a stream: each value yielded a part (one if not a generator)
+                generated = inspect.isgenerator(result) or inspect.isasyncgen(result)
+                return _parts.stream(name, result if generated else iter((result,)), self._failed)
+            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                result = _parts.collect(result)  # called, not streamed: all parts at once
             n = write_result(out, result)  # the common results, in C++
             if n is None:
                 n = _answers.write_result(out, result)

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "gpuq/client.hpp"
+#include "gpuq/common/shm_layout.hpp"
 #include "gpuq/error.hpp"
 #include "gpuq/priority.hpp"
 #include "ops.hpp"
@@ -45,6 +46,12 @@ void bind_facts(nb::module_& m) {
   m.attr("CALL_OP") = daemon::kPythonCallOp;
   m.attr("MAX_BATCH_SIZE") = daemon::kMaxBatchSize;
   m.attr("MAX_QUEUE_DELAY_US") = daemon::kMaxQueueDelayUs;
+
+  // A stream's window bound, and where its parts lie: the output buffer cut into equal cells
+  // (docs/design/streams.md).
+  m.attr("MAX_STREAM_WINDOW") = kMaxStreamWindow;
+  m.def("stream_cell_bytes", &stream_cell_bytes, nb::arg("output_bytes"), nb::arg("window"),
+        "The size of each part cell of a stream's output buffer (0: too small).");
 
   // The params of a Python op's job: its call header's offset and length, its rows.
   m.attr("PARAM_HEADER") = daemon::kPythonHeaderParam;

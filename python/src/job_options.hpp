@@ -21,6 +21,7 @@ struct JobOptions {
   uint32_t time_limit_ms = 0;  // its own time limit (0: none; its pool's applies anyway)
   bool try_only = false;       // no room: QueueFull at once, not a wait
   uint32_t priority = 0;       // a gpuq::Priority (gpuq._native.PRIORITIES), checked by the client
+  uint32_t stream_window = 0;  // a stream's parts that may wait unread (Client.stream); 0: none
 
   JobOptions() = default;
   JobOptions(std::string pool_, int64_t timeout_ns_, int64_t expire_ns_, bool retryable_,
@@ -41,6 +42,7 @@ struct JobOptions {
     spec.time_limit = std::chrono::milliseconds(time_limit_ms);
     // Out of range stays out of range: Client::submit refuses it, naming the field.
     spec.priority = static_cast<Priority>(priority > 255 ? 255 : priority);
+    spec.stream_window = stream_window;
   }
 };
 

@@ -128,6 +128,40 @@ class Job {
     }
   }
 
+  // A stream's next part (gpuq::Job::next_part), waiting as wait() does: (index, address,
+  // size) of a part (its bytes in the job's output buffer, valid until the next call);
+  // (-1, 0, 0) once the stream has ended well; None when `timeout_ns` passed first. The job's
+  // error, after its last part, is raised.
+  std::optional<std::tuple<int64_t, uintptr_t, uint64_t>> next_part(int64_t timeout_ns) {
+    constexpr int64_t kSliceNs = 100'000'000;
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int64_t slice = kSliceNs;
+      if (timeout_ns >= 0) {
+        const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count();
+        slice = std::min(slice, std::max<int64_t>(timeout_ns - spent, 0));
+      }
+      gpuq::Result<std::optional<gpuq::JobPart>> r =
+          gpuq::Error(gpuq::ErrorCode::kInternal, "not read");
+      {
+        nb::gil_scoped_release unlocked;
+        r = job_.next_part(ns(slice));
+      }
+      if (r) {
+        if (!r->has_value()) return std::tuple<int64_t, uintptr_t, uint64_t>{-1, 0, 0};
+        return std::tuple<int64_t, uintptr_t, uint64_t>{
+            (*r)->index, reinterpret_cast<uintptr_t>((*r)->data), (*r)->size};
+      }
+      if (r.error().code() != gpuq::ErrorCode::kTimeout) raise_error(r.error());
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+      if (timeout_ns >= 0 && std::chrono::steady_clock::now() - start >= ns(timeout_ns)) {
+        return std::nullopt;
+      }
+    }
+  }
+
   int poll() const { return static_cast<int>(take(job_.poll())); }
 
   void cancel() { check(job_.cancel()); }
@@ -551,6 +585,7 @@ NB_MODULE(_native, m) {
       .def_rw("time_limit_ms", &JobOptions::time_limit_ms)
       .def_rw("try_only", &JobOptions::try_only)
       .def_rw("priority", &JobOptions::priority)
+      .def_rw("stream_window", &JobOptions::stream_window)
       .def("__copy__", [](const JobOptions& o) { return o; })
       .def("__repr__", [](const JobOptions& o) {
         return "JobOptions(pool='" + o.pool + "', timeout_ns=" + std::to_string(o.timeout_ns) +
@@ -558,7 +593,8 @@ NB_MODULE(_native, m) {
                ", retryable=" + (o.retryable ? "True" : "False") +
                ", time_limit_ms=" + std::to_string(o.time_limit_ms) +
                ", try_only=" + (o.try_only ? "True" : "False") +
-               ", priority=" + std::to_string(o.priority) + ")";
+               ", priority=" + std::to_string(o.priority) +
+               ", stream_window=" + std::to_string(o.stream_window) + ")";
       });
 
   nb::class_<Block>(m, "Block", "An allocation in a client's payload segment (array base).");
@@ -567,6 +603,9 @@ NB_MODULE(_native, m) {
       .def("wait", &Job::wait, "timeout_ns"_a,
            "Waits for the result (GIL released); None if timeout_ns passed first.")
       .def("poll", &Job::poll, "The job's status as an int (gpuq::JobStatus), lock-free.")
+      .def("next_part", &Job::next_part, "timeout_ns"_a,
+           "A stream's next part: (index, address, size), (-1, 0, 0) at its end, None after "
+           "timeout_ns (negative: no limit); its error raised after its last part.")
       .def("cancel", &Job::cancel, "Cancels the job (gpuq::Job::cancel).")
       .def("cancel_queued", &Job::cancel_queued,
            "Cancels the job if it is still queued: whether it did (gpuq::Job::cancel_queued).")

@@ -37,6 +37,9 @@ using daemon::OpOutput;
 // batched call, its jobs' flags instead.
 std::atomic<const std::atomic<uint32_t>*> g_cancel_flag{nullptr};
 std::atomic<const std::vector<const std::atomic<uint32_t>*>*> g_batch_flags{nullptr};
+// The running job's parts when it streams (docs/design/streams.md), for gpuq._worker's
+// generator ops: null for a job that answers once.
+std::atomic<daemon::PartSink*> g_parts{nullptr};
 
 // Whether a batched call should stop: a time limit of one of its jobs passed (the supervisor
 // raises it on the job it watches), or every job of it was cancelled by its client. A client's
@@ -137,8 +140,12 @@ class PythonBackend final : public OpBackend {
                                               "run on cpu and gpu pools)");
     }
     g_cancel_flag.store(&ctx.cancel_requested, std::memory_order_relaxed);
+    g_parts.store(ctx.parts, std::memory_order_relaxed);
     struct Clear {
-      ~Clear() { g_cancel_flag.store(nullptr, std::memory_order_relaxed); }
+      ~Clear() {
+        g_cancel_flag.store(nullptr, std::memory_order_relaxed);
+        g_parts.store(nullptr, std::memory_order_relaxed);
+      }
     } clear;
     // Where the call's header is (py.h, py.n); -1 when a param is missing or not an int, which
     // Runtime.run reports.
@@ -300,6 +307,39 @@ void bind_worker(nb::module_& m) {
       "argv"_a, "handler"_a,
       "Runs gpuq's worker loop with `handler` for the Python ops (GIL released); the exit "
       "status.");
+  m.def(
+      "job_streams", [] { return g_parts.load(std::memory_order_relaxed) != nullptr; },
+      "Whether the running job is a stream (its caller reads parts as they are made).");
+  m.def(
+      "part_cell",
+      []() -> std::tuple<nb::object, int, std::string> {
+        daemon::PartSink* parts = g_parts.load(std::memory_order_relaxed);
+        if (parts == nullptr) {
+          return {nb::none(), static_cast<int>(ErrorCode::kInvalidArgument),
+                  "the running job is not a stream"};
+        }
+        Result<std::span<std::byte>> cell = Error(ErrorCode::kInternal, "no cell");
+        {
+          nb::gil_scoped_release unlocked;  // it may wait for the caller to read
+          cell = parts->next_cell();
+        }
+        if (!cell)
+          return {nb::none(), static_cast<int>(cell.error().code()), cell.error().message()};
+        nb::object view = view_of(cell->data(), cell->size(), true);
+        if (!view.is_valid()) throw nb::python_error();
+        return {view, 0, std::string()};
+      },
+      "The running stream's next part cell, a writable memoryview (waits while every cell "
+      "holds an unread part): (view, 0, '') or (None, code, why) when the job was asked to "
+      "stop, or its caller read nothing for stream_reader_timeout_ms.");
+  m.def(
+      "part_publish",
+      [](uint64_t bytes) {
+        if (daemon::PartSink* parts = g_parts.load(std::memory_order_relaxed)) {
+          parts->publish(bytes);
+        }
+      },
+      "bytes"_a, "Publishes the part just written into the cell part_cell() gave.");
   m.def(
       "job_cancelled",
       [] {

@@ -147,8 +147,19 @@ static void test_argument_checks(gpuq_client_t* client) {
   CHECK(gpuq_job_release(job) == GPUQ_OK);
   job = NULL;
   spec.priority = GPUQ_PRIORITY_NORMAL;
+  /* Revision 4 has the size of revision 5: `stream_window` is its padding, not read. */
+  spec.stream_window = 99;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
+  CHECK(gpuq_job_release(job) == GPUQ_OK);
+  job = NULL;
+  /* Revision 5: stream_window is read, 0 to 8. */
+  spec.version = GPUQ_JOB_SPEC_VERSION5;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_INVALID_ARGUMENT);
+  CHECK(job == NULL);
+  CHECK(strstr(gpuq_last_error_message(), "stream_window: 99") != NULL);
+  spec.stream_window = 0;
   /* A revision from the future is refused. */
-  spec.version = GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 5);
+  spec.version = GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 6);
   CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_INVALID_ARGUMENT);
   CHECK(job == NULL);
   CHECK(gpuq_reconnect(NULL) == GPUQ_INVALID_ARGUMENT);
@@ -200,6 +211,56 @@ static void test_echo(gpuq_client_t* client) {
   gpuq_job_release(job);
 
   CHECK(gpuq_free(client, &in) == GPUQ_OK);
+  CHECK(gpuq_free(client, &out) == GPUQ_OK);
+}
+
+/* A streaming job: the built-in count op makes a part per number, read as each comes. */
+static void test_stream(gpuq_client_t* client) {
+  gpuq_buffer_t out;
+  gpuq_job_spec_t spec = new_spec("count");
+  gpuq_job_result_t result = new_result();
+  gpuq_job_part_t part;
+  gpuq_job_t* job = NULL;
+  gpuq_param_t params[2];
+  uint64_t v = 0;
+  uint32_t i;
+
+  memset(params, 0, sizeof params);
+  CHECK(gpuq_alloc(client, 2 * 64, &out) == GPUQ_OK);
+  params[0].key = "n";
+  params[0].type = GPUQ_PARAM_INT;
+  params[0].i = 5;
+  params[1].key = "us";
+  params[1].type = GPUQ_PARAM_INT;
+  params[1].i = 1000;
+  spec.params = params;
+  spec.param_count = 2;
+  spec.output = out;
+  spec.stream_window = 2;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
+  if (job == NULL) return;
+  for (i = 0; i < 5; ++i) {
+    memset(&part, 0xFF, sizeof part);
+    CHECK(gpuq_job_next_part(job, kTimeoutNs, &part) == GPUQ_OK);
+    CHECK(part.end == 0 && part.index == i && part.size == 8 && part.data != NULL);
+    if (part.data != NULL && part.size == 8) memcpy(&v, part.data, 8);
+    CHECK(v == i);
+  }
+  CHECK(gpuq_job_next_part(job, kTimeoutNs, &part) == GPUQ_OK);
+  CHECK(part.end == 1 && part.data == NULL && part.size == 0);
+  CHECK(gpuq_job_wait(job, kTimeoutNs, &result) == GPUQ_OK);
+  CHECK(result.status == GPUQ_JOB_DONE && result.value == 5);
+  CHECK(gpuq_job_next_part(job, kTimeoutNs, NULL) == GPUQ_INVALID_ARGUMENT);
+  gpuq_job_release(job);
+  job = NULL;
+  /* Not a stream: next_part says so. */
+  spec.stream_window = 0;
+  params[0].i = 2;
+  CHECK(gpuq_submit(client, &spec, kTimeoutNs, &job) == GPUQ_OK);
+  if (job == NULL) return;
+  CHECK(gpuq_job_next_part(job, kTimeoutNs, &part) == GPUQ_INVALID_ARGUMENT);
+  CHECK(strstr(gpuq_last_error_message(), "not submitted as a stream") != NULL);
+  gpuq_job_release(job);
   CHECK(gpuq_free(client, &out) == GPUQ_OK);
 }
 
@@ -686,6 +747,7 @@ int main(int argc, char** argv) {
     test_argument_checks(client);
     test_connect_options(argv[1]);
     test_echo(client);
+    test_stream(client);
     test_checksum(client);
     test_unknown_op(client);
     test_many_held_jobs(client);

@@ -1,7 +1,7 @@
 // Integration: gpuqctl against a real daemon: `submit --time-limit-ms` (checked, and a job past
 // it failing TimedOut), `submit --timeout-ms` cancelling the job it gives up on, and `status`
 // showing the job a busy worker runs and its pool's time limit; `ready --wait` for a daemon
-// started after it.
+// started after it; `submit --stream` printing a stream's parts as they come.
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -81,6 +82,39 @@ TEST_CASE("gpuqctl submit --time-limit-ms: a job past its limit is stopped and f
   INFO(load.output);
   CHECK(load.exit_code == 1);
   CHECK(contains(load.output, "2 of 2 jobs failed; first: TimedOut"));
+}
+
+TEST_CASE("gpuqctl submit --stream prints each part as it comes, and writes them to --output") {
+  DaemonProcess daemon(one_pool_config(1));
+  const std::string file = daemon.runtime_dir() + "/parts.bin";
+  const CommandResult run = gpuqctl(
+      daemon, "submit count --param n=3 --param us=1000 --stream 2 --output '" + file + "'");
+  INFO(run.output);
+  CHECK(run.exit_code == 0);
+  CHECK(contains(run.output,
+                 "part 0: 8 bytes: 00 00 00 00 00 00 00 00\n"
+                 "part 1: 8 bytes: 01 00 00 00 00 00 00 00\n"
+                 "part 2: 8 bytes: 02 00 00 00 00 00 00 00\n"
+                 "done: output 0 bytes, value 0x3"));
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(bytes.size() == 24);
+  CHECK((bytes.size() == 24 && bytes[8] == 1 && bytes[16] == 2));
+
+  // A stream that fails says so after its parts (none here: its params are refused).
+  const CommandResult bad = gpuqctl(daemon, "submit count --param n=-1 --stream 2");
+  INFO(bad.output);
+  CHECK(bad.exit_code == 1);
+  CHECK(contains(bad.output, "failed: InvalidArgument"));
+  for (const char* wrong : {"0", "9", "x"}) {
+    const CommandResult usage = gpuqctl(daemon, std::string("submit count --stream ") + wrong);
+    INFO(usage.output);
+    CHECK(usage.exit_code == 2);
+    CHECK(contains(usage.output, "--stream"));
+  }
+  const CommandResult load = gpuqctl(daemon, "submit count --stream 2 --count 3");
+  CHECK(load.exit_code == 2);
+  CHECK(contains(load.output, "--stream cannot be used with --count"));
 }
 
 TEST_CASE("gpuqctl submit --timeout-ms cancels a job still running, and says so") {

@@ -65,6 +65,10 @@ submit options:
                           stops the job, which fails with TimedOut
   --priority LEVEL        high, normal (default) or low: higher levels are taken first; a
                           lower level that waits still gets a tenth of the pool's starts
+  --stream N              a streaming job: print each part as it comes ("part I: N bytes"
+                          and its first 32 bytes in hex; with --output, the parts are written
+                          to FILE one after another). N (1-8) parts may wait unread; the
+                          output buffer (default N x 4096 bytes) is cut into N equal cells
 
 top options (on a terminal the view is redrawn in place until q, Ctrl-C or the daemon goes
 away; otherwise each report is printed as plain text):

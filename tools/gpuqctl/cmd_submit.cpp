@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -65,6 +66,64 @@ bool write_file(const std::string& path, const std::byte* data, uint64_t size, s
   return true;
 }
 
+// "part I: N bytes: 00 01 ..." (the first 32 bytes in hex).
+std::string describe_part(const gpuq::JobPart& part) {
+  std::string line =
+      strf("part %u: %llu bytes", part.index, static_cast<unsigned long long>(part.size));
+  const auto* bytes = static_cast<const unsigned char*>(part.data);
+  const uint64_t shown = std::min<uint64_t>(part.size, 32);
+  if (shown > 0) line += ":";
+  for (uint64_t i = 0; i < shown; ++i) line += strf(" %02x", bytes[i]);
+  if (shown < part.size) line += " ...";
+  return line;
+}
+
+// Reads a streaming job's parts as they come, printing each (and appending it to --output's
+// file); then its end. Exit status as run_one's.
+int read_stream(const SubmitArgs& args, gpuq::Job& job,
+                const std::optional<Clock::time_point>& deadline) {
+  std::FILE* out = nullptr;
+  if (!args.output_path.empty()) {
+    auto opened = GPUQ_NONNULL_CALL(std::fopen, args.output_path.c_str(), "wb");
+    if (!opened) {
+      std::cerr << "gpuqctl: cannot write '" << args.output_path << "': " << std::strerror(errno)
+                << '\n';
+      return kExitFailure;
+    }
+    out = *opened;
+  }
+  struct Close {
+    std::FILE*& f;
+    ~Close() {
+      if (f != nullptr) (void)std::fclose(f);  // after a write error: the message says so
+    }
+  } close{out};
+  for (;;) {
+    gpuq::Result<std::optional<gpuq::JobPart>> part = job.next_part(time_left(deadline));
+    if (!part) {
+      if (part.error().code() == gpuq::ErrorCode::kTimeout) {
+        std::cerr << "gpuqctl: the stream did not end within " << *args.timeout_ms << " ms; "
+                  << cancel_unfinished(job) << '\n';
+        return kExitFailure;
+      }
+      break;  // the job's error: wait() below reports it with its timing
+    }
+    if (!part->has_value()) break;
+    std::cout << describe_part(**part) << std::endl;  // as it comes: flushed
+    if (out != nullptr && std::fwrite((*part)->data, 1, (*part)->size, out) != (*part)->size) {
+      std::cerr << "gpuqctl: cannot write '" << args.output_path << "': " << std::strerror(errno)
+                << '\n';
+      return kExitFailure;
+    }
+  }
+  if (out != nullptr && std::fclose(std::exchange(out, nullptr)) != 0) {
+    std::cerr << "gpuqctl: cannot write '" << args.output_path << "': " << std::strerror(errno)
+              << '\n';
+    return kExitFailure;
+  }
+  return kExitOk;
+}
+
 int run_one(const SubmitArgs& args, Session& session) {
   gpuq::JobSpec spec = make_spec(args);
   spec.input = session.inputs[0];
@@ -74,6 +133,11 @@ int run_one(const SubmitArgs& args, Session& session) {
 
   gpuq::Result<gpuq::Job> job = session.client.submit(spec, time_left(deadline));
   if (!job) return daemon_error(job.error());
+  if (args.stream_window > 0) {
+    if (const int status = read_stream(args, job.value(), deadline); status != kExitOk) {
+      return status;
+    }
+  }
   gpuq::Result<gpuq::JobResult> result = job->wait(time_left(deadline));
   if (!result) {
     if (result.error().code() == gpuq::ErrorCode::kTimeout) {
@@ -97,7 +161,7 @@ int run_one(const SubmitArgs& args, Session& session) {
                     static_cast<unsigned long long>(r.output_size),
                     static_cast<unsigned long long>(r.value))
             << timing << '\n';
-  if (!args.output_path.empty()) {
+  if (!args.output_path.empty() && args.stream_window == 0) {
     std::string error;
     const uint64_t n = std::min(r.output_size, spec.output.size);
     if (!write_file(args.output_path, spec.output.data(), n, error)) {
@@ -129,7 +193,9 @@ int run_submit(const std::string& runtime_dir, const SubmitArgs& args) {
     input_sizes.push_back(bytes->size());
     input += *bytes;
   }
-  uint64_t output_size = args.output_size.value_or(std::max<uint64_t>(input.size(), uint64_t{64}));
+  uint64_t output_size = args.output_size.value_or(
+      args.stream_window > 0 ? uint64_t{args.stream_window} * 4096
+                             : std::max<uint64_t>(input.size(), uint64_t{64}));
   if (gpuq::tensor::op_kind_from_name(args.op)) {
     std::string error;
     std::optional<uint64_t> result = check_tensor_job(args, input_sizes, error);
@@ -191,6 +257,11 @@ int parse_submit(ArgCursor& cursor, std::string& runtime_dir, SubmitArgs& args) 
         return usage_error("--priority: '" + value + "' is not a level (high, normal or low)");
       }
       args.priority = *level;
+    } else if (cursor.take_value("--stream", value, error)) {
+      if (!error.empty()) return usage_error(error);
+      std::optional<uint64_t> window = parse_count("--stream", value, 1, 8, error);
+      if (!window) return usage_error(error);
+      args.stream_window = static_cast<uint32_t>(*window);
     } else if (cursor.take_value("--param", value, error)) {
       if (!error.empty()) return usage_error(error);
       gpuq::Result<gpuq::Param> p = gpuq::parse_param_assignment(value);
@@ -213,6 +284,9 @@ int parse_submit(ArgCursor& cursor, std::string& runtime_dir, SubmitArgs& args) 
   }
   if (args.count && !args.output_path.empty()) {
     return usage_error("--output cannot be used with --count");
+  }
+  if (args.count && args.stream_window > 0) {
+    return usage_error("--stream cannot be used with --count");
   }
   if (!args.count && args.concurrency != 1) {
     return usage_error("--concurrency needs --count");

@@ -28,6 +28,7 @@ struct SubmitArgs {
   std::optional<uint64_t> timeout_ms;
   uint64_t time_limit_ms = 0;  // 0: none of the job's own
   gpuq::Priority priority = gpuq::Priority::kNormal;
+  uint32_t stream_window = 0;  // --stream N; 0: not a stream
 };
 
 // The connection and buffers a submit run uses: `pairs` input/output buffer pairs, each input

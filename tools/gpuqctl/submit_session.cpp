@@ -71,6 +71,7 @@ gpuq::JobSpec make_spec(const SubmitArgs& args) {
   spec.params = args.params;
   spec.time_limit = std::chrono::milliseconds(args.time_limit_ms);
   spec.priority = args.priority;
+  spec.stream_window = args.stream_window;
   return spec;
 }
 

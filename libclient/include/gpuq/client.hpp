@@ -62,6 +62,15 @@ struct JobResult {
   bool ok() const noexcept { return status == JobStatus::kDone; }
 };
 
+// A part of a streaming job's answer (JobSpec::stream_window), from Job::next_part. Its bytes
+// lie in the job's output buffer and stay valid until the next next_part() on that Job (which
+// gives the part's cell back to the worker) or the Job's end.
+struct JobPart {
+  uint32_t index = 0;  // 0 for the first part of the stream, then 1, 2, ...
+  const void* data = nullptr;
+  uint64_t size = 0;
+};
+
 // A submitted job. Move-only. Destroying an unfinished Job cancels it if it has not started
 // and otherwise lets it finish and discards the result; its slot returns to the client then.
 class GPUQ_API Job {
@@ -77,6 +86,18 @@ class GPUQ_API Job {
   // sleeps on a futex. Errors: Timeout (job still pending; wait again), Disconnected (the daemon
   // died), ForkedClient. Blocking. The result stays readable: wait() again returns it again.
   Result<JobResult> wait(std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
+
+  // A streaming job's next part (JobSpec::stream_window > 0), as soon as the worker has made
+  // it: waits until the part comes, the job ends, or `timeout` passes (negative: forever).
+  // Parts come in order, each once; reading one gives the previous one's cell back (at most
+  // stream_window parts wait unread, and the op waits for room beyond that). Returns the part;
+  // an empty optional once the stream has ended well (the job is DONE: wait() returns its
+  // result); or, after the last part it made, the job's error (Cancelled, TimedOut, OpFailed,
+  // ...: wait() returns the whole result). Errors besides: Timeout (no part yet: call again),
+  // InvalidArgument (not a stream job), Disconnected, ForkedClient. Blocking; not thread-safe
+  // (one reader per Job).
+  Result<std::optional<JobPart>> next_part(
+      std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1));
 
   // The job's current status, without blocking. Lock-free. A job still queued at its deadline
   // (JobSpec::expire_after) is expired here, as wait() does.
@@ -126,6 +147,7 @@ class GPUQ_API Job {
   ClientImpl* impl_ = nullptr;
   uint32_t slot_ = 0;
   uint32_t generation_ = 0;
+  uint32_t parts_read_ = 0;  // a stream's parts read by next_part()
 };
 
 struct ConnectOptions {

@@ -179,17 +179,24 @@ typedef struct gpuq_job_spec {
   int32_t priority;           /* IN (revision 4): GPUQ_PRIORITY_NORMAL (0), _HIGH or _LOW.
                                  Higher levels are taken first; a lower level that waits still
                                  gets at least a tenth of the pool's starts */
+  uint32_t stream_window;     /* IN (revision 5): 0, or a streaming job whose op makes its
+                                 answer in parts, each read with gpuq_job_next_part() as soon as
+                                 it is made: `output` is cut into stream_window (1 to 8) equal
+                                 cells of 64 bytes or more, and at most that many parts wait
+                                 unread (the op waits for room). Not with GPUQ_JOB_RETRYABLE */
 } gpuq_job_spec_t;
 /* Revision 1 ended at expire_after_ns (96 bytes); the library still accepts it (flags 0,
  * time_limit_ms 0). Revision 2 ended at flags: the same 104 bytes as revision 3 (time_limit_ms
  * took padding), so its revision number alone tells them apart; it is still accepted
  * (time_limit_ms 0, whatever those bytes hold). Revision 3 ended at time_limit_ms (104 bytes;
- * priority normal). */
+ * priority normal). Revision 4 ended at priority: the same 112 bytes as revision 5
+ * (stream_window took padding), told apart by the revision number (not a stream). */
 #define GPUQ_JOB_SPEC_VERSION1 ((uint32_t)(96u | (1u << 24)))
 #define GPUQ_JOB_SPEC_VERSION2 ((uint32_t)(104u | (2u << 24)))
 #define GPUQ_JOB_SPEC_VERSION3 ((uint32_t)(104u | (3u << 24)))
-#define GPUQ_JOB_SPEC_VERSION4 GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 4)
-#define GPUQ_JOB_SPEC_VERSION GPUQ_JOB_SPEC_VERSION4
+#define GPUQ_JOB_SPEC_VERSION4 ((uint32_t)(112u | (4u << 24)))
+#define GPUQ_JOB_SPEC_VERSION5 GPUQ_STRUCT_VERSION(gpuq_job_spec_t, 5)
+#define GPUQ_JOB_SPEC_VERSION GPUQ_JOB_SPEC_VERSION5
 
 /* gpuq_job_spec_t.priority (gpuq::Priority in C++, the same numbers) */
 #define GPUQ_PRIORITY_NORMAL 0
@@ -291,6 +298,28 @@ GPUQ_API gpuq_status_t gpuq_try_submit(gpuq_client_t* client, const gpuq_job_spe
  * GPUQ_INTERNAL.
  * Blocking. One thread at a time per job. */
 GPUQ_API gpuq_status_t gpuq_job_wait(gpuq_job_t* job, int64_t timeout_ns, gpuq_job_result_t* out);
+
+/* A part of a streaming job's answer (gpuq_job_next_part()). */
+typedef struct gpuq_job_part {
+  uint32_t index;   /* OUT: 0 for the first part, then 1, 2, ... */
+  uint32_t end;     /* OUT: 1 when the stream has ended well (no part: data NULL, size 0) */
+  const void* data; /* OUT: the part's bytes, in the job's output buffer: valid until the next
+                       gpuq_job_next_part() on this job (which gives its cell back) or its
+                       release */
+  uint64_t size;    /* OUT: the part's size in bytes */
+} gpuq_job_part_t;
+
+/* A streaming job's next part (gpuq_job_spec_t.stream_window > 0), as soon as its op has made
+ * it: waits until the part comes, the job ends, or `timeout_ns` passes (negative: forever).
+ * Parts come in order, each once. GPUQ_OK with out->end 0: a part; with out->end 1: the stream
+ * ended well (gpuq_job_wait() returns the job's result). After the last part it made, a job
+ * that failed or was cancelled returns its error code (GPUQ_CANCELLED, GPUQ_TIMED_OUT,
+ * GPUQ_OP_FAILED, ...; gpuq_last_error_message() has its message).
+ * Errors besides: GPUQ_INVALID_ARGUMENT (job or out NULL, not a stream job), GPUQ_TIMEOUT (no
+ * part yet: call again), GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT, GPUQ_INTERNAL.
+ * Blocking. One thread at a time per job. */
+GPUQ_API gpuq_status_t gpuq_job_next_part(gpuq_job_t* job, int64_t timeout_ns,
+                                          gpuq_job_part_t* out);
 
 /* The job's current status, without blocking.
  * Errors: GPUQ_INVALID_ARGUMENT (job or out NULL), GPUQ_DISCONNECTED, GPUQ_FORKED_CLIENT,

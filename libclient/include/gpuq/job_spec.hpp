@@ -52,6 +52,11 @@ struct JobSpec {
   // Higher levels are taken first; a lower level that waits still gets at least a tenth of
   // the pool's starts. Batching gathers jobs of one level (docs/design/ring.md, "Lanes").
   Priority priority = Priority::kNormal;
+  // A streaming job (docs/design/streams.md): its op makes its answer in parts, each readable
+  // as soon as it is made (Job::next_part). `output` is cut into `stream_window` equal cells
+  // (1 to 8, each 64 bytes or more): at most that many parts wait unread, and the op waits
+  // for room. 0: the job answers once, at its end. A stream cannot be `retryable`.
+  uint32_t stream_window = 0;
 };
 
 }  // namespace gpuq

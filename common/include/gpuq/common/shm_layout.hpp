@@ -38,7 +38,8 @@ inline constexpr uint64_t kClientMagic = 0x31474553554B5047ull;  // "GPQKSEG1"
 // 11: ClientEvents; 12: JobSlot::message and PoolShm::down_reason of kMessageBytes (2048, was
 // 160 and 256), so that a failure's cause reaches its client whole; 13: a pool's queue is lanes
 // (PoolQueue: per priority level a fresh lane and client lanes), not one ring.
-inline constexpr uint32_t kLayoutVersion = 13;
+// 14: JobSlot::stream (a streaming job's parts) and the stream window in a descriptor's flags.
+inline constexpr uint32_t kLayoutVersion = 14;
 
 inline constexpr uint32_t kMaxPools = 8;
 inline constexpr uint32_t kMaxWorkers = 1024;
@@ -128,7 +129,24 @@ inline constexpr uint32_t kJobFlagRetryable = 1u << 0;  // run again if its work
 // The job's Priority (priority.hpp), 2 bits; 3 is not a level (a worker fails such a job).
 inline constexpr uint32_t kJobFlagPriorityShift = 1;
 inline constexpr uint32_t kJobFlagPriorityMask = 3u << kJobFlagPriorityShift;
-inline constexpr uint32_t kJobFlagsKnown = kJobFlagRetryable | kJobFlagPriorityMask;
+// A streaming job's window (docs/design/streams.md): how many parts may wait unread, 1 to
+// kMaxStreamWindow; 0: not a stream (the job answers once, at its end). 4 bits.
+inline constexpr uint32_t kJobFlagStreamShift = 3;
+inline constexpr uint32_t kJobFlagStreamMask = 15u << kJobFlagStreamShift;
+inline constexpr uint32_t kMaxStreamWindow = 8;
+inline constexpr uint32_t kJobFlagsKnown =
+    kJobFlagRetryable | kJobFlagPriorityMask | kJobFlagStreamMask;
+constexpr uint32_t stream_flags(uint32_t window) noexcept {
+  return (window << kJobFlagStreamShift) & kJobFlagStreamMask;
+}
+constexpr uint32_t flags_stream_window(uint32_t flags) noexcept {
+  return (flags & kJobFlagStreamMask) >> kJobFlagStreamShift;
+}
+// A stream's output buffer is cut into `window` equal part cells, each a multiple of 64 bytes
+// (the rest of the buffer unused): part i lies in cell i % window. 0: too small a buffer.
+constexpr uint64_t stream_cell_bytes(uint64_t output_capacity, uint32_t window) noexcept {
+  return window == 0 ? 0 : (output_capacity / window) & ~uint64_t{63};
+}
 constexpr uint32_t priority_flags(Priority p) noexcept {
   return uint32_t{static_cast<uint8_t>(p)} << kJobFlagPriorityShift;
 }
@@ -155,6 +173,22 @@ struct JobOutcome {
 static_assert(std::is_trivially_copyable_v<JobOutcome>);
 static_assert(sizeof(JobOutcome) == 40);
 
+// A streaming job's parts (docs/design/streams.md): the worker writes part i into cell
+// i % window of the job's output buffer (stream_cell_bytes), its size into part_bytes, then
+// publishes it by storing `written` = i + 1 (release) and notifying the slot's `done`. The
+// client reads part i once `written` > i (acquire), and gives its cell back by storing `read`
+// = i + 1 (release) and notifying `room`, on which a worker with `window` parts unread waits.
+// The client zeroes both counters before it submits a stream job. Only the job's client and
+// worker write here; each trusts the other's counter no further than its own memory: a client
+// that forges `read` loses its own unread parts, one that forges `written` reads garbage.
+struct alignas(64) JobStream {
+  std::atomic<uint32_t> written;          // parts published (worker)
+  std::atomic<uint32_t> read;             // parts whose cells the client gave back (client)
+  EventCount room;                        // notified when `read` moves
+  uint32_t part_bytes[kMaxStreamWindow];  // the size of the part in each cell
+};
+static_assert(sizeof(JobStream) == 64);
+
 // Cache-line plan: line 0 holds everything a finished job's client reads (state word, outcome);
 // the descriptor starts on line 1 with its fixed fields, params after them.
 struct alignas(64) JobSlot {
@@ -171,6 +205,7 @@ struct alignas(64) JobSlot {
   JobOutcome outcome;
   JobDescriptor desc;
   char message[kMessageBytes];  // NUL-terminated; meaningful only when outcome.code != kOk
+  JobStream stream;             // a streaming job's parts; untouched by any other job
 };
 static_assert(std::is_standard_layout_v<JobSlot>);
 static_assert(offsetof(JobSlot, desc) == 64);
@@ -574,6 +609,12 @@ class ClientSegmentView {
     const bool woke = after_seq_cst_rmw ? slot.done.notify_all_after_rmw() : slot.done.notify_all();
     events().ended.notify_all_after_rmw();
     return woke;
+  }
+  // The same for a streaming job's part, published by a seq_cst exchange of `written`: its
+  // client waits on the slot's `done` (Job::next_part) or on `ended` (wait_any).
+  void announce_part(JobSlot& slot) const noexcept {
+    slot.done.notify_all_after_rmw();
+    events().ended.notify_all_after_rmw();
   }
   char* arena() const noexcept { return base_ + geometry_.arena_offset; }
   uint64_t arena_bytes() const noexcept { return geometry_.arena_bytes; }

@@ -1,0 +1,82 @@
+#include "stream_writer.hpp"
+
+#include <string>
+
+#include "gpuq/common/clock.hpp"
+#include "gpuq/common/fault_point.hpp"
+#include "op_backend.hpp"
+
+namespace gpuq::daemon {
+
+namespace {
+constexpr uint64_t kRecheckNs = 10'000'000;  // looks at cancel_requested at least this often
+}  // namespace
+
+StreamWriter::StreamWriter(JobSlot& slot, const ClientSegmentView& view, std::byte* output,
+                           uint64_t capacity, uint32_t window, uint32_t reader_timeout_ms) noexcept
+    : slot_(slot),
+      view_(view),
+      output_(output),
+      cell_bytes_(stream_cell_bytes(capacity, window)),
+      window_(window),
+      reader_timeout_ns_(uint64_t{reader_timeout_ms} * 1'000'000) {}
+
+bool StreamWriter::cell_free() const noexcept {
+  const uint32_t read = slot_.stream.read.load(std::memory_order_acquire);
+  return read >= written_ || written_ - read < window_;
+}
+
+Result<std::span<std::byte>> StreamWriter::next_cell() {
+  uint64_t since = 0;  // when this wait began; the reader's timeout counts from there
+  uint32_t last_read = slot_.stream.read.load(std::memory_order_relaxed);
+  for (;;) {
+    if (slot_.cancel_requested.load(std::memory_order_relaxed) != 0) {
+      return Error(ErrorCode::kCancelled, "stream stopped at part " + std::to_string(written_) +
+                                              ": the job was asked to stop");
+    }
+    if (cell_free()) break;
+    const uint64_t now = monotonic_ns();
+    const uint32_t read = slot_.stream.read.load(std::memory_order_relaxed);
+    if (since == 0 || read != last_read) {
+      since = now;
+      last_read = read;
+    } else if (reader_timeout_ns_ != 0 && now - since >= reader_timeout_ns_) {
+      return Error(ErrorCode::kCancelled, "stream stopped at part " + std::to_string(written_) +
+                                              ": its caller read no "
+                                              "part for " +
+                                              std::to_string(reader_timeout_ns_ / 1'000'000) +
+                                              " ms with " + std::to_string(window_) +
+                                              " unread (the daemon's stream_reader_timeout_ms)");
+    }
+    const EventCount::Key key = slot_.stream.room.prepare_wait();
+    if (cell_free() || slot_.cancel_requested.load(std::memory_order_relaxed) != 0) {
+      slot_.stream.room.cancel_wait();
+      continue;
+    }
+    slot_.stream.room.wait(key, now + kRecheckNs);
+  }
+  return std::span<std::byte>(output_ + uint64_t{written_ % window_} * cell_bytes_, cell_bytes_);
+}
+
+void StreamWriter::publish(uint64_t bytes) {
+  slot_.stream.part_bytes[written_ % window_] =
+      static_cast<uint32_t>(bytes < cell_bytes_ ? bytes : cell_bytes_);
+  ++written_;
+  GPUQ_FAULT_POINT("worker.stream.before_publish");
+  // seq_cst, an exchange: the part's bytes and size before it (release), and it before the
+  // notifies' loads of `waiters` (EventCount::notify_all_after_rmw).
+  slot_.stream.written.exchange(written_, std::memory_order_seq_cst);
+  view_.announce_part(slot_);
+}
+
+Result<OpOutput> run_streaming(OpBackend& backend, const OpInfo& op, OpContext& ctx, JobSlot& slot,
+                               const ClientSegmentView& view, uint32_t window,
+                               uint32_t reader_timeout_ms) {
+  StreamWriter writer(slot, view, ctx.output, ctx.output_capacity, window, reader_timeout_ms);
+  ctx.parts = &writer;
+  Result<OpOutput> r = backend.run(op, ctx);
+  ctx.parts = nullptr;
+  return r;
+}
+
+}  // namespace gpuq::daemon
