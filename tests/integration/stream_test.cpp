@@ -169,6 +169,27 @@ TEST_CASE("a worker killed mid-stream: the parts made come, then WorkerDied") {
   check_echo_works(client);  // the replacement serves
 }
 
+TEST_CASE("a worker killed as it publishes a part: the published parts come, then WorkerDied") {
+  // Its third part written into its cell, `written` not raised: the part is never seen.
+  const std::string marker = "/tmp/gpuqt-stream-fault-" + std::to_string(::getpid());
+  ::unlink(marker.c_str());
+  DaemonOptions options{
+      one_pool_config(1),
+      DaemonOptions::Readiness::kWorkersReady,
+      {"GPUQ_FAULT_POINT=worker.stream.before_publish:3", "GPUQ_FAULT_ONCE=" + marker}};
+  DaemonProcess daemon(options);
+  Client client = connect_client(daemon);
+  Job job = submit_ok(client, count_spec(client, 10, 0, 4));
+  CHECK(next_number(job).second == 0);
+  CHECK(next_number(job).second == 1);
+  uint32_t more = 0;
+  CHECK(read_to_end(job, &more) == ErrorCode::kWorkerDied);
+  CHECK(more == 0);
+  CHECK(::access(marker.c_str(), F_OK) == 0);  // it died there
+  ::unlink(marker.c_str());
+  check_echo_works(client);  // the replacement serves
+}
+
 TEST_CASE("a client killed mid-stream frees its worker") {
   DaemonProcess daemon(one_pool_config(1));
   const pid_t child = ::fork();

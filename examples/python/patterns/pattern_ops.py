@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -72,35 +72,36 @@ def _draws(prompt: str, seed: int, n_lines: int, length: int) -> tuple:
     return codes, rng.random((length, n_lines))
 
 
-def generate_lines_numpy(model: Dict[str, Any], prompt: str, seed: int, n_lines: int,
-                         length: int) -> List[str]:
-    """``n_lines`` lines of ``length`` letters that continue ``prompt``, all lines at once."""
+def letters_numpy(model: Dict[str, Any], prompt: str, seed: int, n_lines: int,
+                  length: int) -> Iterator[np.ndarray]:
+    """The letter codes of ``n_lines`` lines that continue ``prompt``, one step at a time: the
+    t-th value holds each line's t-th letter."""
     codes, u = _draws(prompt, seed, n_lines, length)
     cdf, v = model["cdf"], model["letters"]
     state = np.full(n_lines, codes[-2] * v + codes[-1], dtype=np.int64)
-    out = np.empty((length, n_lines), dtype=np.int64)
     for t in range(length):
         nxt = (cdf[state] < u[t][:, None]).sum(axis=1)  # the first column with cdf >= u
-        out[t] = nxt
+        yield nxt
         state = (state % v) * v + nxt
-    return [prompt + "".join(ALPHABET[c] for c in line) for line in out.T]
 
 
-def _generate_lines_torch(torch: Any, model: Dict[str, Any], prompt: str, seed: int,
-                          n_lines: int, length: int) -> List[str]:
-    """generate_lines_numpy on the GPU: the same comparisons of the same float64 numbers, so
-    the same letters."""
+def _letters_torch(torch: Any, model: Dict[str, Any], prompt: str, seed: int, n_lines: int,
+                   length: int) -> Iterator[np.ndarray]:
+    """letters_numpy on the GPU: the same comparisons of the same float64 numbers, so the same
+    letters (each step's brought back to the host)."""
     codes, u = _draws(prompt, seed, n_lines, length)
     cdf, v, dev = model["cdf_t"], model["letters"], model["device"]
     u_t = torch.from_numpy(u).to(dev)
     state = torch.full((n_lines,), int(codes[-2] * v + codes[-1]), dtype=torch.int64,
                        device=dev)
-    out = torch.empty((length, n_lines), dtype=torch.int64, device=dev)
     for t in range(length):
         nxt = (cdf[state] < u_t[t][:, None]).sum(dim=1)
-        out[t] = nxt
+        yield nxt.cpu().numpy()
         state = (state % v) * v + nxt
-    return [prompt + "".join(ALPHABET[c] for c in line) for line in out.T.cpu().numpy()]
+
+
+def text_of(codes: np.ndarray) -> str:
+    return "".join(ALPHABET[c] for c in codes)
 
 
 # ---- the perceptron -----------------------------------------------------------------------------
@@ -198,16 +199,38 @@ def models() -> Dict[str, Any]:
 def generate_lines(prompt: str, seed: int, n_lines: int, length: int) -> List[str]:
     """``n_lines`` generated lines that start with ``prompt`` (for gpuq.Executor and loky:
     a plain function, pickled by reference, that uses the model of the process it runs in)."""
+    out = np.stack(list(_letters(prompt, seed, n_lines, length)))
+    return [prompt + text_of(line) for line in out.T]
+
+
+def _letters(prompt: str, seed: int, n_lines: int, length: int) -> Iterator[np.ndarray]:
+    """letters_numpy, or on the GPU where this process's model is there."""
     m = models()
     if m["torch"] is not None:
-        return _generate_lines_torch(m["torch"], m["text"], prompt, seed, n_lines, length)
-    return generate_lines_numpy(m["text"], prompt, seed, n_lines, length)
+        return _letters_torch(m["torch"], m["text"], prompt, seed, n_lines, length)
+    return letters_numpy(m["text"], prompt, seed, n_lines, length)
 
 
 @gpuq.op("generate_text")
 def generate_text(prompt: str, seed: int, n_lines: int = 5, length: int = 120) -> Dict[str, Any]:
     """generate_lines as a named op (for a pool that does not allow callables)."""
     return {"lines": generate_lines(prompt, seed, n_lines, length)}
+
+
+@gpuq.op("generate_text_stream")
+def generate_text_stream(prompt: str, seed: int, n_lines: int = 5, length: int = 120,
+                         step: int = 20) -> Iterator[List[str]]:
+    """generate_lines as a stream (docs/python.md, "Streaming"): every ``step`` letters, each
+    line's next ``step`` letters, as soon as they are made. The caller sees the first part
+    while the rest is still being generated."""
+    pending: List[np.ndarray] = []
+    for codes in _letters(prompt, seed, n_lines, length):
+        pending.append(codes)
+        if len(pending) == step:
+            yield [text_of(line) for line in np.stack(pending).T]
+            pending = []
+    if pending:
+        yield [text_of(line) for line in np.stack(pending).T]
 
 
 @gpuq.op("embed")

@@ -9,6 +9,8 @@ loading the model in each of them.
 
 This script runs that loop twice on the same prompts and seeds: first with loky, as gretel
 does, then with ``gpuq.Executor``, whose tasks run in the warm workers of a gpuq Python pool.
+Then one chunk again as a stream (``Client.stream`` of a generator op): its letters arrive 20 at
+a time while the rest are generated, as a chat UI shows tokens.
 gpuqd started those workers and loaded the model in each once (``pattern_ops.load_models``, an
 ``@gpuq.on_start``); on a gpu pool the model is on the GPU, in one process per GPU. The two
 runs must generate the same lines. The generator is a small character-level Markov chain
@@ -93,6 +95,17 @@ def main():
         # The named-op form of the same generator, for pools that do not allow callables.
         named = client.call("generate_text", PROMPTS[1], 1, n_lines=len(before[1]),
                             length=args.length, pool=args.pool)
+        # And as a stream (docs/python.md, "Streaming"): each line's next 20 letters as soon as
+        # the worker has made them, instead of the whole chunk at its end.
+        t0 = time.perf_counter()
+        streamed = [PROMPTS[1]] * len(before[1])
+        with client.stream("generate_text_stream", PROMPTS[1], 1, n_lines=len(before[1]),
+                           length=args.length, step=20, pool=args.pool) as parts:
+            for i, letters in enumerate(parts):
+                if i == 0:
+                    t_first = time.perf_counter() - t0
+                streamed = [line + more for line, more in zip(streamed, letters)]
+        t_stream = time.perf_counter() - t0
         info = client.call("model_info", pool=args.pool)
 
     assert sorted(before) == sorted(after) == list(range(len(before))), "chunks missing"
@@ -101,6 +114,7 @@ def main():
     differ = [seed for seed in before if before[seed] != after[seed]]
     assert not differ, f"loky and gpuq differ for seeds {differ[:10]}"
     assert named["lines"] == before[1], "the generate_text op differs from generate_lines"
+    assert streamed == before[1], "the streamed lines differ from generate_lines"
 
     print(f"pool {args.pool!r} (runs on {runs_on!r}, {workers} workers, model on "
           f"{info['backend']} {info['device']}); {len(before)} chunks of {args.chunk_size} "
@@ -110,6 +124,8 @@ def main():
     print(f"  gpuq.Executor, the pool's warm workers:     {t_gpuq:6.2f} s "
           f"({n / t_gpuq:7.0f} lines/s)")
     print(f"  the same {n} lines from both; e.g. seed 0: {after[0][0][:72]!r}...")
+    print(f"  streamed ({len(before[1])} lines, 20 letters a part): first part after "
+          f"{t_first * 1e3:.1f} ms, all {args.length} letters after {t_stream * 1e3:.1f} ms")
     print("ok")
 
 
