@@ -559,7 +559,9 @@ class Client:
                 f"part_bytes: must be an int of at least 64, not {part_bytes!r}"
             )
         pool = _pools.pool_for(self, op, pool)
-        options = _options.job_options(pool, timeout, expire_after, False, time_limit, priority=priority)
+        options = _options.job_options(
+            pool, timeout, expire_after, False, time_limit, priority=priority
+        )
         options = _options.replace(options, stream_window=window)
         cell = -(-part_bytes // 64) * 64
         job, out, kept = _calls.submit_stream(self, op, args, kwargs, options, window * cell)

@@ -140,7 +140,9 @@ class Runtime:
         """One call of a named op for one job, its answer or failure written into ``out``."""
         try:
             result = fn(*args, **kwargs)
-            if _native.job_streams():  # a stream: each value yielded a part (one if not a generator)
+            if (
+                _native.job_streams()
+            ):  # a stream: each value yielded a part (one if not a generator)
                 generated = inspect.isgenerator(result) or inspect.isasyncgen(result)
                 return _parts.stream(name, result if generated else iter((result,)), self._failed)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
