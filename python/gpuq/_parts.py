@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, cast
 
 from . import _answers, _errors, _native
 from ._answers import ResultTooLarge
@@ -48,6 +48,12 @@ def _values(gen: Any) -> Any:
         loop.run_until_complete(gen.aclose())
 
 
+def _next_cell() -> Tuple[Optional[memoryview], int, str]:
+    """The stream's next part cell (the binding's part_cell: a memoryview, or None with why)."""
+    cell, code, why = _native.part_cell()
+    return cast(Optional[memoryview], cell), code, why
+
+
 def collect(gen: Any) -> List[Any]:
     """Everything a generator op yields, for a job that did not ask to stream."""
     return list(_values(gen))
@@ -63,7 +69,7 @@ def stream(
     parts = 0
     try:
         for value in values:
-            cell, code, why = _native.part_cell()
+            cell, code, why = _next_cell()
             if cell is None:
                 # Asked to stop (cancelled, its time limit, its caller gone or not reading):
                 # the generator sees GeneratorExit at its yield.
@@ -94,7 +100,7 @@ def _failure(
 ) -> Outcome:
     """The outcome of a stream whose generator raised ``e``: its record in the cell the next
     part would have taken (none when no cell is free: the job was asked to stop)."""
-    cell, _, _ = _native.part_cell()
+    cell, _, _ = _next_cell()
     if cell is None:
         code, msg, _, _ = failed(name, e, memoryview(bytearray(0)))
         return (code, msg, 0, parts)
