@@ -70,6 +70,19 @@ class _Connection:
         self.backlogs: Dict[str, Any] = {}
 
 
+def _with_params(kwargs: Dict[str, Any], params: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """A Python op's keyword arguments: ``kwargs`` and ``params`` (keywords whose names clash
+    with the submit method's own), one name given in both refused."""
+    if not params:
+        return kwargs
+    clash = set(params) & set(kwargs)
+    if clash:
+        raise _errors.InvalidArgument(
+            f"keyword {sorted(clash)[0]!r} given in params and as a keyword"
+        )
+    return dict(kwargs, **params)
+
+
 class Client:
     """A connection to the gpuq daemon.
 
@@ -495,13 +508,7 @@ class Client:
         client's segment. An exception in the
         function fails the job with :class:`gpuq.OpFailed`, whose ``remote_type`` and
         ``remote_traceback`` (and ``__cause__``) give the worker's exception."""
-        if params:
-            clash = set(params) & set(kwargs)
-            if clash:
-                raise _errors.InvalidArgument(
-                    f"keyword {sorted(clash)[0]!r} given in params and as a keyword"
-                )
-            kwargs = dict(kwargs, **params)
+        kwargs = _with_params(kwargs, params)
         pool = _pools.pool_for(self, op, pool)
         options = _options.job_options(
             pool, timeout, expire_after, retryable, time_limit, priority=priority
@@ -542,13 +549,7 @@ class Client:
         are :meth:`submit_call`'s. A function that is not a generator streams one part, its
         result. The stream's end, and its error after the parts made, come as the iteration's
         end and its exception (docs/python.md, "Streaming")."""
-        if params:
-            clash = set(params) & set(kwargs)
-            if clash:
-                raise _errors.InvalidArgument(
-                    f"keyword {sorted(clash)[0]!r} given in params and as a keyword"
-                )
-            kwargs = dict(kwargs, **params)
+        kwargs = _with_params(kwargs, params)
         if type(window) is not int or not 1 <= window <= _stream.MAX_WINDOW:
             raise _errors.InvalidArgument(
                 f"window: must be an int from 1 to {_stream.MAX_WINDOW} (the parts that may "
@@ -603,13 +604,7 @@ class Client:
         drains raise from this call, as from :meth:`submit_call`. Without ``pool``, the pool is
         found from the daemon's status as for :meth:`submit_call` (a socket round trip every
         5 s); :meth:`acall` does that off the event loop."""
-        if params:
-            clash = set(params) & set(kwargs)
-            if clash:
-                raise _errors.InvalidArgument(
-                    f"keyword {sorted(clash)[0]!r} given in params and as a keyword"
-                )
-            kwargs = dict(kwargs, **params)
+        kwargs = _with_params(kwargs, params)
         pool = _pools.pool_for(self, op, pool)
         options = _options.job_options(
             pool, timeout, expire_after, retryable, time_limit, priority=priority

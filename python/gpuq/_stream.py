@@ -46,6 +46,7 @@ class Stream:
     def __init__(self, job: Any, out: np.ndarray, kept: Any, op: str, window: int) -> None:
         self._job = job
         self._out = out  # the cells; keeps the job's block of the segment
+        self._base = out.ctypes.data  # where they start (a part's address is read against it)
         self._kept = kept  # arrays passed in place: alive until the job has ended
         self._op = op
         self._window = window
@@ -81,7 +82,7 @@ class Stream:
                 self._ended = True
                 self._finish()
                 raise StopIteration
-            offset = address - self._out.ctypes.data
+            offset = address - self._base
             if not 0 <= offset <= len(self._out) - size or index != self._read:
                 raise _errors.Internal(
                     f"part {index} of the {self._op} stream lies outside its cells"

@@ -99,33 +99,14 @@ class Job {
   explicit Job(gpuq::Job job) : job_(std::move(job)) {}
 
   // The result, or None when `timeout_ns` passed first (negative: no limit). Waits with the
-  // GIL released, in slices of at most 100 ms between which it takes the GIL and runs the
-  // signal handlers, so that Ctrl-C interrupts a long wait. Several threads may wait on one
-  // Job at once (as poll() and cancel() may): the library's wait only reads the slot, and its
-  // event count wakes every waiter.
+  // GIL released, in slices (in_slices). Several threads may wait on one Job at once (as
+  // poll() and cancel() may): the library's wait only reads the slot, and its event count
+  // wakes every waiter.
   std::optional<ResultTuple> wait(int64_t timeout_ns) {
-    constexpr int64_t kSliceNs = 100'000'000;
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      int64_t slice = kSliceNs;
-      if (timeout_ns >= 0) {
-        const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::steady_clock::now() - start)
-                                  .count();
-        slice = std::min(slice, std::max<int64_t>(timeout_ns - spent, 0));
-      }
-      gpuq::Result<gpuq::JobResult> r = gpuq::Error(gpuq::ErrorCode::kInternal, "not waited");
-      {
-        nb::gil_scoped_release unlocked;
-        r = job_.wait(ns(slice));
-      }
-      if (r) return to_tuple(*r);
-      if (r.error().code() != gpuq::ErrorCode::kTimeout) raise_error(r.error());
-      if (PyErr_CheckSignals() != 0) throw nb::python_error();
-      if (timeout_ns >= 0 && std::chrono::steady_clock::now() - start >= ns(timeout_ns)) {
-        return std::nullopt;
-      }
-    }
+    auto r =
+        in_slices<gpuq::JobResult>(timeout_ns, [&](int64_t slice) { return job_.wait(ns(slice)); });
+    if (!r) return std::nullopt;
+    return to_tuple(*r);
   }
 
   // A stream's next part (gpuq::Job::next_part), waiting as wait() does: (index, address,
@@ -133,33 +114,12 @@ class Job {
   // (-1, 0, 0) once the stream has ended well; None when `timeout_ns` passed first. The job's
   // error, after its last part, is raised.
   std::optional<std::tuple<int64_t, uintptr_t, uint64_t>> next_part(int64_t timeout_ns) {
-    constexpr int64_t kSliceNs = 100'000'000;
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      int64_t slice = kSliceNs;
-      if (timeout_ns >= 0) {
-        const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::steady_clock::now() - start)
-                                  .count();
-        slice = std::min(slice, std::max<int64_t>(timeout_ns - spent, 0));
-      }
-      gpuq::Result<std::optional<gpuq::JobPart>> r =
-          gpuq::Error(gpuq::ErrorCode::kInternal, "not read");
-      {
-        nb::gil_scoped_release unlocked;
-        r = job_.next_part(ns(slice));
-      }
-      if (r) {
-        if (!r->has_value()) return std::tuple<int64_t, uintptr_t, uint64_t>{-1, 0, 0};
-        return std::tuple<int64_t, uintptr_t, uint64_t>{
-            (*r)->index, reinterpret_cast<uintptr_t>((*r)->data), (*r)->size};
-      }
-      if (r.error().code() != gpuq::ErrorCode::kTimeout) raise_error(r.error());
-      if (PyErr_CheckSignals() != 0) throw nb::python_error();
-      if (timeout_ns >= 0 && std::chrono::steady_clock::now() - start >= ns(timeout_ns)) {
-        return std::nullopt;
-      }
-    }
+    auto r = in_slices<std::optional<gpuq::JobPart>>(
+        timeout_ns, [&](int64_t slice) { return job_.next_part(ns(slice)); });
+    if (!r) return std::nullopt;
+    if (!r->has_value()) return std::tuple<int64_t, uintptr_t, uint64_t>{-1, 0, 0};
+    return std::tuple<int64_t, uintptr_t, uint64_t>{
+        (*r)->index, reinterpret_cast<uintptr_t>((*r)->data), (*r)->size};
   }
 
   int poll() const { return static_cast<int>(take(job_.poll())); }
@@ -210,6 +170,36 @@ class Job {
   }
 
  private:
+  // Calls `step(slice_ns)` (a wait of the library's that returns Timeout when its slice passed)
+  // with the GIL released, in slices of at most 100 ms between which it takes the GIL and runs
+  // the signal handlers, so that Ctrl-C interrupts a long wait: its value, or None once
+  // `timeout_ns` (negative: no limit) has passed. Its other errors are raised.
+  template <typename T, typename Step>
+  static std::optional<T> in_slices(int64_t timeout_ns, Step&& step) {
+    constexpr int64_t kSliceNs = 100'000'000;
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int64_t slice = kSliceNs;
+      if (timeout_ns >= 0) {
+        const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count();
+        slice = std::min(slice, std::max<int64_t>(timeout_ns - spent, 0));
+      }
+      std::optional<gpuq::Result<T>> r;
+      {
+        nb::gil_scoped_release unlocked;
+        r.emplace(step(slice));
+      }
+      if (*r) return std::optional<T>(std::in_place, std::move(**r));
+      if ((*r).error().code() != gpuq::ErrorCode::kTimeout) raise_error((*r).error());
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+      if (timeout_ns >= 0 && std::chrono::steady_clock::now() - start >= ns(timeout_ns)) {
+        return std::nullopt;
+      }
+    }
+  }
+
   gpuq::Job job_;
 };
 
