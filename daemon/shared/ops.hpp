@@ -104,10 +104,15 @@ struct PluginOp {
 // A Python op's dynamic batching (docs/python.md, "Dynamic batching"): a worker that takes one
 // of its jobs gathers further queued jobs of it, up to `max_batch_size` rows or until
 // `max_queue_delay_us` has passed, and calls the function once for all of them. 1: no batching.
+// A step op (`step`, docs/design/streams.md "Step-level batching") batches per step instead: a
+// worker holds up to `max_batch_size` live sequences of it and runs one call per step for them.
 struct BatchSettings {
   uint32_t max_batch_size = 1;
   uint32_t max_queue_delay_us = 0;
-  bool batched() const noexcept { return max_batch_size > 1; }
+  bool step = false;
+  // Whether a worker runs the op's jobs together (its calls are counted as batches).
+  bool batched() const noexcept { return max_batch_size > 1 || step; }
+  bool operator==(const BatchSettings&) const = default;
 };
 inline constexpr uint32_t kMaxBatchSize = 65536;
 inline constexpr uint32_t kMaxQueueDelayUs = 1'000'000;

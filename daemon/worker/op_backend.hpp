@@ -5,6 +5,7 @@
 // handles and a device memory pool for the worker's whole life.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -15,6 +16,23 @@
 #include "ops.hpp"
 
 namespace gpuq::daemon {
+
+// A live sequence of a step op in one step (docs/design/streams.md, "Step-level batching").
+struct StepJob {
+  uint64_t key = 0;                // the sequence's, from its step_start to its step_end
+  const OpContext* ctx = nullptr;  // its job
+  // Where this step's part goes: a stream's next part cell (free); for a job that answers once,
+  // its output buffer, which gets the list of its parts when it ends.
+  std::span<std::byte> cell;
+  bool streams = false;
+};
+
+// What one step made for one sequence: its part (or, for a job that answers once and ended, its
+// whole answer), `bytes` of its cell, and whether the sequence ended with it.
+struct StepOutput {
+  uint64_t bytes = 0;
+  bool done = false;
+};
 
 class OpBackend {
  public:
@@ -50,6 +68,23 @@ class OpBackend {
       call_rows.push_back(1);
     }
   }
+
+  // A step op's sequences (the step runner, step_runner.hpp). step_start makes the state of the
+  // sequence `key` from its job's call (its arguments); step runs one step of the op for
+  // `jobs`, all live, appending jobs[i]'s result to `results` in order; step_end forgets a
+  // sequence's state (after its last step, or when it stops early). A failure's record goes
+  // at the start of the job's output buffer (step_start) or into its cell (step), its size in
+  // the job's OpContext::failure_output_bytes. The defaults refuse: no built-in op is one.
+  virtual Result<void> step_start(const OpInfo& op, const OpContext& /*ctx*/, uint64_t /*key*/) {
+    return Error(ErrorCode::kUnknownOp, std::string(op.name) + ": not a step op");
+  }
+  virtual void step(const OpInfo& op, std::span<const StepJob> jobs,
+                    std::vector<Result<StepOutput>>& results) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      results.push_back(Error(ErrorCode::kUnknownOp, std::string(op.name) + ": not a step op"));
+    }
+  }
+  virtual void step_end(const OpInfo& /*op*/, uint64_t /*key*/) {}
 
   // The ops this worker has beyond the built-ins, as plugin_op_list() writes them: sent with
   // WorkerReady, and the supervisor refuses a worker whose list is not the one it expects.

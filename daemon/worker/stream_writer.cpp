@@ -26,36 +26,45 @@ bool StreamWriter::cell_free() const noexcept {
   return read >= written_ || written_ - read < window_;
 }
 
+std::optional<Error> StreamWriter::stop_reason(uint64_t now_ns) {
+  if (slot_.cancel_requested.load(std::memory_order_relaxed) != 0) {
+    return Error(ErrorCode::kCancelled, "stream stopped at part " + std::to_string(written_) +
+                                            ": the job was asked to stop");
+  }
+  const uint32_t read = slot_.stream.read.load(std::memory_order_relaxed);
+  if (waiting_since_ == 0 || read != last_read_) {
+    waiting_since_ = now_ns;
+    last_read_ = read;
+  } else if (reader_timeout_ns_ != 0 && now_ns - waiting_since_ >= reader_timeout_ns_) {
+    return Error(ErrorCode::kCancelled, "stream stopped at part " + std::to_string(written_) +
+                                            ": its caller read no part for " +
+                                            std::to_string(reader_timeout_ns_ / 1'000'000) +
+                                            " ms with " + std::to_string(window_) +
+                                            " unread (the daemon's stream_reader_timeout_ms)");
+  }
+  return std::nullopt;
+}
+
+std::optional<Result<std::span<std::byte>>> StreamWriter::try_cell() {
+  if (slot_.cancel_requested.load(std::memory_order_relaxed) == 0 && cell_free()) {
+    waiting_since_ = 0;
+    return std::span<std::byte>(output_ + uint64_t{written_ % window_} * cell_bytes_, cell_bytes_);
+  }
+  if (std::optional<Error> stop = stop_reason(monotonic_ns()))
+    return Result<std::span<std::byte>>(*stop);
+  return std::nullopt;
+}
+
 Result<std::span<std::byte>> StreamWriter::next_cell() {
-  uint64_t since = 0;  // when this wait began; the reader's timeout counts from there
-  uint32_t last_read = slot_.stream.read.load(std::memory_order_relaxed);
   for (;;) {
-    if (slot_.cancel_requested.load(std::memory_order_relaxed) != 0) {
-      return Error(ErrorCode::kCancelled, "stream stopped at part " + std::to_string(written_) +
-                                              ": the job was asked to stop");
-    }
-    if (cell_free()) break;
-    const uint64_t now = monotonic_ns();
-    const uint32_t read = slot_.stream.read.load(std::memory_order_relaxed);
-    if (since == 0 || read != last_read) {
-      since = now;
-      last_read = read;
-    } else if (reader_timeout_ns_ != 0 && now - since >= reader_timeout_ns_) {
-      return Error(ErrorCode::kCancelled, "stream stopped at part " + std::to_string(written_) +
-                                              ": its caller read no "
-                                              "part for " +
-                                              std::to_string(reader_timeout_ns_ / 1'000'000) +
-                                              " ms with " + std::to_string(window_) +
-                                              " unread (the daemon's stream_reader_timeout_ms)");
-    }
+    if (std::optional<Result<std::span<std::byte>>> cell = try_cell()) return std::move(*cell);
     const EventCount::Key key = slot_.stream.room.prepare_wait();
     if (cell_free() || slot_.cancel_requested.load(std::memory_order_relaxed) != 0) {
       slot_.stream.room.cancel_wait();
       continue;
     }
-    slot_.stream.room.wait(key, now + kRecheckNs);
+    slot_.stream.room.wait(key, monotonic_ns() + kRecheckNs);
   }
-  return std::span<std::byte>(output_ + uint64_t{written_ % window_} * cell_bytes_, cell_bytes_);
 }
 
 void StreamWriter::publish(uint64_t bytes) {

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "gpuq/common/shm_layout.hpp"
@@ -29,6 +30,10 @@ class StreamWriter final : public PartSink {
                uint32_t window, uint32_t reader_timeout_ms) noexcept;
 
   Result<std::span<std::byte>> next_cell() override;
+  // next_cell() without waiting: nullopt while the next part's cell holds an unread part (and
+  // the reader's timeout has not run out). The step runner asks each live sequence's writer
+  // before a step: a slow reader pauses its own sequence, not the others.
+  std::optional<Result<std::span<std::byte>>> try_cell();
   void publish(uint64_t bytes) override;
   uint32_t parts() const override { return written_; }
 
@@ -37,6 +42,9 @@ class StreamWriter final : public PartSink {
   // it). A `read` past `written_` (a client scribbling its own slot) counts as free: the
   // client loses only its own parts.
   bool cell_free() const noexcept;
+  // Why the job must stop (asked to, or its reader's timeout ran out) at `now_ns`; nullopt
+  // while it may go on. Starts or restarts the reader's clock when `read` moved.
+  std::optional<Error> stop_reason(uint64_t now_ns);
 
   JobSlot& slot_;
   const ClientSegmentView& view_;
@@ -45,6 +53,8 @@ class StreamWriter final : public PartSink {
   uint32_t window_;
   uint64_t reader_timeout_ns_;
   uint32_t written_ = 0;
+  uint64_t waiting_since_ = 0;  // since when the writer waits for a cell (0: it is not)
+  uint32_t last_read_ = 0;      // `read` when that wait began or last moved
 };
 
 class OpBackend;

@@ -34,6 +34,7 @@
 #include "job_steps.hpp"
 #include "job_validation.hpp"
 #include "op_backend.hpp"
+#include "step_runner.hpp"
 #include "stream_writer.hpp"
 #include "worker_metrics.hpp"
 
@@ -97,10 +98,12 @@ class Worker {
     pool_ = &queue_.pool(options_.pool_id);
     self_ = &queue_.worker(options_.worker_id);
     lanes_ = LanePicker(queue_.queue(options_.pool_id));
-    batches_.emplace(
-        BatchRunner::WorkerParts{options_, backend_, lanes_, *pool_, *self_, *priv_, clients_,
-                                 std::span<const ClientShm>(&queue_.client(0), l.max_clients),
-                                 metrics_, job_seq_, went_on_});
+    const ClaimedJobs::WorkerParts parts{
+        options_, backend_, lanes_,   *pool_,
+        *self_,   *priv_,   clients_, std::span<const ClientShm>(&queue_.client(0), l.max_clients),
+        metrics_, job_seq_, went_on_};
+    batches_.emplace(parts);
+    steps_.emplace(parts);
 
     // Control messages queued before start-up (the current clients' segments).
     seen_control_ = self_->control_seq.load(std::memory_order_acquire);
@@ -265,7 +268,7 @@ class Worker {
     }
   }
 
-  // Runs the job `value` refers to, and then, when it was a batched op's, each job popped
+  // Runs the job `value` refers to, and then, when it was a batched or step op's, each job popped
   // while its batch was gathered that could not join it.
   void handle(uint32_t value) {
     for (;;) {
@@ -278,8 +281,16 @@ class Worker {
     }
   }
 
+  // Whether a job of Python op `op` runs with others: every job of a step op (a stream too),
+  // and a batched op's unless it streams (its parts are its own).
+  bool runs_with_others(const PythonOp& op, uint32_t stream_window) const noexcept {
+    const BatchSettings b = op.batching_on(options_.pool_id);
+    return b.step || (stream_window == 0 && b.batched());
+  }
+
   // One job, from its claim to its end; a batched op's goes on to the batch runner
-  // (batch_runner.cpp) once claimed, published and checked. The path of every other job is
+  // (batch_runner.cpp), a step op's to the step runner (step_runner.cpp), once claimed,
+  // published and checked. The path of every other job is
   // written out in one piece here, as it was before batches: made of the steps the batch
   // runner takes (publish, ..., end_job), or inlined into loop(), the hot round trip took
   // about 0.15 µs longer on a 2-vCPU VM (0.85 against 0.68 µs, gpuq_bench_roundtrip,
@@ -342,9 +353,8 @@ class Worker {
       final_state = JobState::kFailed;
       outcome = MetricOutcome::kFailed;
       set_outcome(out, v.error());
-    } else if (v->op->python != nullptr && v->stream_window == 0 &&
-               v->op->python->batching_on(options_.pool_id).batched()) {
-      BatchRunner::Job c;
+    } else if (v->op->python != nullptr && runs_with_others(*v->op->python, v->stream_window)) {
+      ClaimedJob c;
       c.value = value;
       c.mc = &mc;
       c.slot = &slot;
@@ -354,7 +364,8 @@ class Worker {
       c.v.emplace(std::move(*v));
       // Looked up again here, off the path of the jobs that are not batched: one variable
       // for both looks made that path slower (the hot round trip, 0.84 against 0.69 µs).
-      return batches_->run(std::move(c), c.v->op->python->batching_on(options_.pool_id));
+      const BatchSettings b = c.v->op->python->batching_on(options_.pool_id);
+      return b.step ? steps_->run(std::move(c), b) : batches_->run(std::move(c), b);
     } else {
       char* arena = mc.view.arena();
       OpContext ctx{reinterpret_cast<const std::byte*>(arena + v->input_offset),
@@ -492,6 +503,8 @@ class Worker {
   WorkerMetricsWriter metrics_;
   // A batched op's jobs (set up in run(): it works on the parts above).
   std::optional<BatchRunner> batches_;
+  // A step op's sequences (the same).
+  std::optional<StepRunner> steps_;
 };
 
 }  // namespace

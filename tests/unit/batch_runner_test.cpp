@@ -1,6 +1,6 @@
-// BatchRunner (daemon/worker/batch_runner.hpp): a batched op's jobs in a worker, on real parts:
-// a JobRing, a client segment in a memfd with real slots and descriptors, the worker's pages
-// (WorkerShm, WorkerPrivate, the metrics page), ops in the real registry. Only the backend is
+// BatchRunner (daemon/worker/batch_runner.hpp): a batched op's jobs in a worker, on real parts
+// (support/worker_rig.hpp: a pool's lanes, a client segment in a memfd with real slots and
+// descriptors, the worker's pages), ops in the real registry. Only the backend is
 // the test's: its run_batch does arithmetic on the jobs' inputs (the Python backend's, which
 // calls the pool's function, runs in python/tests/test_batching.py), records what the worker's
 // private page said during each call, and can end a call's jobs Cancelled, as a call stopped
@@ -21,18 +21,12 @@
 #include "gpuq/common/clock.hpp"
 #include "gpuq/common/params.hpp"
 #include "gpuq/common/shm.hpp"
-#include "support/raw_ring.hpp"
+#include "support/worker_rig.hpp"
 
 namespace gpuq::daemon {
 namespace {
 
-constexpr uint32_t kClients = 4;
-constexpr uint32_t kClient = 1;  // the one mapped client
-constexpr uint64_t kSession = 77;
-constexpr uint32_t kSlots = 32;
-constexpr uint32_t kRingCells = 64;
-constexpr uint32_t kWorker = 3;
-constexpr uint32_t kPool = 0;
+using namespace test_rig;
 
 // Two batched Python ops of pool 0 (the registry is this process's; the settings a batch
 // runs with are run()'s argument, as the loop passes them).
@@ -111,107 +105,10 @@ class TestBackend : public OpBackend {
   const WorkerPrivate& priv_;
 };
 
-// How a queued job differs from a plain one.
-struct JobShape {
-  uint32_t op_id = 0;  // 0: op_a()
-  int64_t rows = 1;    // py.r
-  uint32_t own_limit_ms = 0;
-  uint64_t deadline_ns = kNoDeadline;
-  uint32_t cancel = 0;                 // cancel_requested as queued
-  uint64_t input_offset = UINT64_MAX;  // UINT64_MAX: the slot's own place in the arena
-};
-
 // The worker's parts, a client and a runner over them.
-struct Rig {
-  explicit Rig(uint32_t pool_limit_ms = 0) {
-    options.worker_id = kWorker;
-    options.pool_id = kPool;
-    options.job_time_limit_ms = pool_limit_ms;
-    pool_queue = PoolQueue::create(ring_memory.get(), kRingCells, 1);
-    lanes = LanePicker(pool_queue);
-    auto segment = MemfdSegment::create("batch_runner_test", geometry.segment_bytes);
-    REQUIRE(segment);
-    ClientSegmentView view(segment->address(), geometry, kSlots);
-    clients[kClient].emplace(MappedClient{kSession, std::move(*segment), view});
-    records[kClient].session.store(kSession);
-    for (uint32_t b = 0; b < kMetricBounds; ++b) {
-      metrics_page->bound_ticks[b] = static_cast<uint64_t>(kMetricBoundSeconds[b] * 1e9);
-    }
-    metrics_page->enabled = 1;
-    metrics.attach(*metrics_page);
-    runner = std::make_unique<BatchRunner>(BatchRunner::WorkerParts{
-        options, backend, lanes, *pool, *self, *priv, clients,
-        std::span<const ClientShm>(records.get(), kClients), metrics, job_seq, went_on});
-  }
-
-  const ClientSegmentView& view() const { return clients[kClient]->view; }
-  JobSlot& slot(uint32_t s) const { return view().slot(s); }
-  SlotWord word(uint32_t s) const { return SlotWord::unpack(slot(s).state.load()); }
-  uint64_t output(uint32_t s) const {
-    uint64_t v = 0;
-    std::memcpy(&v, view().arena() + s * 64 + 32, sizeof v);
-    return v;
-  }
-  std::string message(uint32_t s) const { return slot(s).message; }
-
-  // Queues a job in slot `s` whose input is `tag`, as a client does: descriptor, own limit,
-  // SUBMITTED, its reference pushed. Returns the reference.
-  uint32_t queue(uint32_t s, uint64_t tag, JobShape shape = {}) {
-    JobSlot& js = slot(s);
-    std::memcpy(view().arena() + s * 64, &tag, sizeof tag);
-    JobDescriptor& d = js.desc;
-    d = JobDescriptor{};
-    d.op_id = shape.op_id != 0 ? shape.op_id : op_a();
-    d.pool_id = kPool;
-    d.input_offset = shape.input_offset != UINT64_MAX ? shape.input_offset : s * 64;
-    d.input_bytes = sizeof tag;
-    d.output_offset = s * 64 + 32;
-    d.output_capacity = sizeof tag;
-    d.deadline_ns = shape.deadline_ns;
-    d.submit_stamp = read_stamp(options.job_clock);
-    ParamWriter params;
-    REQUIRE(params.add("py.r", shape.rows));
-    std::memcpy(d.params, params.data(), params.size());
-    d.params_bytes = static_cast<uint32_t>(params.size());
-    js.time_limit_ms = shape.own_limit_ms;
-    js.cancel_requested.store(shape.cancel);
-    const uint32_t generation = ++generations[s];
-    js.state.store(SlotWord{generation, JobState::kSubmitted, 0}.pack());
-    const uint32_t ref = JobRef{kClient, s, generation}.pack();
-    REQUIRE(push_ref(ref));
-    return ref;
-  }
-  // Into the one client lane of the normal level (one lane: every client's jobs in order).
-  bool push_ref(uint32_t ref) {
-    return pool_queue.try_push(
-        pool_queue.lane_for(JobRef::unpack(ref).client, Priority::kNormal, false), ref);
-  }
-
-  // What the loop does with a batched op's job before it hands it over: pop, claim, copy,
-  // check, publish.
-  BatchRunner::Job first() {
-    uint32_t value;
-    uint32_t lane;
-    REQUIRE(lanes.pop(&value, &lane));
-    const MappedClient& mc = *clients[kClient];
-    const SlotClaim claimed = claim_slot(value, mc, *pool, kPool, kWorker);
-    REQUIRE(claimed.slot != nullptr);
-    BatchRunner::Job c;
-    c.value = value;
-    c.mc = &mc;
-    c.slot = claimed.slot;
-    c.generation = claimed.generation;
-    std::memcpy(&c.d, &claimed.slot->desc, sizeof c.d);
-    auto v = validate_descriptor(c.d, mc.view.arena_bytes(), kPool);
-    REQUIRE(v);
-    c.v.emplace(std::move(*v));
-    c.out.worker_id = kWorker;
-    c.out.started_stamp = read_stamp(options.job_clock);
-    priv->job.store(value);
-    priv->job_seq.store(++job_seq);
-    self->busy.store(1);
-    return c;
-  }
+struct Rig : WorkerRig {
+  explicit Rig(uint32_t pool_limit_ms = 0)
+      : WorkerRig(op_a(), pool_limit_ms), runner(std::make_unique<BatchRunner>(parts(backend))) {}
 
   // The loop's call: the first queued job and its batch.
   std::optional<uint32_t> run(BatchSettings settings = {8, 0}) {
@@ -222,22 +119,7 @@ struct Rig {
   const OpMetrics& op_metrics() { return metrics_page->ops[metrics.slot(op_a())]; }
   const OpBatchMetrics& batch_metrics() { return metrics.batch(op_a()); }
 
-  WorkerOptions options;
-  std::unique_ptr<WorkerPrivate> priv = std::make_unique<WorkerPrivate>();
   TestBackend backend{*priv};
-  test::RingMemory ring_memory{kRingCells, 1};
-  PoolQueue pool_queue;
-  LanePicker lanes;
-  std::unique_ptr<PoolShm> pool = std::make_unique<PoolShm>();
-  std::unique_ptr<WorkerShm> self = std::make_unique<WorkerShm>();
-  ClientSegmentGeometry geometry = ClientSegmentGeometry::compute(kSlots, 64 * kSlots);
-  MappedClients clients = MappedClients(kClients);
-  std::unique_ptr<ClientShm[]> records = std::make_unique<ClientShm[]>(kClients);
-  std::unique_ptr<WorkerMetrics> metrics_page = std::make_unique<WorkerMetrics>();
-  WorkerMetricsWriter metrics;
-  uint64_t job_seq = 0;
-  uint64_t went_on = 0;
-  uint32_t generations[kSlots] = {};
   std::unique_ptr<BatchRunner> runner;
 };
 
@@ -346,8 +228,8 @@ TEST_CASE("BatchRunner: a job of a client not mapped here yet goes back to the l
 TEST_CASE("BatchRunner: queued jobs that fail their checks end on their own, at once") {
   Rig rig;
   rig.queue(0, 1);
-  rig.queue(1, 2, JobShape{.deadline_ns = 1});                   // long past
-  rig.queue(2, 3, JobShape{.input_offset = 64 * kSlots * 100});  // outside the arena
+  rig.queue(1, 2, JobShape{.deadline_ns = 1});                           // long past
+  rig.queue(2, 3, JobShape{.input_offset = kSlotArena * kSlots * 100});  // outside the arena
   rig.queue(3, 4);
   // A job its client cancelled while queued: its reference stays in the ring, and is dropped.
   rig.queue(4, 5);
