@@ -85,6 +85,7 @@ Result<std::vector<ListedPythonOp>> parse_python_listing(const PoolConfig& pool,
       op.summary = j.at("summary").get<std::string>();
       op.batching.max_batch_size = j.value("max_batch_size", 1u);
       op.batching.max_queue_delay_us = j.value("max_queue_delay_us", 0u);
+      op.batching.step = j.value("step", false);
       ops.push_back(std::move(op));
     }
   } catch (const std::exception& e) {

@@ -213,8 +213,9 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
     pool["stops_forced"] = stops_forced;
     if (const auto& py = c.pools[p].python) {
       json ops = json::array();
-      // The batched ops' settings by name (docs/python.md, "Dynamic batching"); an op that is
-      // not batched (max_batch_size 1) has no entry.
+      // The batched ops' settings by name (docs/python.md, "Dynamic batching"; a step op's,
+      // "Step-level batching", with "step": true); an op that is not batched (max_batch_size
+      // 1) has no entry.
       json batching = json::object();
       for (const OpInfo& op : op_registry()) {
         if (op.python != nullptr && std::find(op.python->pools.begin(), op.python->pools.end(),
@@ -223,6 +224,7 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
           if (const BatchSettings b = op.python->batching_on(p); b.batched()) {
             batching[op.name] = {{"max_batch_size", b.max_batch_size},
                                  {"max_queue_delay_us", b.max_queue_delay_us}};
+            if (b.step) batching[op.name]["step"] = true;
           }
         }
       }

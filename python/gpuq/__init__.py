@@ -40,7 +40,7 @@ from ._remote import RemoteTraceback
 from ._executor import Executor
 from ._joblib import register as register_joblib
 from ._future import Future, JobInfo
-from ._ops import WorkerContext, cancelled, context, on_start, op
+from ._ops import WorkerContext, cancelled, context, on_start, op, step_op
 from ._stream import Stream
 
 __version__ = _native.version()
@@ -53,6 +53,7 @@ __all__ = [
     "Stream",
     "WorkerContext",
     "op",
+    "step_op",
     "on_start",
     "cancelled",
     "context",

@@ -8,9 +8,9 @@ from typing import Annotated
 import numpy
 from numpy.typing import NDArray
 
-def register_python_ops(pool: int, ops: Sequence[tuple[int, str, int, int]]) -> None:
+def register_python_ops(pool: int, ops: Sequence[tuple[int, str, int, int, bool]]) -> None:
     """
-    Adds this worker's Python ops to the registry, with gpuqd's ids and their batching (max_batch_size, max_queue_delay_us).
+    Adds this worker's Python ops to the registry, with gpuqd's ids and their batching (max_batch_size, max_queue_delay_us, step: a step op's).
     """
 
 def run_worker(argv: Sequence[str], handler: object) -> int:

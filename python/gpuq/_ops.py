@@ -6,15 +6,26 @@ listing child (``--list-ops``); the worker's C++ runtime reads the registry once
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from . import _native
 
-__all__ = ["op", "on_start", "cancelled", "context", "WorkerContext"]
+__all__ = ["op", "step_op", "on_start", "cancelled", "context", "WorkerContext"]
 
-# name -> (function, summary, batching): batching is (max_batch_size, max_queue_delay_us),
-# (1, 0) for an op that is not batched.
-registry: Dict[str, Tuple[Callable[..., Any], str, Tuple[int, int]]] = {}
+# An op's batching: (max_batch_size, max_queue_delay_us, step), (1, 0, False) for an op that is
+# not batched; `step` for a step op (max_queue_delay_us 0: its jobs join at the next step).
+Batching = Tuple[int, int, bool]
+
+
+class StepFunctions(NamedTuple):
+    """A step op's two functions, as the registry holds them (:func:`step_op`)."""
+
+    start: Callable[..., Any]
+    step: Callable[[List[Any]], Any]
+
+
+# name -> (function, summary, batching); a step op's "function" is its StepFunctions.
+registry: Dict[str, Tuple[Any, str, Batching]] = {}
 on_start_functions: List[Callable[[], Any]] = []
 
 DEFAULT_QUEUE_DELAY_US = 500
@@ -28,10 +39,10 @@ def _valid_name(name: str) -> bool:
     )
 
 
-def _batching(name: str, max_batch_size: Any, max_queue_delay_us: Any) -> Tuple[int, int]:
+def _batching(decorator: str, name: str, max_batch_size: Any, max_queue_delay_us: Any) -> Batching:
     if type(max_batch_size) is not int or not 1 <= max_batch_size <= _native.MAX_BATCH_SIZE:
         raise ValueError(
-            f"gpuq.op({name!r}): max_batch_size must be an int from 1 to "
+            f"{decorator}({name!r}): max_batch_size must be an int from 1 to "
             f"{_native.MAX_BATCH_SIZE}, not {max_batch_size!r}"
         )
     if max_queue_delay_us is None:
@@ -41,10 +52,10 @@ def _batching(name: str, max_batch_size: Any, max_queue_delay_us: Any) -> Tuple[
         or not 0 <= max_queue_delay_us <= _native.MAX_QUEUE_DELAY_US
     ):
         raise ValueError(
-            f"gpuq.op({name!r}): max_queue_delay_us must be an int from 0 to "
+            f"{decorator}({name!r}): max_queue_delay_us must be an int from 0 to "
             f"{_native.MAX_QUEUE_DELAY_US}, not {max_queue_delay_us!r}"
         )
-    return (max_batch_size, max_queue_delay_us if max_batch_size > 1 else 0)
+    return (max_batch_size, max_queue_delay_us if max_batch_size > 1 else 0, False)
 
 
 def op(
@@ -72,25 +83,92 @@ def op(
     the function once with each array argument concatenated along axis 0; the function returns
     an array (or a tuple of arrays) with one row per input row, and each caller gets its own
     rows back."""
-    batching = _batching(name, max_batch_size, max_queue_delay_us)
-    if not _valid_name(name):
-        raise ValueError(f"gpuq.op: {name!r} is not a valid op name (1-48 characters of [a-z0-9_])")
-    if name == _native.CALL_OP:
-        raise ValueError(f"gpuq.op: {name!r} is reserved for gpuq.Executor's callables")
+    batching = _batching("gpuq.op", name, max_batch_size, max_queue_delay_us)
+    _check_name("gpuq.op", name)
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(fn):
             raise TypeError(f"gpuq.op({name!r}) decorates a function, not {type(fn).__name__}")
-        have = registry.get(name)
-        if have is not None and have[0] is not fn:
-            raise ValueError(
-                f"gpuq.op: {name!r} is registered twice ({_qualname(have[0])} and {_qualname(fn)})"
-            )
-        doc = summary if summary is not None else (fn.__doc__ or "").strip().split("\n")[0]
-        registry[name] = (fn, doc[:200], batching)
+        _register("gpuq.op", name, fn, fn, summary, batching)
         return fn
 
     return register
+
+
+def step_op(
+    name: str,
+    summary: Optional[str] = None,
+    *,
+    start: Callable[..., Any],
+    max_batch_size: int = 32,
+) -> Callable[[Callable[[List[Any]], Any]], Callable[[List[Any]], Any]]:
+    """Registers the decorated function as the step op ``name``: an op that makes a sequence of
+    parts one step at a time (a token, a frame), batched per step across every caller
+    (docs/python.md, "Step-level batching")::
+
+        def start(prompt, *, length=32):          # a job's arguments, as an op's
+            return {"h": encode(prompt), "left": length}      # its sequence's state
+
+        @gpuq.step_op("generate", start=start, max_batch_size=32)
+        def step(states):                         # the live sequences' states
+            h = model(torch.stack([s["h"] for s in states]))  # one call for all of them
+            out = []
+            for s, hi in zip(states, h):
+                s["h"], s["left"] = hi, s["left"] - 1
+                out.append((sample(hi), s["left"] == 0))      # (its part, ended?)
+            return out
+
+    ``start`` runs when a job joins, with the job's arguments, and returns its state (any
+    object; copy what it keeps of the arguments: they are views of the caller's memory).
+    ``step`` runs once per step with the states of the sequences that take it, changes them in
+    place, and returns one ``(part, done)`` per state, in order. A worker holds up to
+    ``max_batch_size`` live sequences: a new job joins at the next step, a sequence that is done
+    (or cancelled, or past its time limit) leaves at the next, so short sequences never wait for
+    long ones. :meth:`gpuq.Client.stream` gets each part as its step ends; :meth:`gpuq.Client.call`
+    gets the list of a sequence's parts. An exception in ``step`` fails the sequences of that
+    step; one in ``start``, its job alone. The function is returned unchanged."""
+    batching = _batching("gpuq.step_op", name, max_batch_size, 0)
+    _check_name("gpuq.step_op", name)
+    if not callable(start):
+        raise TypeError(f"gpuq.step_op({name!r}): start must be a function, not {start!r}")
+
+    def register(step: Callable[[List[Any]], Any]) -> Callable[[List[Any]], Any]:
+        if not callable(step):
+            raise TypeError(
+                f"gpuq.step_op({name!r}) decorates a function, not {type(step).__name__}"
+            )
+        fns = StepFunctions(start, step)
+        _register("gpuq.step_op", name, step, fns, summary, (batching[0], 0, True))
+        return step
+
+    return register
+
+
+def _check_name(decorator: str, name: str) -> None:
+    if not _valid_name(name):
+        raise ValueError(
+            f"{decorator}: {name!r} is not a valid op name (1-48 characters of [a-z0-9_])"
+        )
+    if name == _native.CALL_OP:
+        raise ValueError(f"{decorator}: {name!r} is reserved for gpuq.Executor's callables")
+
+
+def _register(
+    decorator: str,
+    name: str,
+    fn: Callable[..., Any],
+    entry: Any,
+    summary: Optional[str],
+    batching: Batching,
+) -> None:
+    have = registry.get(name)
+    if have is not None and have[0] != entry:
+        was = have[0].step if isinstance(have[0], StepFunctions) else have[0]
+        raise ValueError(
+            f"{decorator}: {name!r} is registered twice ({_qualname(was)} and {_qualname(fn)})"
+        )
+    doc = summary if summary is not None else (fn.__doc__ or "").strip().split("\n")[0]
+    registry[name] = (entry, doc[:200], batching)
 
 
 def on_start(fn: Callable[[], Any]) -> Callable[[], Any]:

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _answers, _batching, _errors, _native, _ops, _parts, _spill
+from . import _answers, _batching, _errors, _native, _ops, _parts, _spill, _steps
 from ._answers import ResultTooLarge
 from ._frameworks import Frameworks, out_of_memory
 
@@ -68,6 +68,7 @@ class Runtime:
         self.frameworks = Frameworks(_ops.context()) if gpu else None
         self.functions: Dict[bytes, Any] = {}  # a callable's pickle -> the callable
         self.contexts: Dict[bytes, _ExecutorContext] = {}  # by the context's pickle
+        self.sequences = _steps.Sequences(self._failed)  # the step ops' live sequences
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -123,6 +124,8 @@ class Runtime:
         entry = self.ops.get(name)
         if entry is None:
             return (_errors.UnknownOp.code, f"{name}: not an op of this Python pool", 0, 0)
+        if isinstance(entry[0], _ops.StepFunctions):  # never sent here: the step runner's
+            return (_errors.Internal.code, f"{name}: a step op's job ran alone", 0, 0)
         try:
             if h < 0 or n < 0:
                 raise ValueError(_NOT_A_CALL)
@@ -133,6 +136,41 @@ class Runtime:
             return self._call(name, entry[0], args, kwargs, out)
         finally:
             del args, kwargs
+
+    # -- step ops' sequences (python/src/worker.cpp: the step runner's backend) -----------------
+
+    def step_start(
+        self, name: str, key: int, inp: memoryview, out: memoryview, h: int, n: int
+    ) -> Tuple[int, str, int]:
+        """A job of step op ``name`` joins as sequence ``key``: its call decoded, its state made."""
+        if self.frameworks is not None:
+            self.frameworks.configure_new()
+        fns = _steps.find(self.ops, name)
+        if fns is None:
+            return (_errors.UnknownOp.code, f"{name}: not a step op of this Python pool", 0)
+        try:
+            if h < 0 or n < 0:
+                raise ValueError(_NOT_A_CALL)
+            _, args, kwargs = decode_call(inp, h, n, False)
+        except Exception as e:  # noqa: BLE001 - the client's mistake, not the op's
+            return (_errors.InvalidArgument.code, f"{name}: {e}", 0)
+        try:
+            return self.sequences.start(name, fns, key, args, kwargs, out)
+        finally:
+            del args, kwargs
+
+    def step(
+        self, name: str, keys: List[int], cells: List[memoryview], streams: List[bool]
+    ) -> List[Tuple[int, str, int, bool]]:
+        """One step of step op ``name`` for the sequences ``keys`` (gpuq._steps)."""
+        fns = _steps.find(self.ops, name)
+        if fns is None:
+            why = (_errors.UnknownOp.code, f"{name}: not a step op of this Python pool", 0, True)
+            return [why] * len(keys)
+        return self.sequences.step(name, fns, keys, cells, streams)
+
+    def step_end(self, key: int) -> None:
+        self.sequences.end(key)
 
     def _call(
         self, name: str, fn: Any, args: list, kwargs: dict, out: memoryview
@@ -499,7 +537,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if listing is not None:
         json.dump(
             [
-                {"name": n, "summary": s, "max_batch_size": b[0], "max_queue_delay_us": b[1]}
+                {
+                    "name": n,
+                    "summary": s,
+                    "max_batch_size": b[0],
+                    "max_queue_delay_us": b[1],
+                    "step": b[2],
+                }
                 for n, (_, s, b) in _ops.registry.items()
             ],
             listing,
@@ -519,7 +563,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     batching = {n: b for n, (_, _, b) in _ops.registry.items()}
     _native.register_python_ops(
-        pool_id, sorted((i, n) + batching.get(n, (1, 0)) for n, i in expected.items())
+        pool_id, sorted((i, n) + batching.get(n, (1, 0, False)) for n, i in expected.items())
     )
     runtime = Runtime(dict(_ops.registry), allow_callables, gpu)
     return int(_native.run_worker(["gpuq-python-worker"] + rest, runtime))

@@ -8,6 +8,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <span>
@@ -69,15 +70,26 @@ void release_view(const nb::object& v) {
   if (PyErr_Occurred() != nullptr) PyErr_Clear();
 }
 
-// A job's result from what Runtime.run or run_batch said of it: (code, message, bytes, value).
-Result<OpOutput> job_result(const OpContext& ctx, int code, const std::string& message,
-                            uint64_t bytes, uint64_t value) {
-  if (bytes > ctx.output_capacity) bytes = ctx.output_capacity;
-  if (code == 0) return OpOutput{bytes, value};
-  ctx.failure_output_bytes = bytes;
+// A failed job's error from what the Runtime said of it (its code, message and record's size).
+Error job_error(const OpContext& ctx, int code, const std::string& message, uint64_t bytes) {
+  ctx.failure_output_bytes = std::min(bytes, ctx.output_capacity);
   const ErrorCode ec =
       code > 0 && code <= kMaxErrorCode ? static_cast<ErrorCode>(code) : ErrorCode::kOpFailed;
   return Error(ec, message);
+}
+
+// A job's result from what Runtime.run or run_batch said of it: (code, message, bytes, value).
+Result<OpOutput> job_result(const OpContext& ctx, int code, const std::string& message,
+                            uint64_t bytes, uint64_t value) {
+  if (code != 0) return job_error(ctx, code, message, bytes);
+  return OpOutput{std::min(bytes, ctx.output_capacity), value};
+}
+
+// Where a job's call header is (py.h, py.n); -1 when the param is missing or not an int, which
+// the Runtime reports.
+int64_t int_param(const OpContext& ctx, std::string_view key) {
+  auto v = ctx.params.get_int(key, -1, 0, INT64_MAX);
+  return v ? *v : -1;
 }
 
 nb::dict params_of(const OpContext& ctx) {
@@ -147,14 +159,8 @@ class PythonBackend final : public OpBackend {
         g_parts.store(nullptr, std::memory_order_relaxed);
       }
     } clear;
-    // Where the call's header is (py.h, py.n); -1 when a param is missing or not an int, which
-    // Runtime.run reports.
-    auto param = [&](std::string_view key) -> int64_t {
-      auto v = ctx.params.get_int(key, -1, 0, INT64_MAX);
-      return v ? *v : -1;
-    };
-    const int64_t h = param(daemon::kPythonHeaderParam);
-    const int64_t n = param(daemon::kPythonHeaderBytesParam);
+    const int64_t h = int_param(ctx, daemon::kPythonHeaderParam);
+    const int64_t n = int_param(ctx, daemon::kPythonHeaderBytesParam);
     nb::gil_scoped_acquire gil;
     try {
       // Views of the client's segment, zero copy: the input read-only, except for a callable's
@@ -245,6 +251,103 @@ class PythonBackend final : public OpBackend {
     }
   }
 
+  // A step op's sequences (docs/design/streams.md, "Step-level batching"): the Runtime keeps
+  // each one's state by `key`.
+  Result<void> step_start(const OpInfo& op, const OpContext& ctx, uint64_t key) override {
+    if (op.python == nullptr) return OpBackend::step_start(op, ctx, key);
+    g_cancel_flag.store(&ctx.cancel_requested, std::memory_order_relaxed);
+    struct Clear {
+      ~Clear() { g_cancel_flag.store(nullptr, std::memory_order_relaxed); }
+    } clear;
+    const int64_t h = int_param(ctx, daemon::kPythonHeaderParam);
+    const int64_t n = int_param(ctx, daemon::kPythonHeaderBytesParam);
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::object in = view_of(ctx.input, ctx.input_bytes, false);
+      nb::object out = view_of(ctx.output, ctx.output_capacity, true);
+      if (!in.is_valid() || !out.is_valid()) throw nb::python_error();
+      auto [code, message, bytes] = nb::cast<std::tuple<int, std::string, uint64_t>>(
+          handler_.attr("step_start")(op.name, key, in, out, h, n));
+      release_view(in);
+      release_view(out);
+      must_exit_ = nb::cast<bool>(handler_.attr("poisoned"));
+      if (code != 0) return job_error(ctx, code, message, bytes);
+      return {};
+    } catch (nb::python_error& e) {
+      return Error(ErrorCode::kOpFailed, std::string(op.name) + ": the worker runtime failed: " +
+                                             describe_python_error(e));
+    } catch (const std::exception& e) {
+      return Error(ErrorCode::kOpFailed,
+                   std::string(op.name) + ": the worker runtime failed: " + e.what());
+    }
+  }
+
+  void step(const OpInfo& op, std::span<const daemon::StepJob> jobs,
+            std::vector<Result<daemon::StepOutput>>& results) override {
+    if (op.python == nullptr || jobs.empty()) {
+      OpBackend::step(op, jobs, results);
+      return;
+    }
+    flags_.clear();
+    for (const daemon::StepJob& j : jobs) flags_.push_back(&j.ctx->cancel_requested);
+    g_batch_flags.store(&flags_, std::memory_order_relaxed);
+    struct Clear {
+      ~Clear() { g_batch_flags.store(nullptr, std::memory_order_relaxed); }
+    } clear;
+    nb::gil_scoped_acquire gil;
+    // The runtime itself failed: every sequence of the step with it.
+    const size_t first = results.size();
+    auto fail_all = [&](const std::string& why) {
+      results.erase(results.begin() + static_cast<std::ptrdiff_t>(first), results.end());
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        results.emplace_back(Error(ErrorCode::kOpFailed, why));
+      }
+    };
+    try {
+      nb::list keys;
+      nb::list cells;
+      nb::list streams;
+      views_.clear();
+      for (const daemon::StepJob& j : jobs) {
+        nb::object cell = view_of(j.cell.data(), j.cell.size(), true);
+        if (!cell.is_valid()) throw nb::python_error();
+        keys.append(j.key);
+        cells.append(cell);
+        streams.append(j.streams);
+        views_.push_back(std::move(cell));
+      }
+      auto outcomes = nb::cast<std::vector<std::tuple<int, std::string, uint64_t, bool>>>(
+          handler_.attr("step")(op.name, keys, cells, streams));
+      for (const nb::object& v : views_) release_view(v);
+      views_.clear();
+      must_exit_ = nb::cast<bool>(handler_.attr("poisoned"));
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (i >= outcomes.size()) {
+          results.emplace_back(Error(
+              ErrorCode::kInternal, std::string(op.name) + ": the worker runtime lost a sequence"));
+          continue;
+        }
+        const auto& [code, message, bytes, done] = outcomes[i];
+        if (code != 0) {
+          results.emplace_back(job_error(*jobs[i].ctx, code, message, bytes));
+        } else {
+          results.emplace_back(
+              daemon::StepOutput{std::min<uint64_t>(bytes, jobs[i].cell.size()), done});
+        }
+      }
+    } catch (nb::python_error& e) {
+      views_.clear();
+      fail_all(std::string(op.name) + ": the worker runtime failed: " + describe_python_error(e));
+    } catch (const std::exception& e) {
+      views_.clear();
+      fail_all(std::string(op.name) + ": the worker runtime failed: " + e.what());
+    }
+  }
+
+  void step_end(const OpInfo& op, uint64_t key) override {
+    if (op.python != nullptr) call_quietly("step_end", key);
+  }
+
   // Whether the last Python op left the CUDA context poisoned (Runtime.poisoned, read by run()):
   // no GIL and no Python call per job.
   bool must_exit() const override { return must_exit_; }
@@ -283,16 +386,16 @@ void bind_worker(nb::module_& m) {
   m.def(
       "register_python_ops",
       [](uint32_t pool,
-         const std::vector<std::tuple<uint32_t, std::string, uint32_t, uint32_t>>& ops) {
-        for (const auto& [id, name, max_batch_size, max_queue_delay_us] : ops) {
-          auto r = daemon::add_python_op(name, "", pool, id,
-                                         daemon::BatchSettings{max_batch_size, max_queue_delay_us});
+         const std::vector<std::tuple<uint32_t, std::string, uint32_t, uint32_t, bool>>& ops) {
+        for (const auto& [id, name, max_batch_size, max_queue_delay_us, step] : ops) {
+          auto r = daemon::add_python_op(
+              name, "", pool, id, daemon::BatchSettings{max_batch_size, max_queue_delay_us, step});
           if (!r) throw std::invalid_argument(r.error().message());
         }
       },
       "pool"_a, "ops"_a,
       "Adds this worker's Python ops to the registry, with gpuqd's ids and their batching "
-      "(max_batch_size, max_queue_delay_us).");
+      "(max_batch_size, max_queue_delay_us, step: a step op's).");
   m.def(
       "run_worker",
       [](std::vector<std::string> args, nb::object handler) {
