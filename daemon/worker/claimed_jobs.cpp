@@ -122,6 +122,12 @@ bool ClaimedJobs::past_limit(const ClaimedJob& c, uint64_t now_ns) const {
   return limit != 0 && now_ns - c.claimed_ns >= uint64_t{limit} * 1'000'000;
 }
 
+bool ClaimedJobs::client_left(const ClaimedJob& c) const {
+  const uint32_t client = JobRef::unpack(c.value).client;
+  return client >= w_.client_records.size() ||
+         w_.client_records[client].session.load(std::memory_order_relaxed) != c.mc->session;
+}
+
 // The next even job_seq ends the publication so far, then which job, since when, and the odd
 // job_seq that publishes them (a seqlock's write, as in the loop).
 void ClaimedJobs::republish(const ClaimedJob& c, uint32_t batch_jobs) {

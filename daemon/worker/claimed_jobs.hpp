@@ -100,6 +100,11 @@ class ClaimedJobs {
   // said so (the time-limit bit).
   bool past_limit(const ClaimedJob& c, uint64_t now_ns) const;
 
+  // Whether `c`'s client has left (its record in the queue segment no longer holds the session
+  // this worker mapped): the supervisor stops only the job a worker is seen to run, so a runner
+  // that holds others looks itself.
+  bool client_left(const ClaimedJob& c) const;
+
   // Makes `c` the job this worker is seen to run, for the supervisor's time limits and status,
   // in place of the one published so far; `batch_jobs`: how many jobs the call serves.
   void republish(const ClaimedJob& c, uint32_t batch_jobs);

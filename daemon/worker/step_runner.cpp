@@ -116,6 +116,9 @@ void StepRunner::sweep(const OpInfo& op) {
     if ((why & kCancelByClient) != 0) {
       c.fail(JobState::kCancelled, MetricOutcome::kCancelled,
              Error(ErrorCode::kCancelled, std::string(op.name) + ": cancelled while running"));
+    } else if (jobs_.client_left(c)) {
+      c.fail(JobState::kCancelled, MetricOutcome::kCancelled,
+             Error(ErrorCode::kCancelled, std::string(op.name) + ": its client left"));
     } else if (jobs_.past_limit(c, now)) {
       c.fail(JobState::kFailed, MetricOutcome::kTimedOut, time_limit_error(op, jobs_.limit_ms(c)));
     } else if (s->writer == nullptr) {

@@ -195,10 +195,12 @@ def test_a_reader_that_stops_reading_pauses_only_its_own_sequence(client):
 
 
 def test_a_caller_killed_mid_sequence_frees_its_place(daemon, client):
+    # Two sequences of ~3 hours each: a stream, and a call() whose parts no reader paces.
     child = textwrap.dedent(
         f"""
         import os, gpuq
         c = gpuq.connect({daemon.runtime_dir!r})
+        called = c.submit_call("count_up", 1_000_000, delay=0.01)
         s = c.stream("count_up", 1_000_000, delay=0.01, window=2)
         for _ in range(3):
             s.next(timeout=30)
@@ -206,7 +208,8 @@ def test_a_caller_killed_mid_sequence_frees_its_place(daemon, client):
         """
     )
     subprocess.run([sys.executable, "-c", child], check=True, timeout=120)
-    assert client.call("plain", 5, timeout=30) == 10  # another op: the sequences ended first
+    # Another op runs once both sequences have left: they end when their client is gone.
+    assert client.call("plain", 5, timeout=30) == 10
 
 
 def test_a_worker_killed_mid_sequence_fails_every_live_one(daemon, client):

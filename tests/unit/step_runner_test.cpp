@@ -247,6 +247,23 @@ TEST_CASE("StepRunner: a cancelled sequence leaves at the next step; the others 
   CHECK(rig.backend.states.empty());
 }
 
+TEST_CASE("StepRunner: the sequences of a client that left end at the next step") {
+  Rig rig;
+  rig.queue_call(0, 50);
+  rig.queue(1, 50, JobShape{.output_capacity = 128, .stream_window = 2});
+  rig.backend.during_step = [&](size_t step) {
+    if (step == 1) rig.records[kClient].session.store(0);  // the supervisor saw it go
+  };
+  CHECK_FALSE(rig.run());
+  CHECK(rig.backend.steps.size() == 2);
+  for (uint32_t s = 0; s < 2; ++s) {
+    CAPTURE(s);
+    CHECK(rig.word(s).state == JobState::kCancelled);
+    CHECK(rig.message(s).find("its client left") != std::string::npos);
+  }
+  CHECK(rig.backend.states.empty());
+}
+
 TEST_CASE("StepRunner: a sequence past its own time limit ends TimedOut; the others go on") {
   Rig rig;
   rig.queue_call(0, 6);

@@ -233,6 +233,43 @@ def generate_text_stream(prompt: str, seed: int, n_lines: int = 5, length: int =
         yield [text_of(line) for line in np.stack(pending).T]
 
 
+def _chunk_start(prompt: str, seed: int, n_lines: int = 5, length: int = 120,
+                 step: int = 20) -> Dict[str, Any]:
+    """A chunk's sequence for generate_text_steps: its draws (those of generate_lines) and
+    where it is."""
+    codes, u = _draws(prompt, seed, n_lines, length)
+    v = models()["text"]["letters"]
+    return {"u": u, "t": 0, "step": step,
+            "state": np.full(n_lines, codes[-2] * v + codes[-1], dtype=np.int64)}
+
+
+@gpuq.step_op("generate_text_steps", start=_chunk_start, max_batch_size=64)
+def generate_text_steps(chunks: List[Dict[str, Any]]) -> List[tuple]:
+    """generate_text_stream with step-level batching (docs/python.md, "Step-level batching"):
+    each step makes the next ``step`` letters of every line of every live chunk, from any
+    caller, in one set of array operations (numpy), and a chunk leaves when its lines are
+    complete. The same letters as generate_lines."""
+    cdf, v = models()["text"]["cdf"], models()["text"]["letters"]
+    n = min(min(c["step"], len(c["u"]) - c["t"]) for c in chunks)  # letters all can take
+    state = np.concatenate([c["state"] for c in chunks])
+    made = []
+    for k in range(n):
+        u = np.concatenate([c["u"][c["t"] + k] for c in chunks])
+        nxt = (cdf[state] < u[:, None]).sum(axis=1)
+        made.append(nxt)
+        state = (state % v) * v + nxt
+    letters = np.stack(made)  # (n, every line of every chunk)
+    out, at = [], 0
+    for c in chunks:
+        lines = len(c["state"])
+        c["state"] = state[at:at + lines]
+        c["t"] += n
+        out.append(([text_of(line) for line in letters[:, at:at + lines].T],
+                     c["t"] == len(c["u"])))
+        at += lines
+    return out
+
+
 @gpuq.op("embed")
 def embed(x: np.ndarray) -> np.ndarray:
     """Unit-length embeddings (n x 32, float32) of the rows of ``x`` (n x 64)."""

@@ -10,7 +10,10 @@ loading the model in each of them.
 This script runs that loop twice on the same prompts and seeds: first with loky, as gretel
 does, then with ``gpuq.Executor``, whose tasks run in the warm workers of a gpuq Python pool.
 Then one chunk again as a stream (``Client.stream`` of a generator op): its letters arrive 20 at
-a time while the rest are generated, as a chat UI shows tokens.
+a time while the rest are generated, as a chat UI shows tokens. Last, 16 chunks of mixed
+lengths streamed at once from a step op (``@gpuq.step_op``: every step makes the next letters of
+every live chunk in one call, and a short chunk leaves as soon as it is done) and from the
+generator op (a chunk at a time per worker).
 gpuqd started those workers and loaded the model in each once (``pattern_ops.load_models``, an
 ``@gpuq.on_start``); on a gpu pool the model is on the GPU, in one process per GPU. The two
 runs must generate the same lines. The generator is a small character-level Markov chain
@@ -31,6 +34,7 @@ import os
 import time
 
 import loky
+import numpy as np
 
 import gpuq
 import pattern_ops  # this folder is on sys.path: it is the script's own
@@ -63,6 +67,26 @@ def generate_all(executor, num_workers, num_lines, chunk_size, length):
         for f in done:
             results[pending.pop(f)] = f.result()
     return results
+
+
+def read_streams(client, op, lengths, pool):
+    """Streams chunk ``seed`` of length ``lengths[seed]`` for every seed, all submitted before
+    any is read, and reads them in order. (seconds to the last part, to the first, {seed:
+    lines})."""
+    t0 = time.perf_counter()
+    streams = [client.stream(op, PROMPTS[seed % len(PROMPTS)], seed, n_lines=5, length=length,
+                             step=20, pool=pool) for seed, length in enumerate(lengths)]
+    first = None
+    lines = {}
+    for seed, s in enumerate(streams):
+        with s:
+            got = [PROMPTS[seed % len(PROMPTS)]] * 5
+            for letters in s:
+                if first is None:
+                    first = time.perf_counter() - t0
+                got = [line + more for line, more in zip(got, letters)]
+        lines[seed] = got
+    return time.perf_counter() - t0, first, lines
 
 
 def main():
@@ -106,6 +130,15 @@ def main():
                     t_first = time.perf_counter() - t0
                 streamed = [line + more for line, more in zip(streamed, letters)]
         t_stream = time.perf_counter() - t0
+        # Many chunks at once, of mixed lengths, as streams of a step op (docs/python.md,
+        # "Step-level batching"): each step makes the next 20 letters of every live chunk in
+        # one call, a short chunk leaves as soon as it is complete, against the same chunks as
+        # streams of the generator op (one chunk at a time per worker).
+        lengths = [args.length // 4 * (1 + seed % 4) for seed in range(16)]
+        t_steps, first_steps, by_steps = read_streams(client, "generate_text_steps", lengths,
+                                                      args.pool)
+        t_gen, first_gen, by_gen = read_streams(client, "generate_text_stream", lengths,
+                                                args.pool)
         info = client.call("model_info", pool=args.pool)
 
     assert sorted(before) == sorted(after) == list(range(len(before))), "chunks missing"
@@ -115,6 +148,13 @@ def main():
     assert not differ, f"loky and gpuq differ for seeds {differ[:10]}"
     assert named["lines"] == before[1], "the generate_text op differs from generate_lines"
     assert streamed == before[1], "the streamed lines differ from generate_lines"
+    model = pattern_ops.train_text_model()
+    for seed, length in enumerate(lengths):
+        want = [PROMPTS[seed % len(PROMPTS)] + pattern_ops.text_of(line) for line in np.stack(
+            list(pattern_ops.letters_numpy(model, PROMPTS[seed % len(PROMPTS)], seed, 5,
+                                           length))).T]
+        assert by_steps[seed] == want, f"generate_text_steps differs for seed {seed}"
+        assert by_gen[seed] == want, f"generate_text_stream differs for seed {seed}"
 
     print(f"pool {args.pool!r} (runs on {runs_on!r}, {workers} workers, model on "
           f"{info['backend']} {info['device']}); {len(before)} chunks of {args.chunk_size} "
@@ -126,6 +166,10 @@ def main():
     print(f"  the same {n} lines from both; e.g. seed 0: {after[0][0][:72]!r}...")
     print(f"  streamed ({len(before[1])} lines, 20 letters a part): first part after "
           f"{t_first * 1e3:.1f} ms, all {args.length} letters after {t_stream * 1e3:.1f} ms")
+    print(f"  16 chunks of {min(lengths)} to {max(lengths)} letters at once, streamed: step op "
+          f"(all live chunks in one call a step) first part {first_steps * 1e3:.1f} ms, all "
+          f"{t_steps * 1e3:.1f} ms; generator op (a chunk at a time per worker) first part "
+          f"{first_gen * 1e3:.1f} ms, all {t_gen * 1e3:.1f} ms")
     print("ok")
 
 
