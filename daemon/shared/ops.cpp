@@ -312,6 +312,11 @@ void forget_python_pool(uint32_t pool) {
   }
 }
 
+uint64_t python_rows(const ParamBlock& params) {
+  auto r = params.get_int(kPythonRowsParam, 1, 0, kMaxBatchSize);
+  return r ? static_cast<uint64_t>(*r) : 1;
+}
+
 std::string python_op_list(uint32_t pool) {
   nlohmann::json list = nlohmann::json::array();
   for (const OpInfo& op : op_registry()) {

@@ -143,6 +143,11 @@ inline constexpr const char* kPythonCallOp = "python_call";
 inline constexpr const char* kPythonHeaderParam = "py.h";       // the header's offset
 inline constexpr const char* kPythonHeaderBytesParam = "py.n";  // its length in bytes
 inline constexpr const char* kPythonRowsParam = "py.r";
+// A Python op's job's rows, as its client wrote them (py.r; 0: its arrays do not share a first
+// axis, so it runs alone in a batch); 1 when it says nothing. Python's side of the call checks
+// that the arrays have no more rows than that (gpuq._batching.check_rows), so a batch's call
+// never gets more than max_batch_size rows.
+uint64_t python_rows(const ParamBlock& params);
 
 // Adds a Python op with id `id` (above every id registered so far), or adds `pool` to the
 // op of that name when it has one, with `batching` as that pool's. Same rules as

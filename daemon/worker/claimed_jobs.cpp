@@ -16,13 +16,6 @@
 
 namespace gpuq::daemon {
 
-// Python's side of the call checks that the arrays have no more rows than that
-// (gpuq._batching.check_rows), so a batch's call never gets more than max_batch_size rows.
-uint64_t python_rows(const ParamBlock& params) {
-  auto r = params.get_int(kPythonRowsParam, 1, 0, kMaxBatchSize);
-  return r ? static_cast<uint64_t>(*r) : 1;
-}
-
 void ClaimedJob::fail(JobState state, MetricOutcome metric, const Error& e) {
   final_state = state;
   outcome = metric;

@@ -24,10 +24,6 @@
 
 namespace gpuq::daemon {
 
-// A Python op's job's rows, as its client wrote them (py.r; 0: its arrays do not share a first
-// axis, so it runs alone in a batch); 1 when it says nothing.
-uint64_t python_rows(const ParamBlock& params);
-
 // A job this worker has claimed (its slot RUNNING, naming this worker), from its claim to its
 // end.
 struct ClaimedJob {
