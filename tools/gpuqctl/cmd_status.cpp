@@ -198,9 +198,15 @@ void print_status_table(const Json& doc) {
       std::cout << "  python " << text_field(*py, "interpreter")
                 << ", ops: " << (ops.empty() ? "none" : ops)
                 << (py->value("allow_callables", false) ? "; runs callables" : "") << '\n';
-      // Its batched ops: "  batching classify: max_batch_size 64, max_queue_delay_us 500".
+      // Its batched ops: "  batching classify: max_batch_size 64, max_queue_delay_us 500";
+      // a step op's: "  batching generate: per step, max_batch_size 32".
       if (auto b = py->find("batching"); b != py->end() && b->is_object()) {
         for (const auto& [name, settings] : b->items()) {
+          if (settings.is_object() && settings.value("step", false)) {
+            std::cout << "  batching " << name << ": per step, max_batch_size "
+                      << text_field(settings, "max_batch_size") << '\n';
+            continue;
+          }
           std::cout << "  batching " << name << ": max_batch_size "
                     << text_field(settings, "max_batch_size") << ", max_queue_delay_us "
                     << text_field(settings, "max_queue_delay_us") << '\n';
