@@ -12,6 +12,7 @@ void BatchGatherer::begin(uint32_t op_id, BatchSettings settings, uint64_t rows,
   jobs_ = 1;
   expected_ = expected(op_id);
   started_ns_ = now_ns;
+  last_taken_ns_ = now_ns;
   deadline_ns_ = now_ns + uint64_t{settings.max_queue_delay_us} * 1000;
 }
 

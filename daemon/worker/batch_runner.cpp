@@ -106,7 +106,7 @@ std::optional<uint32_t> BatchRunner::gather(const OpInfo* op, uint32_t op_id, ui
     }
     // A stream job of the op runs on its own: its parts are its own (docs/design/streams.md).
     if (c.v && c.v->op == op && c.v->stream_window == 0 && gatherer_.fits(counted(c.rows))) {
-      gatherer_.add(counted(c.rows));
+      gatherer_.add(counted(c.rows), c.claimed_ns);
       batch_.push_back(std::move(c));
       continue;
     }

@@ -24,8 +24,8 @@ TEST_CASE("BatchGatherer: a lone job never waits for company") {
 TEST_CASE("BatchGatherer: after a batch of several jobs it waits for as many, within the delay") {
   BatchGatherer g;
   g.begin(7, kSettings, 1, 0);
-  g.add(1);
-  g.add(1);
+  g.add(1, 0);
+  g.add(1, 0);
   CHECK(g.jobs() == 3);
   CHECK(g.rows() == 3);
   g.finish();
@@ -34,19 +34,47 @@ TEST_CASE("BatchGatherer: after a batch of several jobs it waits for as many, wi
   g.begin(7, kSettings, 1, t0);
   CHECK(g.deadline_ns() == t0 + 500 * kUs);
   CHECK(g.wait_for_more(t0));
-  CHECK(g.wait_for_more(t0 + 499 * kUs));
-  CHECK_FALSE(g.wait_for_more(t0 + 500 * kUs));  // the delay has passed
-  g.add(1);
-  g.add(1);
-  CHECK_FALSE(g.wait_for_more(t0 + kUs));  // as many as last time: call now
+  g.add(1, t0 + kUs);
+  g.add(1, t0 + 2 * kUs);
+  CHECK_FALSE(g.wait_for_more(t0 + 2 * kUs));  // as many as last time: call now
   g.finish();
   CHECK(g.expected(7) == 3);
+}
+
+TEST_CASE("BatchGatherer: while jobs keep coming it waits until the delay has passed") {
+  BatchGatherer g;
+  g.begin(7, BatchSettings{64, 500}, 1, 0);
+  for (int i = 0; i < 20; ++i) g.add(1, 0);
+  g.finish();  // expects 21 jobs
+  const uint64_t t0 = 10'000'000;
+  g.begin(7, BatchSettings{64, 500}, 1, t0);
+  for (uint64_t t = 90; t <= 450; t += 90) {
+    CHECK(g.wait_for_more(t0 + t * kUs - kUs));
+    g.add(1, t0 + t * kUs);
+  }
+  CHECK(g.wait_for_more(t0 + 499 * kUs));
+  CHECK_FALSE(g.wait_for_more(t0 + 500 * kUs));  // the delay has passed
+}
+
+TEST_CASE("BatchGatherer: no job for kQuietNs ends the wait (the others are in other batches)") {
+  BatchGatherer g;
+  g.begin(7, kSettings, 1, 0);
+  for (int i = 0; i < 5; ++i) g.add(1, 0);
+  g.finish();  // expects 6 jobs
+  const uint64_t t0 = 10'000'000;
+  g.begin(7, kSettings, 1, t0);
+  CHECK(g.wait_for_more(t0 + BatchGatherer::kQuietNs - 1));
+  CHECK_FALSE(g.wait_for_more(t0 + BatchGatherer::kQuietNs));  // none since the first
+  g.begin(7, kSettings, 1, t0);
+  g.add(1, t0 + 50 * kUs);
+  CHECK(g.wait_for_more(t0 + 50 * kUs + BatchGatherer::kQuietNs - 1));
+  CHECK_FALSE(g.wait_for_more(t0 + 50 * kUs + BatchGatherer::kQuietNs));
 }
 
 TEST_CASE("BatchGatherer: each op remembers its own previous batch") {
   BatchGatherer g;
   g.begin(7, kSettings, 1, 0);
-  g.add(1);
+  g.add(1, 0);
   g.finish();
   g.begin(9, kSettings, 1, 0);
   g.finish();
@@ -61,9 +89,9 @@ TEST_CASE("BatchGatherer: max_batch_size rows make the batch full") {
   BatchGatherer g;
   g.begin(7, kSettings, 3, 0);
   CHECK_FALSE(g.full());
-  g.add(4);
+  g.add(4, 0);
   CHECK_FALSE(g.full());
-  g.add(1);
+  g.add(1, 0);
   CHECK(g.full());  // 8 rows
   BatchGatherer alone;
   alone.begin(7, kSettings, 11, 0);  // a first job above the maximum runs alone
@@ -77,7 +105,7 @@ TEST_CASE("BatchGatherer: a job joins only while the batch stays within max_batc
   CHECK(g.fits(3));
   CHECK_FALSE(g.fits(4));
   CHECK_FALSE(g.fits(UINT64_MAX));
-  g.add(3);
+  g.add(3, 0);
   CHECK(g.full());
   CHECK_FALSE(g.fits(1));
   CHECK(g.rows() == 8);
@@ -86,8 +114,8 @@ TEST_CASE("BatchGatherer: a job joins only while the batch stays within max_batc
 TEST_CASE("BatchGatherer: no delay means no wait, whatever came last time") {
   BatchGatherer g;
   g.begin(7, BatchSettings{8, 0}, 1, 0);
-  g.add(1);
-  g.add(1);
+  g.add(1, 0);
+  g.add(1, 0);
   g.finish();
   g.begin(7, BatchSettings{8, 0}, 1, 100);
   CHECK_FALSE(g.wait_for_more(100));
