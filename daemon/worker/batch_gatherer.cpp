@@ -18,18 +18,20 @@ void BatchGatherer::begin(uint32_t op_id, BatchSettings settings, uint64_t rows,
 
 uint32_t BatchGatherer::expected(uint32_t op_id) const noexcept {
   auto it = std::find_if(last_jobs_.begin(), last_jobs_.end(),
-                         [&](const auto& e) { return e.first == op_id; });
-  return it == last_jobs_.end() ? 1 : it->second;
+                         [&](const Recent& e) { return e.op_id == op_id; });
+  if (it == last_jobs_.end()) return 1;
+  const uint32_t n = std::min(it->count, kRecentBatches);
+  return *std::min_element(it->jobs, it->jobs + n);
 }
 
 void BatchGatherer::finish() noexcept {
   auto it = std::find_if(last_jobs_.begin(), last_jobs_.end(),
-                         [&](const auto& e) { return e.first == op_id_; });
-  if (it != last_jobs_.end()) {
-    it->second = jobs_;
-  } else {
-    last_jobs_.emplace_back(op_id_, jobs_);
+                         [&](const Recent& e) { return e.op_id == op_id_; });
+  if (it == last_jobs_.end()) {
+    last_jobs_.push_back(Recent{op_id_, {}, 0});
+    it = last_jobs_.end() - 1;
   }
+  it->jobs[it->count++ % kRecentBatches] = jobs_;
 }
 
 }  // namespace gpuq::daemon

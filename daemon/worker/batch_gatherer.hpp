@@ -16,9 +16,13 @@ namespace gpuq::daemon {
 class BatchGatherer {
  public:
   // How long a batch waits for a next job after its last one came: past it, the jobs expected
-  // are taken to be in other workers' batches (two workers gathering from 8 clients each waited
-  // out the whole delay for jobs the other had, 0.74x the unbatched op's rows/s).
-  static constexpr uint64_t kQuietNs = 100'000;
+  // are taken to be in other workers' batches. Two workers gathering from 8 clients each
+  // waited out the whole delay for jobs the other had: 0.74x the unbatched op's rows/s; 0.86x
+  // with 100 µs; 1.04x with 50 µs and the fewest of the last kRecentBatches batches expected
+  // (bench_batching.py, 2026-12-05).
+  static constexpr uint64_t kQuietNs = 50'000;
+  // How many of an op's previous batches on this worker set what the next waits for.
+  static constexpr uint32_t kRecentBatches = 4;
 
   // Starts a batch of op `op_id` (`settings.batched()`), whose first job has `rows` rows and
   // was taken at `now_ns` (CLOCK_MONOTONIC).
@@ -43,11 +47,11 @@ class BatchGatherer {
 
   // With no further job of the op queued now: whether to wait for one (true) or call the op at
   // once (false). It waits only while max_queue_delay_us has not passed since the first job
-  // and the batch holds fewer jobs than this op's previous batch on this worker did. So a lone
-  // caller never waits, nor does the first job after a quiet spell (its previous batch held
-  // one job), while under steady load from several clients the worker waits for about as
-  // many as came last time, never past the delay, and not once kQuietNs have passed since
-  // the last job came.
+  // and the batch holds fewer jobs than each of this op's last kRecentBatches batches on this
+  // worker did. So a lone caller never waits, nor does the first job after a quiet spell (its
+  // previous batch held one job), while under steady load from several clients the worker
+  // waits for as many as it surely got of late, never past the delay, and not once kQuietNs
+  // have passed since the last job came.
   bool wait_for_more(uint64_t now_ns) const noexcept {
     return now_ns < deadline_ns_ && jobs_ < expected_ && now_ns - last_taken_ns_ < kQuietNs;
   }
@@ -72,8 +76,13 @@ class BatchGatherer {
   uint64_t started_ns_ = 0;
   uint64_t deadline_ns_ = 0;
   uint64_t last_taken_ns_ = 0;
-  // {op id, jobs of its previous batch}: a worker serves few batched ops.
-  std::vector<std::pair<uint32_t, uint32_t>> last_jobs_;
+  // Each op's last batches' jobs: a worker serves few batched ops.
+  struct Recent {
+    uint32_t op_id = 0;
+    uint32_t jobs[kRecentBatches] = {};
+    uint32_t count = 0;  // batches recorded (the last kRecentBatches of them kept)
+  };
+  std::vector<Recent> last_jobs_;
 };
 
 }  // namespace gpuq::daemon

@@ -48,12 +48,32 @@ TEST_CASE("BatchGatherer: while jobs keep coming it waits until the delay has pa
   g.finish();  // expects 21 jobs
   const uint64_t t0 = 10'000'000;
   g.begin(7, BatchSettings{64, 500}, 1, t0);
-  for (uint64_t t = 90; t <= 450; t += 90) {
+  for (uint64_t t = 40; t <= 480; t += 40) {
     CHECK(g.wait_for_more(t0 + t * kUs - kUs));
     g.add(1, t0 + t * kUs);
   }
   CHECK(g.wait_for_more(t0 + 499 * kUs));
   CHECK_FALSE(g.wait_for_more(t0 + 500 * kUs));  // the delay has passed
+}
+
+TEST_CASE("BatchGatherer: it waits for the fewest jobs of the op's last kRecentBatches batches") {
+  BatchGatherer g;
+  auto batch = [&](uint32_t jobs) {
+    g.begin(7, kSettings, 1, 0);
+    for (uint32_t i = 1; i < jobs; ++i) g.add(1, 0);
+    g.finish();
+  };
+  // Two workers share the jobs of 8 clients unevenly (5 and 3, then 3 and 5...): one that
+  // waited for as many as its last batch had would wait, time and again, for jobs in the
+  // other's batch.
+  for (const uint32_t jobs : {5u, 3u, 6u, 4u}) batch(jobs);
+  CHECK(g.expected(7) == 3);
+  batch(6);  // the 5 leaves the window, the 3 stays
+  CHECK(g.expected(7) == 3);
+  for (int i = 0; i < 3; ++i) batch(6);
+  CHECK(g.expected(7) == 6);
+  batch(1);  // a quiet spell: the next job runs at once
+  CHECK(g.expected(7) == 1);
 }
 
 TEST_CASE("BatchGatherer: no job for kQuietNs ends the wait (the others are in other batches)") {
@@ -66,9 +86,9 @@ TEST_CASE("BatchGatherer: no job for kQuietNs ends the wait (the others are in o
   CHECK(g.wait_for_more(t0 + BatchGatherer::kQuietNs - 1));
   CHECK_FALSE(g.wait_for_more(t0 + BatchGatherer::kQuietNs));  // none since the first
   g.begin(7, kSettings, 1, t0);
-  g.add(1, t0 + 50 * kUs);
-  CHECK(g.wait_for_more(t0 + 50 * kUs + BatchGatherer::kQuietNs - 1));
-  CHECK_FALSE(g.wait_for_more(t0 + 50 * kUs + BatchGatherer::kQuietNs));
+  g.add(1, t0 + 30 * kUs);
+  CHECK(g.wait_for_more(t0 + 30 * kUs + BatchGatherer::kQuietNs - 1));
+  CHECK_FALSE(g.wait_for_more(t0 + 30 * kUs + BatchGatherer::kQuietNs));
 }
 
 TEST_CASE("BatchGatherer: each op remembers its own previous batch") {
