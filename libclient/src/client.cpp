@@ -899,15 +899,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       written = js.stream.written.load(std::memory_order_acquire);
       return written > *read || is_terminal(w.state);
     };
-    // A part already there is read without a wait; a wait spins and adapts as wait()'s does
-    // (adapt_wait_spin): a reader of parts that come less often than the spin lasts, as a
-    // token a step from a busy pool, stops spinning for each (64 µs of CPU a part against 16
-    // at spin 0, one streamed GRU token every 93 µs, 2026-12-05).
-    const uint64_t spin_ns = wait_spin_ns_.load(std::memory_order_relaxed);
-    if (!ready() && spin_until(ready, spin_ns)) {
-      if (spin_ns < spin_ns_) adapt_wait_spin(true);
-    } else if (!ready()) {
-      const uint64_t slept_from = monotonic_ns();
+    if (!spin_until(ready, wait_spin_ns_.load(std::memory_order_relaxed))) {
       const uint64_t deadline = deadline_after_ns(timeout_ns);
       const uint64_t job_deadline = js.desc.deadline_ns;
       for (;;) {
@@ -928,7 +920,6 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
           return Error(ErrorCode::kTimeout, "no part of the stream has come yet");
         }
       }
-      adapt_wait_spin(monotonic_ns() - slept_from < spin_ns_);
     }
     if (written > *read) {
       const uint32_t i = (*read)++;
