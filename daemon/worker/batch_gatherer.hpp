@@ -53,8 +53,11 @@ class BatchGatherer {
   // waits for as many as it surely got of late, never past the delay, and not once kQuietNs
   // have passed since the last job came.
   bool wait_for_more(uint64_t now_ns) const noexcept {
-    return now_ns < deadline_ns_ && jobs_ < expected_ && now_ns - last_taken_ns_ < kQuietNs;
+    return now_ns < deadline_ns_ && jobs_ < expected_ && now_ns - last_taken_ns_ < quiet_ns_;
   }
+
+  // kQuietNs unless set otherwise (tests that wait out a delay).
+  void set_quiet_ns(uint64_t ns) noexcept { quiet_ns_ = ns; }
 
   // Ends the batch: the jobs it gathered (those that left it while it was gathered included)
   // become what the op's next batch on this worker waits for.
@@ -76,6 +79,7 @@ class BatchGatherer {
   uint64_t started_ns_ = 0;
   uint64_t deadline_ns_ = 0;
   uint64_t last_taken_ns_ = 0;
+  uint64_t quiet_ns_ = kQuietNs;
   // Each op's last batches' jobs: a worker serves few batched ops.
   struct Recent {
     uint32_t op_id = 0;

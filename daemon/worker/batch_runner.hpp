@@ -39,6 +39,7 @@ class BatchRunner {
 
   // When this worker stops gathering for each op (it remembers the op's previous batch).
   const BatchGatherer& gatherer() const noexcept { return gatherer_; }
+  BatchGatherer& gatherer() noexcept { return gatherer_; }
 
  private:
   // Within the priority level at `rank` (PoolQueue).

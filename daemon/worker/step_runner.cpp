@@ -203,6 +203,9 @@ void StepRunner::end_ended(const OpInfo& op) {
     jobs_.count(s->job);
     return true;
   });
+  // The page may name a job that has just ended: the supervisor would watch it, and stop this
+  // worker past its limit while the live ones wait for their readers. It names a live one.
+  if (!live_.empty()) jobs_.republish(governing(), static_cast<uint32_t>(live_.size()));
 }
 
 void StepRunner::wait_for_readers() const {

@@ -268,6 +268,7 @@ TEST_CASE("BatchRunner: a job cancelled by its client while the batch gathered l
 
 TEST_CASE("BatchRunner: a job whose deadline passed while the batch gathered leaves it") {
   Rig rig;
+  rig.runner->gatherer().set_quiet_ns(UINT64_MAX);  // it waits the whole delay
   for (uint32_t s = 0; s < 3; ++s) rig.queue(s, s);
   CHECK_FALSE(rig.run(BatchSettings{8, 5000}));  // the next batch of the op waits for 3 jobs
   rig.queue(3, 3);
@@ -278,6 +279,20 @@ TEST_CASE("BatchRunner: a job whose deadline passed while the batch gathered lea
   CHECK(rig.word(4).state == JobState::kExpired);
   CHECK(rig.message(4) == "deadline passed while the job's batch was gathered");
   CHECK(rig.op_metrics().outcomes[static_cast<uint32_t>(MetricOutcome::kExpired)].load() == 1);
+}
+
+TEST_CASE("BatchRunner: a batch stops waiting once no job has come for kQuietNs") {
+  Rig rig;
+  rig.queue(0, 1);
+  rig.queue(1, 2);
+  CHECK_FALSE(rig.run(BatchSettings{8, 1'000'000}));  // the next batch of the op waits for 2
+  rig.queue(2, 3);
+  const uint64_t t0 = monotonic_ns();
+  CHECK_FALSE(rig.run(BatchSettings{8, 1'000'000}));
+  const uint64_t took = monotonic_ns() - t0;
+  CHECK(took >= BatchGatherer::kQuietNs);
+  CHECK(took < 500'000'000);  // far from the 1 s delay
+  CHECK(rig.backend.calls[1].tags == std::vector<uint64_t>{3});
 }
 
 TEST_CASE("BatchRunner: a time-limit bit left from a slot's previous job is not the new one's") {
@@ -412,6 +427,7 @@ TEST_CASE("BatchRunner: with the worker held, the batch gathers nothing more") {
 TEST_CASE(
     "BatchRunner: after a batch of several jobs, the next waits for company up to the delay") {
   Rig rig;
+  rig.runner->gatherer().set_quiet_ns(UINT64_MAX);  // no quiet gap: the delay alone
   rig.queue(0, 1);
   rig.queue(1, 2);
   CHECK_FALSE(rig.run(BatchSettings{8, 3000}));

@@ -339,6 +339,35 @@ TEST_CASE(
   for (size_t i = 0; i < read.size(); ++i) CHECK(read[i] == 500 + i);
 }
 
+TEST_CASE("StepRunner: the page never names an ended job while others live") {
+  Rig rig;
+  rig.queue_call(0, 1);  // ends after the first step
+  rig.queue(1, 50, JobShape{.output_capacity = 64, .stream_window = 1});
+  rig.options.stream_reader_timeout_ms = 20;
+  const uint32_t ended_ref = JobRef{kClient, 0, rig.generations[0]}.pack();
+  bool named_ended = false;
+  std::thread look([&] {
+    // While the stream waits for its reader (about 20 ms), the page must not go on naming job
+    // 0 once it has ended (the runner republishes right after the ends it writes).
+    const auto never = std::chrono::steady_clock::time_point::max();
+    auto ended_at = never;
+    for (int i = 0; i < 200; ++i) {
+      const auto now = std::chrono::steady_clock::now();
+      if (rig.word(0).state == JobState::kDone && ended_at == never) ended_at = now;
+      if (rig.priv->job_seq.load() % 2 == 1 && rig.priv->job.load() == ended_ref &&
+          now - ended_at > std::chrono::milliseconds(3)) {
+        named_ended = true;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  });
+  CHECK_FALSE(rig.run());
+  look.join();
+  CHECK_FALSE(named_ended);
+  CHECK(rig.word(0).state == JobState::kDone);
+  CHECK(rig.word(1).state == JobState::kCancelled);
+}
+
 TEST_CASE("StepRunner: a stream whose reader reads nothing stops at the reader's timeout") {
   Rig rig;
   rig.options.stream_reader_timeout_ms = 20;
