@@ -13,6 +13,7 @@ void BatchGatherer::begin(uint32_t op_id, BatchSettings settings, uint64_t rows,
   expected_ = expected(op_id);
   started_ns_ = now_ns;
   last_taken_ns_ = now_ns;
+  quiet_ns_ = quiet_override_ns_ != 0 ? quiet_override_ns_ : quiet_ns_for(settings);
   deadline_ns_ = now_ns + uint64_t{settings.max_queue_delay_us} * 1000;
 }
 

@@ -15,12 +15,17 @@ namespace gpuq::daemon {
 
 class BatchGatherer {
  public:
-  // How long a batch waits for a next job after its last one came: past it, the jobs expected
-  // are taken to be in other workers' batches. Two workers gathering from 8 clients each
-  // waited out the whole delay for jobs the other had: 0.74x the unbatched op's rows/s; 0.86x
-  // with 100 µs; 1.04x with 50 µs and the fewest of the last kRecentBatches batches expected
-  // (bench_batching.py, 2026-12-05).
-  static constexpr uint64_t kQuietNs = 50'000;
+  // How long a batch waits for a next job after its last one came: a tenth of the op's
+  // max_queue_delay_us, kMinQuietNs at least. Past it, the jobs expected are taken to be in
+  // other workers' batches. Two workers gathering from 8 clients each waited out the whole
+  // delay for jobs the other had: 0.74x the unbatched op's rows/s; 0.86x with a 100 µs gap;
+  // 1.04x with 50 µs (the default delay's tenth) and the fewest of the last kRecentBatches
+  // batches expected (bench_batching.py, 2026-12-05).
+  static constexpr uint64_t kMinQuietNs = 50'000;
+  static uint64_t quiet_ns_for(BatchSettings settings) noexcept {
+    const uint64_t tenth = uint64_t{settings.max_queue_delay_us} * 100;
+    return tenth > kMinQuietNs ? tenth : kMinQuietNs;
+  }
   // How many of an op's previous batches on this worker set what the next waits for.
   static constexpr uint32_t kRecentBatches = 4;
 
@@ -50,14 +55,15 @@ class BatchGatherer {
   // and the batch holds fewer jobs than each of this op's last kRecentBatches batches on this
   // worker did. So a lone caller never waits, nor does the first job after a quiet spell (its
   // previous batch held one job), while under steady load from several clients the worker
-  // waits for as many as it surely got of late, never past the delay, and not once kQuietNs
-  // have passed since the last job came.
+  // waits for as many as it surely got of late, never past the delay, and not once its quiet
+  // gap (quiet_ns_for) has passed since the last job came.
   bool wait_for_more(uint64_t now_ns) const noexcept {
     return now_ns < deadline_ns_ && jobs_ < expected_ && now_ns - last_taken_ns_ < quiet_ns_;
   }
 
-  // kQuietNs unless set otherwise (tests that wait out a delay).
-  void set_quiet_ns(uint64_t ns) noexcept { quiet_ns_ = ns; }
+  // The quiet gap of the batches begun from now on, in place of quiet_ns_for()'s (tests that
+  // wait out a delay); 0: quiet_ns_for()'s again.
+  void set_quiet_ns(uint64_t ns) noexcept { quiet_override_ns_ = ns; }
 
   // Ends the batch: the jobs it gathered (those that left it while it was gathered included)
   // become what the op's next batch on this worker waits for.
@@ -79,7 +85,8 @@ class BatchGatherer {
   uint64_t started_ns_ = 0;
   uint64_t deadline_ns_ = 0;
   uint64_t last_taken_ns_ = 0;
-  uint64_t quiet_ns_ = kQuietNs;
+  uint64_t quiet_ns_ = kMinQuietNs;
+  uint64_t quiet_override_ns_ = 0;
   // Each op's last batches' jobs: a worker serves few batched ops.
   struct Recent {
     uint32_t op_id = 0;

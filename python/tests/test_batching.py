@@ -202,17 +202,19 @@ def test_mixed_shapes_and_kwargs_never_share_a_call(bc):
 
 
 def _open_a_batch(bc):
-    """Makes bwait's next batch on pool "one" wait for two jobs: its previous batch held two."""
-    blocker = behind_a_blocker(bc)
-    fs = [bc.submit_call("bwait", rows(1, i), pool="one") for i in range(2)]
-    blocker.result(timeout=30)
-    assert len({call_of(f.result(timeout=30)[1])[0] for f in fs}) == 1
+    """Makes bwait's next batch on pool "one" wait for two jobs, for at most its quiet gap (a
+    tenth of bwait's 1 s delay: 0.1 s): each of its last 4 batches held two."""
+    for _ in range(4):
+        blocker = behind_a_blocker(bc)
+        fs = [bc.submit_call("bwait", rows(1, i), pool="one") for i in range(2)]
+        blocker.result(timeout=30)
+        assert len({call_of(f.result(timeout=30)[1])[0] for f in fs}) == 1
 
 
 def test_a_job_cancelled_while_its_batch_gathers_leaves_it(bc):
     _open_a_batch(bc)
     a = bc.submit_call("bwait", rows(1, 10), pool="one")  # taken, then waits for company
-    time.sleep(0.15)
+    time.sleep(0.04)  # within the quiet gap (0.1 s)
     assert not a.done()
     assert a.stop() is False  # running: asked to stop
     b = bc.submit_call("bwait", rows(1, 11), pool="one")
@@ -224,8 +226,8 @@ def test_a_job_cancelled_while_its_batch_gathers_leaves_it(bc):
 
 def test_a_job_expired_while_its_batch_gathers_leaves_it(bc):
     _open_a_batch(bc)
-    a = bc.submit_call("bwait", rows(1, 20), pool="one", expire_after=0.2)
-    time.sleep(0.4)
+    a = bc.submit_call("bwait", rows(1, 20), pool="one", expire_after=0.02)
+    time.sleep(0.05)  # past its deadline, within the quiet gap (0.1 s)
     b = bc.submit_call("bwait", rows(1, 21), pool="one")
     assert call_of(b.result(timeout=30)[1])[1] == 1
     with pytest.raises(gpuq.Expired):

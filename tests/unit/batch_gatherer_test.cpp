@@ -76,19 +76,24 @@ TEST_CASE("BatchGatherer: it waits for the fewest jobs of the op's last kRecentB
   CHECK(g.expected(7) == 1);
 }
 
-TEST_CASE("BatchGatherer: no job for kQuietNs ends the wait (the others are in other batches)") {
+TEST_CASE(
+    "BatchGatherer: no job for its quiet gap ends the wait (the others are in other batches)") {
   BatchGatherer g;
   g.begin(7, kSettings, 1, 0);
   for (int i = 0; i < 5; ++i) g.add(1, 0);
   g.finish();  // expects 6 jobs
   const uint64_t t0 = 10'000'000;
   g.begin(7, kSettings, 1, t0);
-  CHECK(g.wait_for_more(t0 + BatchGatherer::kQuietNs - 1));
-  CHECK_FALSE(g.wait_for_more(t0 + BatchGatherer::kQuietNs));  // none since the first
-  g.begin(7, kSettings, 1, t0);
+  CHECK(g.wait_for_more(t0 + BatchGatherer::kMinQuietNs - 1));
+  CHECK_FALSE(g.wait_for_more(t0 + BatchGatherer::kMinQuietNs));  // none since the first
+  g.begin(7, kSettings, 1, t0);  // the default delay's tenth is the least gap: 50 µs
   g.add(1, t0 + 30 * kUs);
-  CHECK(g.wait_for_more(t0 + 30 * kUs + BatchGatherer::kQuietNs - 1));
-  CHECK_FALSE(g.wait_for_more(t0 + 30 * kUs + BatchGatherer::kQuietNs));
+  CHECK(g.wait_for_more(t0 + 30 * kUs + BatchGatherer::kMinQuietNs - 1));
+  CHECK_FALSE(g.wait_for_more(t0 + 30 * kUs + BatchGatherer::kMinQuietNs));
+  // A longer delay, a longer gap: a tenth of it (5 ms: 500 µs).
+  g.begin(7, BatchSettings{8, 5000}, 1, t0);
+  CHECK(g.wait_for_more(t0 + 499 * kUs));
+  CHECK_FALSE(g.wait_for_more(t0 + 500 * kUs));
 }
 
 TEST_CASE("BatchGatherer: each op remembers its own previous batch") {
