@@ -74,12 +74,10 @@ import json
 import multiprocessing
 import os
 import platform
-import re
 import resource
 import shlex
 import signal
 import socket
-import statistics
 import sys
 import time
 import traceback
@@ -87,6 +85,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from bench_python import (median, package_versions, pool_worker_pids, scrape_batch_rows,
+                          worker_cpu_s)
 from bench_python import (cpu_model, load_average, machine_cpu, own_cpu_s, percentile,
                           source_commit)
 
@@ -283,57 +283,6 @@ def check_correctness(client: Any) -> Dict[str, Any]:
     return out
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
-def batch_rows(text: str, op: str) -> Optional[Tuple[float, float]]:
-    """(sum, count) of the ``gpuq_batch_rows`` histogram for ``op`` over all workers and pools,
-    or None when the metrics have no such family."""
-    total = count = 0.0
-    seen = False
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m or m.group(1) not in ("gpuq_batch_rows_sum", "gpuq_batch_rows_count"):
-            continue
-        labels = m.group(2) or ""
-        if 'op="' in labels and f'op="{op}"' not in labels:
-            continue
-        seen = True
-        v = float(m.group(3))
-        if m.group(1).endswith("_sum"):
-            total += v
-        else:
-            count += v
-    return (total, count) if seen else None
-
-
-def scrape(runtime_dir: str) -> Optional[Tuple[float, float]]:
-    import gpuq
-    try:
-        return batch_rows(gpuq.metrics(runtime_dir), BATCHED)
-    except Exception:  # noqa: BLE001 - the batch size is optional
-        return None
-
-
-def worker_cpu_s(pids: Sequence[int]) -> float:
-    """CPU seconds (user + system) the pool's worker processes have used so far."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-def worker_pids(status: Dict[str, Any]) -> List[int]:
-    return [w["pid"] for p in status.get("pools", []) if p["name"] == POOL
-            for w in p.get("workers", []) if w.get("pid")]
-
-
 # ---- the run -----------------------------------------------------------------------------------
 
 def run_stats(lat: List[int], total: int, cpu: float, ok: bool, duration: float,
@@ -354,11 +303,6 @@ def run_stats(lat: List[int], total: int, cpu: float, ok: bool, duration: float,
             "batch_rows_sum": batch[0] if batch else None,
             "mean_batch_rows": batch[0] / batch[1] if batch and batch[1] else None,
             "results_checked_ok": ok}
-
-
-def median(values: Sequence[Optional[float]]) -> Optional[float]:
-    v = [x for x in values if x is not None]
-    return statistics.median(v) if v else None
 
 
 def summarize(per_round: Dict[str, Dict[int, List[Dict[str, Any]]]]
@@ -460,17 +404,6 @@ def print_report(summary: Dict[str, Dict[str, Dict[str, Any]]], ratios: Dict[str
         print(f"  {t['name']:<44} {value:>10} {goal:>10}  {verdict}")
 
 
-def package_versions() -> Dict[str, Optional[str]]:
-    from importlib import metadata
-    out: Dict[str, Optional[str]] = {}
-    for name in ("gpuq", "numpy", "torch"):
-        try:
-            out[name] = metadata.version(name)
-        except Exception:  # noqa: BLE001
-            out[name] = None
-    return out
-
-
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Dynamic batching of Python ops: 1-row requests from 1, 8 and 32 client "
@@ -563,16 +496,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"pool {POOL} runs on {info['runs_on']}", file=sys.stderr, flush=True)
                 info["correctness"] = check_correctness(client)
                 print(f"correctness: ok ({info['correctness']})", file=sys.stderr, flush=True)
-                info["batch_rows_metric"] = scrape(d.runtime_dir) is not None
+                info["batch_rows_metric"] = scrape_batch_rows(d.runtime_dir, BATCHED) is not None
                 print(f"starting {args.clients[-1]} client processes", file=sys.stderr, flush=True)
                 clients = Clients(args.clients[-1], d.runtime_dir, args.client_spin_us)
-                pids = worker_pids(d.status())
+                pids = pool_worker_pids(d.status(), POOL)
                 for rnd in range(args.rounds):
                     order = OPS if rnd % 2 == 0 else OPS[::-1]
                     for n in args.clients:
                         for op in order:
                             try:
-                                before = scrape(d.runtime_dir) if op == BATCHED else None
+                                before = scrape_batch_rows(d.runtime_dir, BATCHED) if op == BATCHED else None
                                 b0, _ = machine_cpu()
                                 c0 = worker_cpu_s(pids)
                                 w0 = time.monotonic()
@@ -581,7 +514,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 b1, _ = machine_cpu()
                                 c1 = worker_cpu_s(pids)
                                 w1 = time.monotonic()
-                                after = scrape(d.runtime_dir) if op == BATCHED else None
+                                after = scrape_batch_rows(d.runtime_dir, BATCHED) if op == BATCHED else None
                                 batch = (after[0] - before[0], after[1] - before[1]) \
                                     if before is not None and after is not None else None
                                 st = run_stats(lat, total, cpu, ok, args.duration,
@@ -657,7 +590,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "cpu_model": cpu_model(),
                         "kernel": " ".join(platform.uname()[2:4]),
                         "python": sys.version,
-                        "packages": package_versions()},
+                        "packages": package_versions(("gpuq", "numpy", "torch"))},
             "source_commit": source_commit(),
             "gpuqd": args.gpuqd,
             "daemon_config": config,

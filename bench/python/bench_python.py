@@ -111,10 +111,12 @@ import math
 import multiprocessing
 import os
 import platform
+import re
 import resource
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -722,18 +724,80 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def package_versions() -> Dict[str, Optional[str]]:
+def package_versions(names: Sequence[str] = ("gpuq", "numpy", "loky", "cloudpickle", "ray")
+                     ) -> Dict[str, Optional[str]]:
     try:
         from importlib import metadata
     except ImportError:  # pragma: no cover - Python < 3.8
         return {}
     out: Dict[str, Optional[str]] = {}
-    for name in ("gpuq", "numpy", "loky", "cloudpickle", "ray"):
+    for name in names:
         try:
             out[name] = metadata.version(name)
         except Exception:  # noqa: BLE001
             out[name] = None
     return out
+
+
+def median(values: Sequence[Optional[float]]) -> Optional[float]:
+    """The median of the values that are not None; None when none is."""
+    v = [x for x in values if x is not None]
+    return statistics.median(v) if v else None
+
+
+# ---- a Python pool's figures (bench_batching.py, bench_steps.py) --------------------------------
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def batch_rows(text: str, op: str) -> Optional[Tuple[float, float]]:
+    """(sum, count) of the ``gpuq_batch_rows`` histogram for ``op`` over all workers and pools
+    in metrics ``text``, or None when the metrics have no such family."""
+    total = count = 0.0
+    seen = False
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) not in ("gpuq_batch_rows_sum", "gpuq_batch_rows_count"):
+            continue
+        labels = m.group(2) or ""
+        if 'op="' in labels and f'op="{op}"' not in labels:
+            continue
+        seen = True
+        v = float(m.group(3))
+        if m.group(1).endswith("_sum"):
+            total += v
+        else:
+            count += v
+    return (total, count) if seen else None
+
+
+def scrape_batch_rows(runtime_dir: str, op: str) -> Optional[Tuple[float, float]]:
+    """batch_rows of the daemon's metrics now; None when they cannot be had."""
+    import gpuq
+    try:
+        return batch_rows(gpuq.metrics(runtime_dir), op)
+    except Exception:  # noqa: BLE001 - the batch size is optional
+        return None
+
+
+def worker_cpu_s(pids: Sequence[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` have used so far (those gone: 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def pool_worker_pids(status: Dict[str, Any], pool: str) -> List[int]:
+    """The pids of pool ``pool``'s workers in a daemon's status."""
+    return [w["pid"] for p in status.get("pools", []) if p["name"] == pool
+            for w in p.get("workers", []) if w.get("pid")]
 
 
 def source_commit() -> Optional[str]:

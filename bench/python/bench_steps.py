@@ -111,12 +111,10 @@ import multiprocessing
 import os
 import platform
 import random
-import re
 import resource
 import shlex
 import signal
 import socket
-import statistics
 import sys
 import time
 import traceback
@@ -124,6 +122,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from bench_python import (
+    median,
+    package_versions,
+    pool_worker_pids,
+    scrape_batch_rows,
+    worker_cpu_s,
+)
 from bench_python import (
     cpu_model,
     load_average,
@@ -488,39 +493,6 @@ def check_correctness(client: Any) -> Dict[str, Any]:
     }
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
-def batch_rows(text: str, op: str) -> Optional[Tuple[float, float]]:
-    """(sum, count) of the ``gpuq_batch_rows`` histogram for ``op`` over all workers and pools,
-    or None when the metrics have no such family."""
-    total = count = 0.0
-    seen = False
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m or m.group(1) not in ("gpuq_batch_rows_sum", "gpuq_batch_rows_count"):
-            continue
-        labels = m.group(2) or ""
-        if 'op="' in labels and f'op="{op}"' not in labels:
-            continue
-        seen = True
-        v = float(m.group(3))
-        if m.group(1).endswith("_sum"):
-            total += v
-        else:
-            count += v
-    return (total, count) if seen else None
-
-
-def scrape(runtime_dir: str, op: str) -> Optional[Tuple[float, float]]:
-    import gpuq
-
-    try:
-        return batch_rows(gpuq.metrics(runtime_dir), op)
-    except Exception:  # noqa: BLE001 - the batch size is optional
-        return None
-
-
 def worker_stats(client: Any, workers: int) -> Optional[Dict[int, Dict[str, Any]]]:
     """Every worker's ``gen_stats``, by pid (several asked at once until each worker has
     answered), or None when some worker did not answer in 20 tries."""
@@ -582,30 +554,6 @@ def step_summary(step: Dict[int, List[int]]) -> Dict[str, Optional[float]]:
         if gaps
         else None,
     }
-
-
-def worker_cpu_s(pids: Sequence[int]) -> float:
-    """CPU seconds (user + system) the pool's worker processes have used so far."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-def worker_pids(status: Dict[str, Any]) -> List[int]:
-    return [
-        w["pid"]
-        for p in status.get("pools", [])
-        if p["name"] == POOL
-        for w in p.get("workers", [])
-        if w.get("pid")
-    ]
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -674,11 +622,6 @@ def run_stats(
         if mode == "none" and s[0]:
             out["single_us_per_step"] = s[2] / s[1] / 1e3 if s[1] else None
     return out
-
-
-def median(values: Sequence[Optional[float]]) -> Optional[float]:
-    v = [x for x in values if x is not None]
-    return statistics.median(v) if v else None
 
 
 SUMMARY_KEYS = (
@@ -930,18 +873,6 @@ def print_report(
         print(f"  {t['name']:<44} {value:>10} {goal:>12}  {verdict}")
 
 
-def package_versions() -> Dict[str, Optional[str]]:
-    from importlib import metadata
-
-    out: Dict[str, Optional[str]] = {}
-    for name in ("gpuq", "numpy", "torch"):
-        try:
-            out[name] = metadata.version(name)
-        except Exception:  # noqa: BLE001
-            out[name] = None
-    return out
-
-
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Step-level batching: 32 client processes asking a small GRU for sequences "
@@ -1081,7 +1012,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-                info["batch_rows_metric"] = scrape(d.runtime_dir, STEP) is not None
+                info["batch_rows_metric"] = (
+                    scrape_batch_rows(d.runtime_dir, STEP) is not None
+                )
                 print(
                     f"starting {args.clients[-1]} client processes",
                     file=sys.stderr,
@@ -1092,7 +1025,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     args.clients[-1], d.runtime_dir, args.client_spin_us, args.window
                 )
                 info["client_start_s"] = time.perf_counter() - t_clients
-                pids = worker_pids(d.status())
+                pids = pool_worker_pids(d.status(), POOL)
                 for rnd in range(args.rounds):
                     k = rnd % len(args.modes)
                     order = args.modes[k:] + args.modes[:k]
@@ -1101,7 +1034,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             op = MODE_OP[mode]
                             try:
                                 before = (
-                                    scrape(d.runtime_dir, op) if op != SINGLE else None
+                                    scrape_batch_rows(d.runtime_dir, op)
+                                    if op != SINGLE
+                                    else None
                                 )
                                 s0 = worker_stats(client, args.workers)
                                 b0, _ = machine_cpu()
@@ -1113,7 +1048,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 w1 = time.monotonic()
                                 s1 = worker_stats(client, args.workers)
                                 after = (
-                                    scrape(d.runtime_dir, op) if op != SINGLE else None
+                                    scrape_batch_rows(d.runtime_dir, op)
+                                    if op != SINGLE
+                                    else None
                                 )
                                 batch = (
                                     (after[0] - before[0], after[1] - before[1])
@@ -1230,7 +1167,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "cpu_model": cpu_model(),
                 "kernel": " ".join(platform.uname()[2:4]),
                 "python": sys.version,
-                "packages": package_versions(),
+                "packages": package_versions(("gpuq", "numpy", "torch")),
             },
             "source_commit": source_commit(),
             "gpuqd": args.gpuqd,
