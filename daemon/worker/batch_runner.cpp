@@ -110,11 +110,8 @@ std::optional<uint32_t> BatchRunner::gather(const OpInfo* op, uint32_t op_id, ui
       batch_.push_back(std::move(c));
       continue;
     }
-    // It failed its checks, or its client rewrote its op or its rows since the looks above: it
-    // ends (or runs) on its own, now.
-    if (c.v) jobs_.run_one(c);
-    jobs_.end(c);
-    jobs_.count(c);
+    // It failed its checks, or its client rewrote its op or its rows since the looks above.
+    jobs_.finish_alone(c);
   }
   return std::nullopt;
 }

@@ -112,6 +112,9 @@ class ClaimedJobs {
   OpContext context(const ClaimedJob& c) const;
   // Runs `c` alone (a stream, or a job that cannot join), and settles it.
   void run_one(ClaimedJob& c);
+  // A job taken that cannot join the runner's (it failed its checks, or its client rewrote it
+  // since the runner looked): runs alone if it passed its checks, then ends and is counted.
+  void finish_alone(ClaimedJob& c);
   // `c`'s end from its op's result.
   void settle(ClaimedJob& c, const Result<OpOutput>& r, const OpContext& ctx);
   // Writes `c`'s outcome and ends it: its client is told. `yield`: hand the core to a client

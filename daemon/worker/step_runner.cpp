@@ -95,11 +95,8 @@ std::optional<uint32_t> StepRunner::admit(const OpInfo& op, uint32_t op_id, uint
       start(op, std::move(c));
       continue;
     }
-    // It failed its checks, or its client rewrote its op since the look: it ends (or runs) on
-    // its own, now.
-    if (c.v) jobs_.run_one(c);
-    jobs_.end(c);
-    jobs_.count(c);
+    // It failed its checks, or its client rewrote its op since the look.
+    jobs_.finish_alone(c);
   }
   return std::nullopt;
 }
