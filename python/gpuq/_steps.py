@@ -22,11 +22,12 @@ Failed = Callable[[str, BaseException, memoryview], Tuple[int, str, int, int]]
 
 
 class _Sequence:
-    __slots__ = ("state", "parts")
+    __slots__ = ("state", "parts", "sent")
 
     def __init__(self, state: Any) -> None:
         self.state = state
         self.parts: List[Any] = []  # a call()'s parts so far (a stream's are sent at once)
+        self.sent = 0  # a stream's parts sent
 
 
 class Sequences:
@@ -73,11 +74,14 @@ class Sequences:
             try:
                 if streams_:
                     out.append((0, "", _answers.write_result(cell, part), done))
+                    seq.sent += 1
                     continue
                 seq.parts.append(part)
                 n = _answers.write_result(cell, seq.parts) if done else 0
                 out.append((0, "", n, done))
             except ResultTooLarge as e:
+                if streams_:
+                    e.part = seq.sent  # its cell was too small: the message names part_bytes
                 n = _answers.write_error(cell, "gpuq.ResultTooLarge", str(e), "", needed=e.needed)
                 out.append((_errors.InvalidArgument.code, f"{name}: {e}", n, True))
             except BaseException as e:  # noqa: BLE001 - a part that cannot be written

@@ -78,8 +78,16 @@ def test_call_answers_with_the_parts_and_stream_gets_each_at_its_step(client):
         assert not s.done()  # the sequence has four steps to go, 0.2 s each
         assert [*s] == [1, 2, 3, 4]
         assert s.info(timeout=30).value == 5  # its parts
-    parts = client.call("count_up", 3, array=True, timeout=30)
+    parts = client.call("count_up", 3, width=4, timeout=30)
     assert [p.tolist() for p in parts] == [[i] * 4 for i in range(3)]
+
+
+def test_a_part_larger_than_its_cell_names_the_part_bytes_to_ask(client):
+    s = client.stream("count_up", 3, width=2, part_bytes=1024)
+    assert s.next(timeout=30).tolist() == [0, 0]
+    s.close()
+    with pytest.raises(gpuq.InvalidArgument, match=r"part 0 of the stream .* part_bytes=\d+"):
+        list(client.stream("count_up", 3, width=100_000, part_bytes=1024))
 
 
 def test_the_pool_status_says_it_is_a_step_op(daemon):

@@ -68,16 +68,17 @@ def gen_steps_seen():
     return np.array(step_sizes, dtype=np.int64)
 
 
-def count_start(n, delay=0.0, fail_at=-1, array=False):
+def count_start(n, delay=0.0, fail_at=-1, width=0):
     if n < 0:
         raise ValueError(f"cannot count to {n}")
-    return {"i": 0, "n": n, "delay": delay, "fail_at": fail_at, "array": array}
+    return {"i": 0, "n": n, "delay": delay, "fail_at": fail_at, "width": width}
 
 
 @gpuq.step_op("count_up", start=count_start, max_batch_size=8)
 def count_step(states):
-    """0, 1, ... n-1, a part a step; ``delay`` seconds per step (the longest asked); a state's
-    ``fail_at`` step raises (failing every sequence of that step)."""
+    """0, 1, ... n-1, a part a step (``width``: each an array of that many); ``delay`` seconds
+    per step (the longest asked); a state's ``fail_at`` step raises (failing every sequence of
+    that step)."""
     delay = max(s["delay"] for s in states)
     if delay:
         time.sleep(delay)
@@ -86,7 +87,7 @@ def count_step(states):
             raise ValueError(f"boom at step {s['i']}")
     out = []
     for s in states:
-        part = np.full((4,), s["i"], dtype=np.int64) if s["array"] else s["i"]
+        part = np.full((s["width"],), s["i"], dtype=np.int64) if s["width"] else s["i"]
         s["i"] += 1
         out.append((part, s["i"] >= s["n"]))
     return out
