@@ -10,7 +10,8 @@ void Catalog::publish() {
   std::vector<WelcomePool> pools;
   for (uint32_t p = 0; p < config_.pools.size(); ++p) {
     const PoolConfig& c = config_.pools[p];
-    if (c.removed) continue;  // removed by a reload: no longer offered
+    // Removed by a reload: no longer offered; being added: not yet.
+    if (c.removed || plan_.pools[p].adding) continue;
     const PoolShm& ps = queue_.pool(p);
     // "available", "reason" and "fallback" (the pool id that runs this pool's jobs while it is
     // unavailable, or -1): a client checks them in submit (docs/design/protocol.md).

@@ -67,19 +67,23 @@ void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const Po
   // A cpu pool's workers change live within its max_workers (entries and ring reserved).
   const bool resize = a.kind == PoolKind::kCpu && b.kind == PoolKind::kCpu &&
                       a.workers != b.workers && b.workers <= a.max_workers;
-  fixed(a.workers != b.workers && !resize, "workers",
-        a.kind == PoolKind::kCpu
-            ? "more than its max_workers: its ring and worker records are fixed in the queue "
-              "segment; a pool may grow to max_workers live"
-            : layout);
+  const bool gpu = a.kind == PoolKind::kGpu && b.kind == PoolKind::kGpu;
+  if (gpu) {
+    // Listed GPUs: workers_per_gpu x their count (with "all", 0 here: ConfigReload counts the
+    // GPUs they select).
+    fixed(a.workers_per_gpu != b.workers_per_gpu, "workers_per_gpu", layout);
+    fixed(a.workers_per_gpu == b.workers_per_gpu && a.workers != b.workers, "gpus",
+          "another number of GPUs changes its worker count (workers_per_gpu x its GPUs): its "
+          "ring and worker records are fixed in the queue segment; the same number of other "
+          "GPUs may be given live");
+  } else {
+    fixed(a.workers != b.workers && !resize, "workers",
+          "more than its max_workers: its ring and worker records are fixed in the queue "
+          "segment; a pool may grow to max_workers live");
+  }
   fixed(a.spare_workers != b.spare_workers, "spare_workers", layout);
   fixed(a.rollout_surge_workers != b.rollout_surge_workers, "rollout_surge_workers", layout);
-  fixed(a.workers_per_gpu != b.workers_per_gpu, "workers_per_gpu", layout);
-  fixed(!same_gpus(a, b), "gpus", layout);
   fixed(a.fallback != b.fallback, "fallback", "clients hold the pool's fallback");
-  fixed(a.memory_limit_bytes != b.memory_limit_bytes ||
-            a.memory_limit_fraction != b.memory_limit_fraction,
-        "memory_limit", "the GPUs' budgets were planned at start");
   fixed(a.python.has_value() != b.python.has_value(), "python",
         "a pool cannot become a Python pool or stop being one; add a pool of another name");
   PoolChange change{a.name, index, {}, false, 0};
@@ -98,6 +102,13 @@ void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const Po
   // A cpu pool's new CPUs: its new workers are placed there, its old ones leave with a rollout.
   if (a.kind == PoolKind::kCpu && a.cpus != b.cpus) change.keys.emplace_back("cpus");
   change.rollout = !change.keys.empty();
+  // A gpu pool's GPUs and budget: ConfigReload plans them again with every gpu pool's and
+  // rolls the pool where a worker would move or have less memory (needs_restart).
+  if (gpu && !same_gpus(a, b)) change.keys.emplace_back("gpus");
+  if (gpu && (a.memory_limit_bytes != b.memory_limit_bytes ||
+              a.memory_limit_fraction != b.memory_limit_fraction)) {
+    change.keys.emplace_back("memory_limit");
+  }
   if (a.job_time_limit_ms != b.job_time_limit_ms) change.keys.emplace_back("job_time_limit_ms");
   if (resize) {
     change.keys.emplace_back("workers");
@@ -162,11 +173,7 @@ ConfigChange diff_configs(const Config& running, const Config& next) {
                     [&](const PoolConfig& a) { return !a.removed && a.name == b.name; });
     if (runs) continue;
     const std::string at = "pools[" + b.name + "] (a new pool: ";
-    if (b.kind == PoolKind::kGpu) {
-      out.fixed.push_back(at +
-                          "a gpu pool cannot be added while gpuqd runs yet: its GPUs and "
-                          "memory budgets are planned at start)");
-    } else if (free == 0) {
+    if (free == 0) {
       out.fixed.push_back(at + "no free pool record left: max_pools is " +
                           std::to_string(running.max_pools) + ", and removed pools keep theirs)");
     } else if (b.entries() > running.added_pool_workers) {

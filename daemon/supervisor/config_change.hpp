@@ -4,10 +4,11 @@
 // parsed and checked by the same code as at start and `gpuqd --check-config` (load_config), and
 // sorts every difference:
 //   - daemon keys that take effect at once (log_level, time limits, back-offs, who may connect);
-//   - pools added (cpu pools, each in a free pool record of max_pools with at most
-//     added_pool_workers entries), pools removed (they drain), pools whose changes take effect by a
-//     rolling restart (a Python pool's modules and environment, worker_spin_us), and pool keys that
-//     take effect at once (job_time_limit_ms);
+//   - pools added (each in a free pool record of max_pools with at most added_pool_workers
+//     entries), pools removed (they drain), pools whose changes take effect by a rolling restart
+//     (a Python pool's modules and environment, worker_spin_us, a cpu pool's cpus), a gpu pool's
+//     gpus and memory_limit (ConfigReload plans every gpu pool again and decides what rolls), and
+//     pool keys that take effect at once (job_time_limit_ms);
 //   - what cannot change while gpuqd runs: the queue layout every client copied once (ring
 //     sizes, worker and pool records) and the files and ids fixed at start. Any of these makes
 //     the reload fail whole, naming each key, and nothing changes.

@@ -40,7 +40,7 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     // load_config's message names the key and the file ("... (in /etc/gpuq/gpuqd.json)").
     return Error(next.error().code(), next.error().message() + "; nothing changed");
   }
-  const ConfigChange change = diff_configs(file_config_, *next);
+  ConfigChange change = diff_configs(file_config_, *next);
   if (!change.fixed.empty()) {
     std::string keys;
     for (const std::string& k : change.fixed) keys += (keys.empty() ? "" : "; ") + k;
@@ -49,8 +49,37 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
                  "them): " +
                      keys);
   }
-  // Everything that could still refuse is checked before anything changes: each rolled pool
-  // can be rolled now, and each Python pool's interpreter is found.
+  // Everything that could still refuse is checked before anything changes: each added pool
+  // can run, the gpu pools' GPUs and budgets add up, each rolled pool can be rolled now, and
+  // each Python pool's interpreter is found.
+  std::vector<PoolConfig> added;  // as they will run (interpreter resolved)
+  for (uint32_t i : change.added) {
+    PoolConfig pool = next->pools[i];
+    // Its fallback: the first cpu pool that runs (its index in `next` means nothing here).
+    pool.fallback_pool = -1;
+    if (pool.fallback == PoolFallback::kCpu) {
+      auto cpu = std::find_if(running.pools.begin(), running.pools.end(), [](const PoolConfig& p) {
+        return p.kind == PoolKind::kCpu && !p.removed;
+      });
+      if (cpu != running.pools.end()) {
+        pool.fallback_pool = static_cast<int>(cpu - running.pools.begin());
+      }
+    }
+    if (pool.python) {
+      if (auto found = resolve_python_interpreter(pool); !found) {
+        return Error(found.error().code(),
+                     "pools[" + pool.name + "]." + found.error().message() + "; nothing changed");
+      }
+    }
+    if (auto program = worker_program(pool, *parts_.executables, parts_.plan->gpu_cpu_backend);
+        !program) {
+      return Error(program.error().code(),
+                   "pools[" + pool.name + "]: " + program.error().message() + "; nothing changed");
+    }
+    added.push_back(std::move(pool));
+  }
+  auto gpus = replan_gpus(change, *next, added);
+  if (!gpus) return Error(gpus.error().code(), gpus.error().message() + "; nothing changed");
   std::vector<std::pair<uint32_t, PoolConfig>> updated;  // running pools' new settings
   for (const PoolChange& c : change.pools) {
     const PoolConfig& want = *std::find_if(next->pools.begin(), next->pools.end(),
@@ -60,6 +89,10 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     if (c.workers != 0) now.workers = c.workers;  // within max_workers (diff_configs)
     now.cpus = want.cpus;                         // placed below, taken up by the rollout
     now.worker_spin_us = want.worker_spin_us;
+    now.gpus = want.gpus;  // a gpu pool's: placed below (replan_gpus), taken up by the rollout
+    now.all_gpus = want.all_gpus;
+    now.memory_limit_bytes = want.memory_limit_bytes;
+    now.memory_limit_fraction = want.memory_limit_fraction;
     if (want.python) {
       now.python = want.python;
       if (auto found = resolve_python_interpreter(now); !found) {
@@ -74,22 +107,6 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
       }
     }
     updated.emplace_back(c.pool, std::move(now));
-  }
-  std::vector<PoolConfig> added;  // as they will run (interpreter resolved)
-  for (uint32_t i : change.added) {
-    PoolConfig pool = next->pools[i];
-    pool.fallback_pool = -1;  // a cpu pool's; its index in `next` means nothing here
-    if (pool.python) {
-      if (auto found = resolve_python_interpreter(pool); !found) {
-        return Error(found.error().code(),
-                     "pools[" + pool.name + "]." + found.error().message() + "; nothing changed");
-      }
-    }
-    if (auto program = worker_program(pool, *parts_.executables, false); !program) {
-      return Error(program.error().code(),
-                   "pools[" + pool.name + "]: " + program.error().message() + "; nothing changed");
-    }
-    added.push_back(std::move(pool));
   }
 
   // Applied from here on.
@@ -122,6 +139,38 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     }
     fp = *it;
   }
+  // The gpu pools placed anew (other GPUs, other budgets) before their rollouts start, so that
+  // each process started from now on runs where the new plan puts it.
+  // A pool that moves to other GPUs is rolled once the rollouts that shrink the pools already
+  // there have ended (their new workers take less): in two steps, no GPU is promised twice.
+  auto rolls = [&](uint32_t p) {
+    return std::any_of(change.pools.begin(), change.pools.end(),
+                       [&](const PoolChange& ch) { return ch.pool == p && ch.rollout; });
+  };
+  std::vector<uint32_t> movers;
+  for (uint32_t p : gpus->moved) {
+    const std::vector<WorkerPlacement> now = parts_.workers->placements_of(p);
+    const std::vector<WorkerPlacement>& then = gpus->placed[p].entries;
+    for (size_t i = 0; i < now.size() && i < then.size(); ++i) {
+      if (now[i].gpu != then[i].gpu) {
+        movers.push_back(p);
+        break;
+      }
+    }
+  }
+  const bool shrinks_first = std::any_of(updated.begin(), updated.end(), [&](const auto& u) {
+    return rolls(u.first) && std::find(movers.begin(), movers.end(), u.first) == movers.end();
+  });
+  for (uint32_t p : gpus->moved) {
+    const PoolState& st = parts_.plan->pools[p];
+    pending.placed_before.push_back({p, parts_.workers->placements_of(p), st.gpus, st.memory});
+    const bool later = shrinks_first && std::find(movers.begin(), movers.end(), p) != movers.end();
+    if (later) {
+      pending.later.emplace_back(p, gpus->placed[p]);
+    } else {
+      place_gpu_pool(p, gpus->placed[p]);
+    }
+  }
   for (auto& [id, now] : updated) {
     const uint32_t p = id;  // a lambda may not capture a structured binding (before C++20's fix)
     const bool rolled =
@@ -134,9 +183,9 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
       pending.before.emplace_back(p, std::move(before));
     }
     const bool resized = now.workers != running.pools[p].workers;
-    const bool moved = now.cpus != running.pools[p].cpus;
+    const bool moved = now.kind == PoolKind::kCpu && now.cpus != running.pools[p].cpus;
     running.pools[p] = std::move(now);
-    if (moved) parts_.workers->place_pool(p, running.pools[p].cpus);
+    if (moved) parts_.workers->place_pool(p, place_cpu_pool(running.pools[p]));
     if (resized) {
       if (auto r = parts_.workers->resize_pool(p, running.pools[p].workers); !r) {
         pending.failures.push_back("pool " + running.pools[p].name +
@@ -144,12 +193,9 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
       }
     }
     if (!rolled || running.pools[p].entries() == 0) continue;  // no workers: nothing to roll
-    if (auto g = parts_.rollouts->start(p); !g) {
-      // can_start said yes: only the listing's start can fail here (no fork).
-      pending.failures.push_back(g.error().message());
-      continue;
-    }
-    pending.rolling.push_back(p);
+    const bool later = std::any_of(pending.later.begin(), pending.later.end(),
+                                   [&](const auto& l) { return l.first == p; });
+    if (!later) start_rollout(pending, p);
   }
   const uint64_t now_ns = monotonic_ns();
   for (uint32_t p : change.removed) {
@@ -167,7 +213,17 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     PoolConfig& pool = running.pools.emplace_back(std::move(added[k]));
     file_config_.pools.push_back(n.pools[change.added[k]]);
     PoolState st;
-    st.program = worker_program(pool, *parts_.executables, false).value();  // checked above
+    st.program =  // checked above
+        worker_program(pool, *parts_.executables, parts_.plan->gpu_cpu_backend).value();
+    st.adding = true;  // not in the catalog until it accepts jobs (start_added)
+    if (pool.kind == PoolKind::kGpu) {
+      const GpuPoolPlacement& at = gpus->placed[id];  // planned by replan_gpus
+      st.gpus = at.gpus;
+      st.memory = at.memory;
+      pending.added_at.emplace_back(id, at.entries);
+    } else {
+      pending.added_at.emplace_back(id, place_cpu_pool(pool));
+    }
     parts_.plan->pools.push_back(std::move(st));
     PoolShm& ps = parts_.queue->pool(id);
     for (uint32_t b = 0; b < kPoolNameBytes; ++b) {
@@ -186,13 +242,18 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
       pending.adding.push_back(id);
       continue;
     }
-    if (auto r = start_added(id); !r) {
+    if (pool.kind == PoolKind::kGpu && !pending.rolling.empty()) {
+      pending.deferred.push_back(id);
+      continue;
+    }
+    if (auto r = start_added(pending, id); !r) {
       pending.failures.push_back("pool " + pool.name + " not added: " + r.error().message());
     }
   }
   if (!change.removed.empty() || !change.added.empty()) parts_.catalog->publish();
   for (const std::string& line : pending.lines) GPUQ_LOG_INFO("config reload: %s", line.c_str());
-  if (!pending.rolling.empty() || !pending.adding.empty()) {
+  if (!pending.rolling.empty() || !pending.adding.empty() || !pending.deferred.empty() ||
+      !pending.later.empty()) {
     pending_.push_back(std::move(pending));  // replied to when its rollouts and adds end
     return std::vector<std::string>{};
   }
@@ -204,20 +265,170 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
   return pending.lines;
 }
 
-Result<void> ConfigReload::start_added(uint32_t pool) {
-  const PoolConfig& pc = parts_.config->pools[pool];
-  // As plan_pools places a cpu pool's entries: its CPUs, round robin (spares and surge seats
-  // on the CPUs of the workers they may replace).
+Result<ConfigReload::GpuPlan> ConfigReload::replan_gpus(ConfigChange& change, const Config& next,
+                                                        std::vector<PoolConfig>& added) const {
+  const Config& running = *parts_.config;
+  const PoolPlan& plan = *parts_.plan;
+  auto is_gpu = [](const PoolConfig& p) { return p.kind == PoolKind::kGpu; };
+  GpuPlan out;
+  if (std::none_of(added.begin(), added.end(), is_gpu) &&
+      std::none_of(running.pools.begin(), running.pools.end(),
+                   [&](const PoolConfig& p) { return is_gpu(p) && !p.removed; })) {
+    return out;  // no gpu pool before or after: nothing to plan
+  }
+  auto bad = [](const std::string& pool, const std::string& why) {
+    return Error(ErrorCode::kInvalidArgument, "pools[" + pool + "]: " + why);
+  };
+  // The pools as they will run, by id: the running ones with the file's GPUs and budgets (a
+  // removed one keeps its GPUs while it drains: its workers hold their memory until they
+  // exit), then those added.
+  std::vector<PoolConfig> pools = running.pools;
+  std::vector<std::vector<uint32_t>> pool_gpus(pools.size());
+  std::string holding;  // removed pools that still hold their budgets
+  for (uint32_t p = 0; p < pools.size(); ++p) {
+    PoolConfig& pool = pools[p];
+    const bool leaving =
+        std::find(change.removed.begin(), change.removed.end(), p) != change.removed.end();
+    if (!is_gpu(pool) || (pool.removed && !draining(p))) continue;
+    pool_gpus[p] = plan.pools[p].gpus;
+    if (pool.removed || leaving) {
+      // What its workers hold, as a memory_limit: the largest of its budgets on its GPUs.
+      pool.memory_limit_bytes = 0;
+      pool.memory_limit_fraction = 0;
+      for (const PoolGpuBudget& b : plan.pools[p].memory) {
+        pool.memory_limit_bytes = std::max(pool.memory_limit_bytes, b.pool.bytes);
+        pool.memory_limit_fraction = std::max(pool.memory_limit_fraction, b.pool.fraction);
+      }
+      if (pool.memory_limit_bytes > 0) pool.memory_limit_fraction = 0;
+      if (!pool_gpus[p].empty()) holding += (holding.empty() ? "" : ", ") + pool.name;
+      continue;
+    }
+    auto want = std::find_if(next.pools.begin(), next.pools.end(),
+                             [&](const PoolConfig& b) { return b.name == pool.name; });
+    pool.memory_limit_bytes = want->memory_limit_bytes;
+    pool.memory_limit_fraction = want->memory_limit_fraction;
+    pool.gpus = want->gpus;
+    pool.all_gpus = want->all_gpus;
+    const auto changed = std::find_if(change.pools.begin(), change.pools.end(),
+                                      [&](const PoolChange& c) { return c.pool == p; });
+    const bool placed =
+        changed != change.pools.end() &&
+        std::any_of(changed->keys.begin(), changed->keys.end(),
+                    [](const std::string& k) { return k == "gpus" || k == "memory_limit"; });
+    if (!placed) continue;
+    if (pool.workers == 0) {
+      return bad(pool.name,
+                 "it has no workers since gpuqd started (" + plan.pools[p].reason +
+                     "): its GPUs and memory_limit are planned at start; restart gpuqd to "
+                     "change them");
+    }
+    auto chosen = select_gpus(pool, plan.discovery);
+    if (!chosen) return bad(pool.name, chosen.error().message());
+    if (chosen->size() * pool.workers_per_gpu != pool.workers) {
+      return bad(pool.name,
+                 "gpus: " + std::to_string(chosen->size()) + " GPUs instead of " +
+                     std::to_string(plan.pools[p].gpus.size()) +
+                     " would change its worker count (workers_per_gpu x its GPUs): its ring and "
+                     "worker records are fixed in the queue segment; the same number of other "
+                     "GPUs may be given live");
+    }
+    pool_gpus[p] = *chosen;
+  }
+  for (PoolConfig& pool : added) {
+    pools.push_back(pool);
+    pool_gpus.emplace_back();
+    if (!is_gpu(pool)) continue;
+    if (!plan.discovery_ran) {
+      return bad(pool.name,
+                 "a new gpu pool: gpuqd looks for GPUs at start, and did not (it had no gpu pool "
+                 "then); restart gpuqd to add it");
+    }
+    auto chosen = select_gpus(pool, plan.discovery);
+    if (!chosen) return bad(pool.name, "a new gpu pool: " + chosen.error().message());
+    pool.workers = pools.back().workers =
+        static_cast<uint32_t>(chosen->size()) * pool.workers_per_gpu;
+    if (pool.entries() > running.added_pool_workers) {
+      return bad(pool.name, "a new gpu pool: " + std::to_string(pool.entries()) +
+                                " worker entries (workers_per_gpu x its GPUs, spare_workers, "
+                                "rollout_surge_workers), more than added_pool_workers, " +
+                                std::to_string(running.added_pool_workers));
+    }
+    pool_gpus.back() = *chosen;
+  }
+  auto placed = place_gpu_pools(pools, pool_gpus, plan.discovery.gpus, allowed_cpus());
+  if (!placed) {
+    if (holding.empty()) return placed.error();
+    return Error(placed.error().code(),
+                 placed.error().message() + " (removed pools hold their budgets until they " +
+                     "have drained: " + holding + "; reload again once they have)");
+  }
+  out.placed = std::move(*placed);
+  // The running pools whose workers would run elsewhere, or with other budgets.
+  for (uint32_t p = 0; p < running.pools.size(); ++p) {
+    const PoolConfig& pool = running.pools[p];
+    if (!is_gpu(pool) || pool.removed || pool.workers == 0 || out.placed[p].entries.empty() ||
+        std::find(change.removed.begin(), change.removed.end(), p) != change.removed.end()) {
+      continue;
+    }
+    const std::vector<WorkerPlacement> now = parts_.workers->placements_of(p);
+    const std::vector<WorkerPlacement>& then = out.placed[p].entries;
+    bool moved = false;
+    bool restart = false;
+    for (size_t i = 0; i < now.size() && i < then.size(); ++i) {
+      moved = moved || now[i].gpu != then[i].gpu || now[i].memory.bytes != then[i].memory.bytes ||
+              now[i].memory.fraction != then[i].memory.fraction;
+      restart = restart || needs_restart(now[i], then[i]);
+    }
+    if (!moved) continue;
+    out.moved.push_back(p);
+    if (!restart) continue;
+    auto c = std::find_if(change.pools.begin(), change.pools.end(),
+                          [&](const PoolChange& ch) { return ch.pool == p; });
+    if (c == change.pools.end()) {
+      // Its file did not change: another pool's budget on its GPUs did.
+      change.pools.push_back({pool.name, p, {"memory budget"}, true, 0});
+    } else {
+      c->rollout = true;
+    }
+  }
+  return out;
+}
+
+Result<void> ConfigReload::start_added(const Pending& pending, uint32_t pool) {
   std::vector<WorkerPlacement> placements;
-  for (uint32_t i = 0; i < pc.entries(); ++i) {
-    placements.push_back({{pc.cpus[i % pc.cpus.size()]}, "-1", -1, {}});
+  for (const auto& [id, at] : pending.added_at) {
+    if (id == pool) placements = at;
   }
   if (auto r = parts_.workers->add_pool(pool, placements); !r) {
     forget_added(pool);
     return r;
   }
   parts_.queue->pool(pool).accepting.store(kPoolAccepting, std::memory_order_seq_cst);
+  parts_.plan->pools[pool].adding = false;
   return {};
+}
+
+void ConfigReload::start_deferred() {
+  Pending& p = pending_.front();
+  // A rollout they waited for failed: a pool on those GPUs may still have its old, larger budget.
+  const bool failed = p.rollout_failed;
+  for (uint32_t pool : p.deferred) {
+    const std::string name = parts_.config->pools[pool].name;
+    Result<void> started = Error(ErrorCode::kWorkerDied,
+                                 "a rolling restart it waited for failed (one that gives its "
+                                 "GPUs' memory to it)");
+    if (failed) {
+      forget_added(pool);
+    } else {
+      started = start_added(p, pool);  // forgets the pool itself when it fails
+    }
+    if (!started) {
+      p.failures.push_back("pool " + name + " not added: " + started.error().message());
+      GPUQ_LOG_ERROR("config reload: %s", p.failures.back().c_str());
+    }
+  }
+  p.deferred.clear();
+  parts_.catalog->publish();  // the pools, or the pools gone
 }
 
 void ConfigReload::forget_added(uint32_t pool) {
@@ -257,14 +468,18 @@ void ConfigReload::listed(uint32_t pool, Result<std::vector<ListedPythonOp>> ops
     forget_added(pool);
   } else {
     parts_.workers->set_python_ops(pool, python_op_list(pool));
-    started = start_added(pool);  // forgets the pool itself when it fails
+    if (parts_.config->pools[pool].kind == PoolKind::kGpu && !p.rolling.empty()) {
+      p.deferred.push_back(pool);  // it starts once the rollouts have ended
+      return;
+    }
+    started = start_added(p, pool);  // forgets the pool itself when it fails
   }
   if (!started) {
     p.failures.push_back("pool " + name + " not added: " + started.error().message());
     GPUQ_LOG_ERROR("config reload: %s", p.failures.back().c_str());
   }
   parts_.catalog->publish();  // its ops (and the pool), or the pool gone
-  if (p.rolling.empty() && p.adding.empty()) finish();
+  if (p.rolling.empty() && p.adding.empty() && p.deferred.empty()) finish();
 }
 
 void ConfigReload::rollout_ended(uint32_t pool, const Result<void>& outcome) {
@@ -275,22 +490,61 @@ void ConfigReload::rollout_ended(uint32_t pool, const Result<void>& outcome) {
   p.rolling.erase(it);
   if (!outcome) {
     p.failures.push_back(outcome.error().message());
-    if (!parts_.rollouts->swapped(pool)) {
-      // No new worker serves: the pool's settings are the old workers' again, and a reload of
-      // a mended file rolls it anew.
-      for (auto& [id, before] : p.before) {
-        if (id != pool) continue;
-        (*parts_.config).pools[pool] = before;
-        if (before.kind == PoolKind::kCpu) parts_.workers->place_pool(pool, before.cpus);
-      }
-      for (auto& [id, before] : p.file_before) {
-        if (id == pool) file_config_.pools[pool] = before;
-      }
-      GPUQ_LOG_WARN("pool %s: its settings before the reload are back",
-                    parts_.config->pools[pool].name.c_str());
-    }
+    p.rollout_failed = true;
+    // No new worker serves: the pool's settings are the old workers' again, and a reload of a
+    // mended file rolls it anew.
+    if (!parts_.rollouts->swapped(pool)) put_back(p, pool);
   }
+  if (p.rolling.empty() && !p.later.empty()) {
+    // The pools moving onto GPUs that others have made room on, unless that failed.
+    for (auto& [id, at] : p.later) {
+      if (p.rollout_failed) {
+        p.failures.push_back("pool " + parts_.config->pools[id].name +
+                             " not moved: a rolling restart that makes room for it failed");
+        put_back(p, id);
+        continue;
+      }
+      place_gpu_pool(id, at);
+      start_rollout(p, id);
+    }
+    p.later.clear();
+  }
+  if (p.rolling.empty() && !p.deferred.empty()) start_deferred();
   if (p.rolling.empty() && p.adding.empty()) finish();
+}
+
+void ConfigReload::put_back(Pending& p, uint32_t pool) {
+  for (auto& [id, before] : p.before) {
+    if (id != pool) continue;
+    parts_.config->pools[pool] = before;
+    if (before.kind == PoolKind::kCpu) parts_.workers->place_pool(pool, place_cpu_pool(before));
+  }
+  for (auto& [id, before] : p.file_before) {
+    if (id == pool) file_config_.pools[pool] = before;
+  }
+  for (Placed& before : p.placed_before) {
+    if (before.pool != pool) continue;
+    parts_.workers->place_pool(pool, before.entries);
+    parts_.plan->pools[pool].gpus = before.gpus;
+    parts_.plan->pools[pool].memory = before.memory;
+  }
+  GPUQ_LOG_WARN("pool %s: its settings before the reload are back",
+                parts_.config->pools[pool].name.c_str());
+}
+
+void ConfigReload::place_gpu_pool(uint32_t pool, const GpuPoolPlacement& at) {
+  parts_.workers->place_pool(pool, at.entries);
+  parts_.plan->pools[pool].gpus = at.gpus;
+  parts_.plan->pools[pool].memory = at.memory;
+}
+
+void ConfigReload::start_rollout(Pending& p, uint32_t pool) {
+  if (auto g = parts_.rollouts->start(pool); !g) {
+    // can_start said yes: only the listing's start can fail here (no fork).
+    p.failures.push_back(g.error().message());
+    return;
+  }
+  p.rolling.push_back(pool);
 }
 
 void ConfigReload::finish() {

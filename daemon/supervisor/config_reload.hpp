@@ -7,11 +7,17 @@
 //     environment or interpreter changed, or a pool whose worker_spin_us changed, is rolled
 //     (PoolRollout). A rollout that fails (the new modules do not import) puts that pool's
 //     settings back: its old workers serve on, and the reload's reply says why;
-//   - an added pool (a cpu pool, in a free pool record of max_pools) has its entries placed on
-//     its CPUs and its workers started, after its ops are listed (a Python pool: OpListings,
-//     as a rollout lists); then it accepts jobs and the catalog is published, so connected
-//     clients see it. One whose modules do not import is not added (its record is given back
-//     when it is the last one taken, else kept as a removed pool's);
+//   - an added pool (in a free pool record of max_pools) has its entries placed (a cpu pool's on
+//     its CPUs, a gpu pool's on its GPUs with its budget) and its workers started, after its
+//     ops are listed (a Python pool: OpListings, as a rollout lists); then it accepts jobs and
+//     the catalog is published, so connected clients see it. One whose modules do not import is
+//     not added (its record is given back when it is the last one taken, else kept as a removed
+//     pool's);
+//   - the gpu pools' GPUs and memory budgets are planned again together (replan_gpus) when one
+//     is added or its gpus or memory_limit change: a running pool whose worker would move to
+//     another GPU or get less memory is rolled onto its new placement; the rollouts that shrink
+//     pools run first, then those that move pools onto other GPUs, then added gpu pools start
+//     (docs/design/live_changes.md, "Gpu pools: GPUs and memory budgets planned again");
 //   - a removed pool stops accepting (a submit gets UnknownPool, "removed by a reload"), its
 //     queued and running jobs finish, then its workers stop; its record stays reserved. The
 //     catalog is published again, so connected clients no longer list it.
@@ -77,23 +83,62 @@ class ConfigReload {
               const PythonListingDetail& detail);
 
  private:
+  // A running pool's placement before the reload placed it anew (a gpu pool's GPUs, budgets).
+  struct Placed {
+    uint32_t pool = 0;
+    std::vector<WorkerPlacement> entries;
+    std::vector<uint32_t> gpus;
+    std::vector<PoolGpuBudget> memory;
+  };
   struct Pending {
     uint64_t requester = 0;
     std::vector<std::string> lines;
     std::vector<uint32_t> rolling;  // pools whose rollout it waits for
     std::vector<uint32_t> adding;   // added Python pools whose listing it waits for
+    // Added gpu pools that start once `rolling` is empty: the rollouts that move other pools
+    // to smaller budgets on their GPUs end first, so the GPUs are never promised twice over.
+    std::vector<uint32_t> deferred;
     std::vector<std::string> failures;
+    bool rollout_failed = false;
     // Each rolled pool's settings before the reload, put back if its rollout fails.
     std::vector<std::pair<uint32_t, PoolConfig>> before;
     std::vector<std::pair<uint32_t, PoolConfig>> file_before;
+    std::vector<Placed> placed_before;  // likewise its placement
+    // Gpu pools moving to other GPUs, placed and rolled once `rolling` is empty (the pools
+    // there have rolled to their smaller budgets).
+    std::vector<std::pair<uint32_t, GpuPoolPlacement>> later;
+    // Each added pool's entries' placements (start_added).
+    std::vector<std::pair<uint32_t, std::vector<WorkerPlacement>>> added_at;
+  };
+  // The gpu pools planned again (replan_gpus): placed[p] for every pool as it will run (the
+  // running ones by id, then the added ones in their order); `moved`: running gpu pools whose
+  // placement changes (those a worker must be restarted for are marked to roll in the change).
+  struct GpuPlan {
+    std::vector<GpuPoolPlacement> placed;
+    std::vector<uint32_t> moved;
   };
   struct Removal {
     uint32_t pool = 0;
     uint64_t deadline_ns = 0;
   };
   Result<std::vector<std::string>> apply(uint64_t requester);
+  // Every gpu pool's GPUs and memory budgets, planned again as the file says now, with those of
+  // the pools it adds (`added`: their workers set, as plan_pools sets them at start). A running
+  // pool that a worker would have to leave its GPU for, or have less memory, is marked to roll
+  // in `change` (a line "memory budget" when the file did not change it). Errors: what would
+  // refuse the reload (a GPU that is not there, too many workers, budgets past a device).
+  Result<GpuPlan> replan_gpus(ConfigChange& change, const Config& next,
+                              std::vector<PoolConfig>& added) const;
   // An added pool's entries placed and started; it accepts jobs. Errors: the first start's.
-  Result<void> start_added(uint32_t pool);
+  Result<void> start_added(const Pending& pending, uint32_t pool);
+  // The deferred gpu pools started (or, when a rollout they waited for failed, not added).
+  void start_deferred();
+  // A rolled pool whose rollout failed before any swap, or never started: its settings and
+  // placement before the reload.
+  void put_back(Pending& p, uint32_t pool);
+  void place_gpu_pool(uint32_t pool, const GpuPoolPlacement& at);
+  // Its rollout started: `p` waits for it (or the failure is one of `p`'s).
+  void start_rollout(Pending& p, uint32_t pool);
   // An added pool that could not start: not offered, its record back when it is the last.
   void forget_added(uint32_t pool);
   void finish();

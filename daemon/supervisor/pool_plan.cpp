@@ -1,7 +1,6 @@
 #include "pool_plan.hpp"
 
 #include <algorithm>
-#include <iterator>
 
 #include "gpuq/common/cpu_list.hpp"
 #include "gpuq/common/log.hpp"
@@ -84,6 +83,7 @@ Result<PoolPlan> plan_pools(Config& c, const WorkerExecutables& found, const Tes
       GPUQ_LOG_WARN("test hooks: GPUQ_TEST_NVML_LIBRARY: NVML is %s, and %s",
                     how.nvml_library.c_str(), runs);
     }
+    plan.gpu_cpu_backend = cpu_backend;
     plan.discovery = discover_gpus_isolated(how, kGpuDiscoveryTimeoutMs);
     plan.discovery_ran = true;
     for (const GpuInfo& g : plan.discovery.gpus) {
@@ -120,62 +120,20 @@ Result<PoolPlan> plan_pools(Config& c, const WorkerExecutables& found, const Tes
     pool_gpus[p] = *chosen;
     plan.pools[p].gpus = *chosen;
   }
-  auto budgets = plan_memory_budgets(c.pools, pool_gpus, plan.discovery.gpus);
-  if (!budgets) return budgets.error();
-  const std::vector<int> allowed = allowed_cpus();
+  auto placed = place_gpu_pools(c.pools, pool_gpus, plan.discovery.gpus, allowed_cpus());
+  if (!placed) return placed.error();
   for (uint32_t p = 0; p < c.pools.size(); ++p) {
     PoolConfig& pool = c.pools[p];
     if (pool.kind == PoolKind::kCpu) {
-      // The spares and surge seats (after the active workers) go on round robin: each idles on
-      // the CPU of an active worker it may replace, with as many threads as a worker with one
-      // CPU starts.
-      for (uint32_t i = 0; i < pool.entries(); ++i) {
-        plan.placements.push_back({{pool.cpus[i % pool.cpus.size()]}, "-1", -1, {}});
-      }
+      const std::vector<WorkerPlacement> entries = place_cpu_pool(pool);
+      plan.placements.insert(plan.placements.end(), entries.begin(), entries.end());
       continue;
     }
     if (!plan.pools[p].available) continue;
-    plan.pools[p].memory = (*budgets)[p];
-    std::vector<WorkerPlacement> on_gpu;  // one per GPU, in the order of its GPUs
-    for (const PoolGpuBudget& budget : (*budgets)[p]) {
-      const uint32_t g = budget.gpu;
-      const GpuInfo& gpu = plan.discovery.gpus[g];
-      // The GPU's local CPUs that this daemon may use; all of its CPUs when the two sets do not
-      // meet (a cgroup or taskset that keeps it off the GPU's node) or locality is unknown.
-      std::vector<int> cpus;
-      std::set_intersection(gpu.local_cpus.begin(), gpu.local_cpus.end(), allowed.begin(),
-                            allowed.end(), std::back_inserter(cpus));
-      if (cpus.empty()) {
-        if (!gpu.local_cpus.empty()) {
-          GPUQ_LOG_WARN(
-              "GPU %u: none of its local CPUs (%s) is available to the daemon; its "
-              "workers run on every available CPU",
-              gpu.index, cpu_list_text(gpu.local_cpus).c_str());
-        }
-        cpus = allowed;
-      }
-      GPUQ_LOG_INFO("pool %s on GPU %u: memory budget %s%s, %u workers (spares included): %s each",
-                    pool.name.c_str(), gpu.index, budget.pool.text(gpu.memory_bytes).c_str(),
-                    budget.by_default ? " (its share of the default)" : "", budget.workers,
-                    budget.worker.text(gpu.memory_bytes).c_str());
-      // Without a UUID (a driver that hides it from this user) the index in PCI bus order
-      // names the same GPU, given CUDA_DEVICE_ORDER=PCI_BUS_ID.
-      const std::string visible = gpu.uuid.empty() ? std::to_string(gpu.index) : gpu.uuid;
-      const WorkerPlacement here{cpus, visible, static_cast<int>(g), budget.worker};
-      for (uint32_t k = 0; k < pool.workers_per_gpu; ++k) plan.placements.push_back(here);
-      on_gpu.push_back(here);
-    }
-    // Spares after the active workers, spread over the GPUs as workers_on_gpus counts them: a
-    // spare takes the place of a worker on its own GPU only (SparePool).
-    for (uint32_t k = 0; k < pool.spare_workers; ++k) {
-      plan.placements.push_back(on_gpu[k % on_gpu.size()]);
-    }
-    // Surge seats likewise, on from where the spares stopped (workers_on_gpus counts them the
-    // same way): a rollout starts a new worker on the GPU of the one it replaces.
-    for (uint32_t k = 0; k < pool.rollout_surge_workers; ++k) {
-      plan.placements.push_back(on_gpu[(pool.spare_workers + k) % on_gpu.size()]);
-    }
-    pool.workers = static_cast<uint32_t>(on_gpu.size()) * pool.workers_per_gpu;
+    const GpuPoolPlacement& at = (*placed)[p];
+    plan.pools[p].memory = at.memory;
+    plan.placements.insert(plan.placements.end(), at.entries.begin(), at.entries.end());
+    pool.workers = at.workers(pool);
   }
   if (auto r = check_pool_sizes(c); !r) {
     return Error(r.error().code(), r.error().message() + " (with the GPUs found)");

@@ -11,19 +11,12 @@
 #include "gpu_discovery.hpp"
 #include "gpuq/error.hpp"
 #include "memory_budget.hpp"
+#include "placement.hpp"
 #include "python_pool.hpp"
 #include "test_hooks.hpp"
 #include "worker_program.hpp"
 
 namespace gpuq::daemon {
-
-// Where a worker runs (PoolPlan::placements[worker id]).
-struct WorkerPlacement {
-  std::vector<int> cpus;        // its CPU affinity
-  std::string visible_devices;  // CUDA_VISIBLE_DEVICES: "-1" (cpu pool), else the GPU's UUID
-  int gpu = -1;                 // index into PoolPlan::discovery.gpus; -1 in a cpu pool
-  MemoryShare memory;           // a gpu pool's worker: its device memory budget (memory_budget)
-};
 
 // A pool at run time (PoolPlan::pools[pool]).
 struct PoolState {
@@ -35,6 +28,9 @@ struct PoolState {
   WorkerProgram program;       // what its workers run (worker_program.hpp)
   // A gpu pool's memory budget on each of its GPUs, in the order of `gpus` (memory_budget.hpp).
   std::vector<PoolGpuBudget> memory;
+  // Added by a config reload and not yet accepting jobs (its ops listed, or rollouts it waits
+  // for): not in the catalog, so no client sends it a job before it can take one.
+  bool adding = false;
 };
 
 struct PoolPlan {
@@ -42,6 +38,9 @@ struct PoolPlan {
   std::vector<PoolState> pools;             // by pool
   GpuDiscovery discovery;                   // what discovery found
   bool discovery_ran = false;               // only when a gpu pool is configured
+  // The gpu pools run the CPU backend (fake GPUs: gpu_pools_on_cpu_backend, worker_program.hpp);
+  // a gpu pool a reload adds runs what those at start run.
+  bool gpu_cpu_backend = false;
   std::string nvml_library = kNvmlLibrary;  // what discovery loaded; the GPU sampler loads it too
 };
 

@@ -626,12 +626,20 @@ Result<void> WorkerSet::add_pool(uint32_t pool, const std::vector<WorkerPlacemen
   return {};
 }
 
-void WorkerSet::place_pool(uint32_t pool, const std::vector<int>& cpus) {
-  uint32_t i = 0;
+void WorkerSet::place_pool(uint32_t pool, const std::vector<WorkerPlacement>& placements) {
+  size_t i = 0;
   for (auto& w : workers_) {
-    if (w->pool != pool) continue;
-    w->placement.cpus = {cpus[i++ % cpus.size()]};
+    if (w->pool != pool || i >= placements.size()) continue;
+    w->placement = placements[i++];
   }
+}
+
+std::vector<WorkerPlacement> WorkerSet::placements_of(uint32_t pool) const {
+  std::vector<WorkerPlacement> out;
+  for (const auto& w : workers_) {
+    if (w->pool == pool) out.push_back(w->placement);
+  }
+  return out;
 }
 
 Result<void> WorkerSet::resize_pool(uint32_t pool, uint32_t workers) {

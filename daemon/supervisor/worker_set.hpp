@@ -199,9 +199,13 @@ class WorkerSet {
   // are started as active workers, or the last active workers retire (they end their job, take
   // no other, and their entries go dormant). Errors: the first start's.
   Result<void> resize_pool(uint32_t pool, uint32_t workers);
-  // A reload changed cpu pool `pool`'s cpus: its entries' placements, round robin over `cpus` as
-  // plan_pools places them; each process started from now on (a rollout's) is pinned there.
-  void place_pool(uint32_t pool, const std::vector<int>& cpus);
+  // A reload placed `pool` anew (a cpu pool's cpus, a gpu pool's GPUs or memory budgets): its
+  // entries, in id order, take `placements` (placement.hpp; entries past them keep theirs).
+  // Each process started from now on (a rollout's) runs there; those running stay where they
+  // run until they retire.
+  void place_pool(uint32_t pool, const std::vector<WorkerPlacement>& placements);
+  // Where `pool`'s entries are placed, in id order (what place_pool takes).
+  std::vector<WorkerPlacement> placements_of(uint32_t pool) const;
   // Whether a worker of `pool` has a process.
   bool pool_running(uint32_t pool) const;
   // A pool add_pool could not start, none of its workers running: its record's entries are

@@ -517,16 +517,27 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
   // ---- Submit ----
 
-  Result<Job> submit(const JobSpec& spec, int64_t timeout_ns, bool blocking) {
+  // `again`: a job for the default pool (none named) that finds it removed by a config reload
+  // is submitted once more, to the default of the daemon's catalog now.
+  Result<Job> submit(const JobSpec& spec, int64_t timeout_ns, bool blocking, bool again = true) {
     if (forked()) return forked_error();
     const Catalog* cat = &catalog();
+    // The first pool the catalog offers is the default; none while a reload adds every pool.
+    auto choose = [&](const Catalog* c) -> const Pool* {
+      if (!spec.pool.empty()) return c->find_pool(spec.pool);
+      return c->pools.empty() ? nullptr : &c->pools.front();
+    };
     const uint32_t* op = cat->ops.find(spec.op);
-    const Pool* pool = spec.pool.empty() ? &cat->pools.front() : cat->find_pool(spec.pool);
-    if (op == nullptr || pool == nullptr) {
+    const Pool* pool = choose(cat);
+    // A removed default pool (a relaxed load: the push below looks again, seq_cst).
+    const bool gone =
+        spec.pool.empty() && pool != nullptr &&
+        queue_.pool(pool->id).accepting.load(std::memory_order_relaxed) == kPoolRemoved;
+    if (op == nullptr || pool == nullptr || gone) {
       // A name this catalog does not have: the daemon's may have it since.
       cat = &fresh_catalog();
       op = cat->ops.find(spec.op);
-      pool = spec.pool.empty() ? &cat->pools.front() : cat->find_pool(spec.pool);
+      pool = choose(cat);
     }
     if (op == nullptr) {
       std::string known;
@@ -536,7 +547,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
           "op '" + spec.op + "' is not registered with the daemon (registered: " + known + ")");
     }
     if (pool == nullptr) {
-      return Error(ErrorCode::kUnknownPool, "no pool named '" + spec.pool + "'");
+      return Error(ErrorCode::kUnknownPool,
+                   spec.pool.empty()
+                       ? std::string("the daemon offers no pool now (a config reload is adding "
+                                     "them); try again once it has")
+                       : "no pool named '" + spec.pool + "'");
     }
     if (!pool->info.available) {
       // An unavailable pool has no worker: its jobs go to its fallback pool, or fail here, at
@@ -655,6 +670,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     if (!pushed) {
       // Not the last reference: the caller's Client holds one.
       std::shared_ptr<ClientImpl> ended = free_slot(s, generation);
+      if (again && spec.pool.empty() &&
+          ps.accepting.load(std::memory_order_seq_cst) == kPoolRemoved) {
+        return submit(spec, timeout_ns, blocking, false);  // removed since the look above
+      }
       return pushed.error();
     }
     // This client's own counter (its own cache line); only this client writes it.

@@ -509,11 +509,14 @@ class Client:
         function fails the job with :class:`gpuq.OpFailed`, whose ``remote_type`` and
         ``remote_traceback`` (and ``__cause__``) give the worker's exception."""
         kwargs = _with_params(kwargs, params)
-        pool = _pools.pool_for(self, op, pool)
-        options = _options.job_options(
-            pool, timeout, expire_after, retryable, time_limit, priority=priority
-        )
-        return _calls.submit_python(self, op, args, kwargs, options, output_bytes)
+
+        def submit(name: str) -> Future:
+            options = _options.job_options(
+                name, timeout, expire_after, retryable, time_limit, priority=priority
+            )
+            return _calls.submit_python(self, op, args, kwargs, options, output_bytes)
+
+        return _pools.submit_to(self, op, pool, submit)
 
     def call(self, op: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
         """:meth:`submit_call` and wait for its result; ``timeout``: seconds for the whole
@@ -559,14 +562,17 @@ class Client:
             raise _errors.InvalidArgument(
                 f"part_bytes: must be an int of at least 64, not {part_bytes!r}"
             )
-        pool = _pools.pool_for(self, op, pool)
-        options = _options.job_options(
-            pool, timeout, expire_after, False, time_limit, priority=priority
-        )
-        options = _options.replace(options, stream_window=window)
         cell = -(-part_bytes // 64) * 64
-        job, out, kept = _calls.submit_stream(self, op, args, kwargs, options, window * cell)
-        return _stream.Stream(job, out, kept, op, window)
+
+        def submit(name: str) -> _stream.Stream:
+            options = _options.job_options(
+                name, timeout, expire_after, False, time_limit, priority=priority
+            )
+            options = _options.replace(options, stream_window=window)
+            job, out, kept = _calls.submit_stream(self, op, args, kwargs, options, window * cell)
+            return _stream.Stream(job, out, kept, op, window)
+
+        return _pools.submit_to(self, op, pool, submit)
 
     # ---- Python ops from an event loop: never blocking ----------------------------------------
 
@@ -605,11 +611,27 @@ class Client:
         found from the daemon's status as for :meth:`submit_call` (a socket round trip every
         5 s); :meth:`acall` does that off the event loop."""
         kwargs = _with_params(kwargs, params)
-        pool = _pools.pool_for(self, op, pool)
-        options = _options.job_options(
-            pool, timeout, expire_after, retryable, time_limit, priority=priority
-        )
-        return _call_backlog.submit_nowait(self, op, args, kwargs, options, output_bytes)
+
+        def submit(name: str) -> Future:
+            options = _options.job_options(
+                name, timeout, expire_after, retryable, time_limit, priority=priority
+            )
+            return _call_backlog.submit_nowait(self, op, args, kwargs, options, output_bytes)
+
+        return _pools.submit_to(self, op, pool, submit)
+
+    async def _refresh_python_pools(self, loop: asyncio.AbstractEventLoop, op: str) -> str:
+        """The daemon's Python pools read again off the event loop (a socket round trip): the
+        first that has ``op``."""
+        self._refreshing_pools = True  # one refresh at a time; others use the cache
+        try:
+            await loop.run_in_executor(None, _pools.python_pools, self, True)
+        finally:
+            self._refreshing_pools = False
+        pool, _ = _pools.cached_pool(self, op)
+        if pool is None:
+            raise _pools.no_pool(op)
+        return pool
 
     async def acall(
         self, op: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any
@@ -631,23 +653,25 @@ class Client:
         start = loop.time()
         if self._conn is None or self._generation != _fork_generation:
             await loop.run_in_executor(None, self._c)  # connecting: a socket round trip
-        pool = kwargs.pop("pool", None)
+        named = kwargs.pop("pool", None)
+        pool = named
         if pool is None:
             pool, fresh = _pools.cached_pool(self, op)
             if pool is None or (not fresh and not self._refreshing_pools):
-                self._refreshing_pools = True  # one refresh at a time; others use the cache
-                try:
-                    await loop.run_in_executor(None, _pools.python_pools, self, True)
-                finally:
-                    self._refreshing_pools = False
-                pool, _ = _pools.cached_pool(self, op)
-                if pool is None:
-                    raise _pools.no_pool(op)
+                pool = await self._refresh_python_pools(loop, op)
+        if timeout is not None:
+            _seconds_to_ns(timeout, "timeout")
+            kwargs["timeout"] = left = max(0.0, timeout - (loop.time() - start))
+        try:
+            f = self.asubmit_call(op, *args, pool=pool, **kwargs)
+        except _errors.UnknownPool:
+            if named is not None:
+                raise
+            # The op's pool was removed by a config reload since the cache was filled.
+            pool = await self._refresh_python_pools(loop, op)
+            f = self.asubmit_call(op, *args, pool=pool, **kwargs)
         if timeout is None:
-            return await self.asubmit_call(op, *args, pool=pool, **kwargs)
-        _seconds_to_ns(timeout, "timeout")
-        left = max(0.0, timeout - (loop.time() - start))
-        f = self.asubmit_call(op, *args, pool=pool, timeout=left, **kwargs)
+            return await f
         try:
             return await asyncio.wait_for(f, left)
         except asyncio.TimeoutError:

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from . import _errors
+
+T = TypeVar("T")
 
 
 def python_pools(client: Any, refresh: bool = False) -> List[Dict[str, Any]]:
@@ -16,7 +18,12 @@ def python_pools(client: Any, refresh: bool = False) -> List[Dict[str, Any]]:
         return cached[1]
     # Available ones first: an unavailable pool (no GPU, an import error) is only a last resort
     # (its jobs fail at once, naming why).
-    listed = [p for p in client.status().get("pools", []) if "python" in p]
+    # A pool removed by a config reload stays in the status ("removed") but takes no job.
+    listed = [
+        p
+        for p in client.status().get("pools", [])
+        if "python" in p and p.get("status") != "removed"
+    ]
     listed.sort(key=lambda p: p.get("status") == "unavailable")
     pools = [
         {
@@ -38,6 +45,19 @@ def pool_for(client: Any, op: str, pool: Optional[str]) -> str:
             if op in p["ops"]:
                 return p["name"]
     raise no_pool(op)
+
+
+def submit_to(client: Any, op: str, pool: Optional[str], submit: Callable[[str], T]) -> T:
+    """``submit(name)`` to ``pool``, or when none is named to the first Python pool that has
+    ``op``; if that pool was removed by a config reload since the cache was filled
+    (UnknownPool), once more to the first that has it now."""
+    if pool:
+        return submit(pool)
+    try:
+        return submit(pool_for(client, op, None))
+    except _errors.UnknownPool:
+        python_pools(client, refresh=True)
+        return submit(pool_for(client, op, None))
 
 
 def cached_pool(client: Any, op: str) -> Tuple[Optional[str], bool]:

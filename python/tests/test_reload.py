@@ -9,6 +9,7 @@ gpuqctl do the same."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import os
 import pathlib
@@ -203,6 +204,29 @@ def test_a_reload_moves_a_pool_to_other_cpus(tmp_path):
                 assert w["cpus"] == [1], st["workers"]
                 assert os.sched_getaffinity(w["pid"]) == {1}
             assert c.call("version", pool="py")["version"] == 1
+
+
+def test_the_default_pool_removed_a_call_naming_none_goes_to_the_new_default(tmp_path):
+    """A job that names no pool goes to the first pool the daemon offers (a Python op's: the
+    first Python pool that has it). When a reload removes that pool, such jobs from a client
+    connected before go to the next one, although the client's view still names the removed
+    pool: never UnknownPool for a pool the caller did not name. A job that names the removed
+    pool gets it."""
+    v = [write_module(tmp_path / f"v{i}", i) for i in (1, 2, 3)]
+    pools = [pool(name, v[i], workers=1) for i, name in enumerate(("first", "second", "third"))]
+    with gpuq.testing.Daemon({"pools": pools}) as d:
+        with gpuq.connect(d.runtime_dir) as c:
+            assert c.call("version")["version"] == 1
+            c.submit("noop").result(30)  # a built-in op, to the default pool
+            d.reload({"pools": pools[1:]})
+            c.submit("noop").result(30)
+            for i in range(20):
+                assert c.call("version", i)["version"] == 2
+            with pytest.raises(gpuq.UnknownPool, match="'first'"):
+                c.call("version", pool="first")
+            d.reload({"pools": pools[2:]})
+            assert asyncio.run(c.acall("version"))["version"] == 3
+            assert [p["name"] for p in c.pools] == ["third"]
 
 
 def test_what_cannot_change_live_is_refused_and_nothing_changes(tmp_path):

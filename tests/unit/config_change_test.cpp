@@ -1,7 +1,8 @@
 // diff_configs (daemon/supervisor/config_change.hpp): what a config reload changes, from two
 // parsed config files: daemon keys live or fixed (named with why), pool keys rolled, live or
-// fixed, pools removed, pools added (in free records, within added_pool_workers; gpu pools not
-// yet), and a reload that would remove every pool.
+// fixed, pools removed, pools added (in free records, within added_pool_workers), a gpu pool's
+// GPUs and memory_limit (for the reload to plan again) and its size (fixed), and a reload that
+// would remove every pool.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -133,10 +134,10 @@ TEST_CASE("diff_configs: pools added in free records, within added_pool_workers"
     {"name":"big","workers":4,"spare_workers":1},
     {"name":"g","kind":"gpu","gpus":[0]}]})");
   const ConfigChange c = diff_configs(running, next);
-  CHECK(c.added == std::vector<uint32_t>{3, 4});
+  CHECK(c.added == std::vector<uint32_t>{3, 4, 6});  // g: its GPUs are checked by the reload
   CHECK(mentions(c.fixed, "pools[big] (a new pool: 6 worker entries"));
   CHECK(mentions(c.fixed, "more than added_pool_workers, 4"));
-  CHECK(mentions(c.fixed, "pools[g] (a new pool: a gpu pool cannot be added"));
+  CHECK(!mentions(c.fixed, "pools[g]"));
   CHECK(mentions(c.describe(running, next), "pool a1: added, 2 workers"));
   // Records run out: max_pools 4 leaves one free record; a removed pool keeps its own.
   Config tight = parse(R"({"max_pools":4,"pools":[{"name":"a"},{"name":"b"},{"name":"c"}]})");
@@ -160,6 +161,26 @@ TEST_CASE("diff_configs: pools added in free records, within added_pool_workers"
     {"name":"py","workers":1,"python":{"modules":["a"],"path":["/srv/v1"]}},{"name":"old","workers":1},
     {"name":"x","workers":1}]})"))
             .fixed.empty());
+}
+
+TEST_CASE("diff_configs: a gpu pool's GPUs and memory_limit change live, its size does not") {
+  const Config running = parse(R"({"pools":[{"name":"g","kind":"gpu","gpus":[0]},
+    {"name":"h","kind":"gpu","gpus":[1],"memory_limit":0.2}]})");
+  const ConfigChange c = diff_configs(running, parse(R"({"pools":[
+    {"name":"g","kind":"gpu","gpus":[1]},{"name":"h","kind":"gpu","gpus":[1],"memory_limit":0.3}]})"));
+  CHECK(c.fixed.empty());
+  REQUIRE(c.pools.size() == 2);
+  CHECK(c.pools[0].keys == std::vector<std::string>{"gpus"});
+  CHECK(c.pools[1].keys == std::vector<std::string>{"memory_limit"});
+  // Whether they roll is the reload's to say, with every gpu pool's budgets planned again.
+  CHECK(!c.pools[0].rollout);
+  CHECK(!c.pools[1].rollout);
+  const ConfigChange size = diff_configs(running, parse(R"({"pools":[
+    {"name":"g","kind":"gpu","gpus":[0,1]},
+    {"name":"h","kind":"gpu","gpus":[1],"memory_limit":0.2,"workers_per_gpu":2}]})"));
+  CHECK(mentions(size.fixed, "pools[g].gpus (another number of GPUs changes its worker count"));
+  CHECK(mentions(size.fixed, "pools[h].workers_per_gpu"));
+  CHECK(!mentions(size.fixed, "pools[h].gpus"));  // its workers_per_gpu is the one named
 }
 
 TEST_CASE("diff_configs: every pool replaced; a removed pool is not compared again") {

@@ -1,0 +1,104 @@
+// Where a pool's entries run (daemon/supervisor/placement.hpp): a cpu pool's on its CPUs round
+// robin; a gpu pool's on its GPUs, each with the GPU's local CPUs this daemon may use, its
+// CUDA_VISIBLE_DEVICES and its share of the pool's budget there, spares and surge seats after
+// the workers; and whether a worker must be restarted to run at a new placement (another GPU, or
+// less memory), which is what a config reload rolls a gpu pool for.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "placement.hpp"
+
+namespace gpuq::daemon {
+namespace {
+
+PoolConfig gpu_pool(const std::string& name, uint32_t per_gpu, uint32_t spares, uint32_t surge) {
+  PoolConfig p;
+  p.name = name;
+  p.kind = PoolKind::kGpu;
+  p.workers_per_gpu = per_gpu;
+  p.spare_workers = spares;
+  p.rollout_surge_workers = surge;
+  return p;
+}
+
+std::vector<GpuInfo> two_gpus() {
+  std::vector<GpuInfo> out(2);
+  out[0].index = 0;
+  out[0].uuid = "GPU-a";
+  out[0].local_cpus = {0, 1};
+  out[1].index = 1;  // no UUID: named by its index
+  out[1].local_cpus = {8, 9};
+  return out;
+}
+
+TEST_CASE("place_cpu_pool: workers, then spares and surge seats, round robin over its cpus") {
+  PoolConfig p;
+  p.workers = 3;
+  p.max_workers = 3;
+  p.spare_workers = 1;
+  p.rollout_surge_workers = 1;
+  p.cpus = {4, 5};
+  const std::vector<WorkerPlacement> at = place_cpu_pool(p);
+  REQUIRE(at.size() == 5);
+  const std::vector<int> cpus = {4, 5, 4, 5, 4};
+  for (size_t i = 0; i < at.size(); ++i) {
+    CHECK(at[i].cpus == std::vector<int>{cpus[i]});
+    CHECK(at[i].visible_devices == "-1");
+    CHECK(at[i].gpu == -1);
+  }
+}
+
+TEST_CASE("place_gpu_pools: GPUs, local CPUs, budgets; spares and surge seats after the workers") {
+  std::vector<PoolConfig> pools = {gpu_pool("a", 2, 1, 1), gpu_pool("b", 1, 0, 0), PoolConfig{}};
+  pools[1].memory_limit_fraction = 0.5;
+  const std::vector<int> allowed = {0, 1, 2, 3};  // GPU 1's CPUs are not among them
+  auto placed = place_gpu_pools(pools, {{0, 1}, {0}, {}}, two_gpus(), allowed);
+  REQUIRE(placed);
+  const GpuPoolPlacement& a = (*placed)[0];
+  CHECK(a.gpus == std::vector<uint32_t>{0, 1});
+  CHECK(a.workers(pools[0]) == 4);
+  REQUIRE(a.entries.size() == 6);  // 2 per GPU, a spare (GPU 0), a surge seat (GPU 1)
+  const std::vector<int> on = {0, 0, 1, 1, 0, 1};
+  for (size_t i = 0; i < on.size(); ++i) CHECK(a.entries[i].gpu == on[i]);
+  CHECK(a.entries[0].visible_devices == "GPU-a");
+  CHECK(a.entries[2].visible_devices == "1");
+  CHECK(a.entries[0].cpus == std::vector<int>{0, 1});
+  CHECK(a.entries[2].cpus == allowed);  // none of its own: every CPU the daemon may use
+  // On GPU 0, b takes 0.5; a the rest of the default, 0.4, shared by its 3 entries there.
+  CHECK(a.entries[0].memory.fraction == doctest::Approx(0.4 / 3));
+  // On GPU 1, a alone: 0.9 among its 3 entries there.
+  CHECK(a.entries[2].memory.fraction == doctest::Approx(0.3));
+  CHECK((*placed)[1].entries.size() == 1);
+  CHECK((*placed)[1].entries[0].memory.fraction == doctest::Approx(0.5));
+  CHECK((*placed)[2].entries.empty());  // not a gpu pool
+  // Too much promised on one GPU: refused as plan_memory_budgets refuses it.
+  pools[0].memory_limit_fraction = 0.6;
+  auto over = place_gpu_pools(pools, {{0, 1}, {0}, {}}, two_gpus(), allowed);
+  REQUIRE(!over);
+  CHECK(over.error().message().find("more than all of it") != std::string::npos);
+}
+
+TEST_CASE("needs_restart: another GPU or less memory, not more") {
+  WorkerPlacement now{{0}, "GPU-a", 0, {0, 0.45}};
+  WorkerPlacement more = now;
+  more.memory.fraction = 0.9;
+  WorkerPlacement less = now;
+  less.memory.fraction = 0.3;
+  WorkerPlacement moved = now;
+  moved.gpu = 1;
+  WorkerPlacement bytes = now;
+  bytes.memory = {1ull << 30, 0};
+  CHECK(!needs_restart(now, now));
+  CHECK(!needs_restart(now, more));
+  CHECK(needs_restart(now, less));
+  CHECK(needs_restart(now, moved));
+  CHECK(needs_restart(now, bytes));  // bytes against a fraction: not comparable
+  WorkerPlacement cpu{{1}, "-1", -1, {}};
+  WorkerPlacement cpu2{{2}, "-1", -1, {}};
+  CHECK(!needs_restart(cpu, cpu2));  // a cpu pool's new CPUs: its rollout, not this
+}
+
+}  // namespace
+}  // namespace gpuq::daemon
