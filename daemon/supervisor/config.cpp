@@ -363,7 +363,7 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       if (!w) return w.error();
       p.workers = static_cast<uint32_t>(*w);
       have_workers = true;
-    } else if (key == "max_workers" && !gpu) {
+    } else if (key == "max_workers") {
       auto w = read_uint(val, kp, 1, kMaxWorkers);
       if (!w) return w.error();
       p.max_workers = p.max_workers_setting = static_cast<uint32_t>(*w);
@@ -421,7 +421,7 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       auto py = read_python(val, kp);
       if (!py) return py.error();
       p.python = std::move(*py);
-    } else if (gpu && (key == "workers" || key == "cpus" || key == "max_workers")) {
+    } else if (gpu && (key == "workers" || key == "cpus")) {
       return bad(kp, key != "cpus"
                          ? "is not a gpu pool key: a gpu pool has workers_per_gpu workers on "
                            "each of its GPUs"
@@ -432,8 +432,8 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
       return bad(kp, "is a key of \"kind\": \"gpu\" pools only");
     } else {
       return bad(kp, gpu ? "unknown key (known for a gpu pool: name, kind, gpus, "
-                           "workers_per_gpu, spare_workers, rollout_surge_workers, fallback, "
-                           "memory_limit, job_time_limit_ms, worker_spin_us, python)"
+                           "workers_per_gpu, max_workers, spare_workers, rollout_surge_workers, "
+                           "fallback, memory_limit, job_time_limit_ms, worker_spin_us, python)"
                          : "unknown key (known: name, kind, workers, max_workers, spare_workers, "
                            "rollout_surge_workers, cpus, job_time_limit_ms, worker_spin_us, "
                            "python; gpus, workers_per_gpu, "
@@ -444,8 +444,15 @@ Result<PoolConfig> read_pool(const json& v, const std::string& path,
   }
   if (p.name.empty()) return bad(path + ".name", "is required");
   if (gpu) {
-    // Known now only for a list of GPUs; with "all", once the supervisor has found them.
+    // Known now only for a list of GPUs; with "all", once the supervisor has found them
+    // (plan_pools checks max_workers then, and sets it when not said).
     p.workers = p.all_gpus ? 0 : static_cast<uint32_t>(p.gpus.size()) * p.workers_per_gpu;
+    if (p.workers != 0 && p.max_workers != 0 && p.max_workers < p.workers) {
+      return bad(path + ".max_workers", std::to_string(p.max_workers) +
+                                            " is fewer than its workers_per_gpu x its GPUs, " +
+                                            std::to_string(p.workers));
+    }
+    if (p.max_workers == 0) p.max_workers = p.workers;
     return p;
   }
   if (p.cpus.empty()) p.cpus = available;

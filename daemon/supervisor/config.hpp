@@ -49,9 +49,10 @@ struct PoolConfig {
   // config (workers_per_gpu x listed GPUs; 0 with "gpus": "all") until the supervisor has
   // found the GPUs, which sets it (0 for an unavailable pool).
   uint32_t workers = 0;
-  // cpu pools: the most `workers` a config reload may raise it to (entries reserved for them,
-  // its ring sized for them); `workers` when the file does not say (no growth), as it says in
-  // max_workers_setting (0: not said), which a reload compares. Fixed while gpuqd runs.
+  // The most `workers` a config reload may raise it to (entries reserved for them, its ring
+  // sized for them; a gpu pool's workers are workers_per_gpu x its GPUs); `workers` when the
+  // file does not say (no growth), as it says in max_workers_setting (0: not said), which a
+  // reload compares. Fixed while gpuqd runs.
   uint32_t max_workers = 0;
   uint32_t max_workers_setting = 0;
   // Spare workers (docs/design/faults.md, "Spare workers"): started and made ready like the

@@ -68,15 +68,7 @@ void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const Po
   const bool resize = a.kind == PoolKind::kCpu && b.kind == PoolKind::kCpu &&
                       a.workers != b.workers && b.workers <= a.max_workers;
   const bool gpu = a.kind == PoolKind::kGpu && b.kind == PoolKind::kGpu;
-  if (gpu) {
-    // Listed GPUs: workers_per_gpu x their count (with "all", 0 here: ConfigReload counts the
-    // GPUs they select).
-    fixed(a.workers_per_gpu != b.workers_per_gpu, "workers_per_gpu", layout);
-    fixed(a.workers_per_gpu == b.workers_per_gpu && a.workers != b.workers, "gpus",
-          "another number of GPUs changes its worker count (workers_per_gpu x its GPUs): its "
-          "ring and worker records are fixed in the queue segment; the same number of other "
-          "GPUs may be given live");
-  } else {
+  if (!gpu) {
     fixed(a.workers != b.workers && !resize, "workers",
           "more than its max_workers: its ring and worker records are fixed in the queue "
           "segment; a pool may grow to max_workers live");
@@ -104,7 +96,10 @@ void diff_pool(const Config& ca, const PoolConfig& a, const Config& cb, const Po
   change.rollout = !change.keys.empty();
   // A gpu pool's GPUs and budget: ConfigReload plans them again with every gpu pool's and
   // rolls the pool where a worker would move or have less memory (needs_restart).
+  // Its size (workers_per_gpu x its GPUs) too, within its max_workers, which ConfigReload checks
+  // once the GPUs are counted.
   if (gpu && !same_gpus(a, b)) change.keys.emplace_back("gpus");
+  if (gpu && a.workers_per_gpu != b.workers_per_gpu) change.keys.emplace_back("workers_per_gpu");
   if (gpu && (a.memory_limit_bytes != b.memory_limit_bytes ||
               a.memory_limit_fraction != b.memory_limit_fraction)) {
     change.keys.emplace_back("memory_limit");

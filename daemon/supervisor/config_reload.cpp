@@ -121,6 +121,18 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
   // Those that keep a copy.
   set_log_level(c.log_level);
   parts_.outage->set_fail_after(uint64_t{c.pool_down_fail_ms} * 1'000'000);
+  auto rolls = [&](uint32_t p) {
+    return std::any_of(change.pools.begin(), change.pools.end(),
+                       [&](const PoolChange& ch) { return ch.pool == p && ch.rollout; });
+  };
+  const bool any_rollout = std::any_of(updated.begin(), updated.end(), [&](const auto& u) {
+    return rolls(u.first) && running.pools[u.first].entries() > 0;
+  });
+  // A gpu pool that grows while rollouts run (its own, to smaller shares, or others' on its
+  // GPUs) starts its new workers once they have ended.
+  auto grows_later = [&](uint32_t p, const PoolConfig& now) {
+    return any_rollout && now.kind == PoolKind::kGpu && now.workers > running.pools[p].workers;
+  };
   // The file's view, for the next reload: its daemon keys, each running pool as it says now.
   const std::vector<PoolConfig> file_pools = std::move(file_config_.pools);
   file_config_ = n;
@@ -130,28 +142,27 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     auto it = std::find_if(n.pools.begin(), n.pools.end(),
                            [&](const PoolConfig& p) { return p.name == fp.name; });
     if (it == n.pools.end()) continue;  // removed below
-    for (const PoolChange& ch : change.pools) {
-      if (ch.name == fp.name && ch.rollout) {
+    for (const auto& [id, now] : updated) {
+      if (running.pools[id].name != fp.name) continue;
+      if (grows_later(id, now)) {
+        pending.file_before.emplace_back(id, fp);  // its growth waits: all of it goes back
+      } else if (rolls(id)) {
         PoolConfig before = fp;
         before.workers = it->workers;  // a new size stays, whatever the rollout does
-        pending.file_before.emplace_back(ch.pool, std::move(before));
+        pending.file_before.emplace_back(id, std::move(before));
       }
     }
     fp = *it;
   }
   // The gpu pools placed anew (other GPUs, other budgets) before their rollouts start, so that
-  // each process started from now on runs where the new plan puts it.
-  // A pool that moves to other GPUs is rolled once the rollouts that shrink the pools already
-  // there have ended (their new workers take less): in two steps, no GPU is promised twice.
-  auto rolls = [&](uint32_t p) {
-    return std::any_of(change.pools.begin(), change.pools.end(),
-                       [&](const PoolChange& ch) { return ch.pool == p && ch.rollout; });
-  };
+  // each process started from now on runs where the new plan puts it. A pool that moves to
+  // other GPUs is placed and rolled once the rollouts that shrink the pools already there have
+  // ended (their new workers take less): in two steps, no GPU is promised twice.
   std::vector<uint32_t> movers;
   for (uint32_t p : gpus->moved) {
     const std::vector<WorkerPlacement> now = parts_.workers->placements_of(p);
     const std::vector<WorkerPlacement>& then = gpus->placed[p].entries;
-    for (size_t i = 0; i < now.size() && i < then.size(); ++i) {
+    for (size_t i = 0; i < std::min<size_t>(running.pools[p].workers, now.size()); ++i) {
       if (now[i].gpu != then[i].gpu) {
         movers.push_back(p);
         break;
@@ -173,14 +184,18 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
   }
   for (auto& [id, now] : updated) {
     const uint32_t p = id;  // a lambda may not capture a structured binding (before C++20's fix)
-    const bool rolled =
-        std::any_of(change.pools.begin(), change.pools.end(),
-                    [&](const PoolChange& ch) { return ch.pool == p && ch.rollout; });
-    if (rolled) {
-      // Put back if the rollout fails; a new size stays (it is applied below, not rolled).
+    const bool rolled = rolls(p);
+    const bool grow = grows_later(p, now);
+    if (rolled || grow) {
+      // Put back if the rollout fails; a new size stays (it is applied below, not rolled),
+      // unless it waits for the rollouts too.
       PoolConfig before = running.pools[p];
-      before.workers = now.workers;
+      if (!grow) before.workers = now.workers;
       pending.before.emplace_back(p, std::move(before));
+    }
+    if (grow) {
+      pending.grow.emplace_back(p, now.workers);
+      now.workers = running.pools[p].workers;  // until it grows (start_deferred)
     }
     const bool resized = now.workers != running.pools[p].workers;
     const bool moved = now.kind == PoolKind::kCpu && now.cpus != running.pools[p].cpus;
@@ -253,7 +268,7 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
   if (!change.removed.empty() || !change.added.empty()) parts_.catalog->publish();
   for (const std::string& line : pending.lines) GPUQ_LOG_INFO("config reload: %s", line.c_str());
   if (!pending.rolling.empty() || !pending.adding.empty() || !pending.deferred.empty() ||
-      !pending.later.empty()) {
+      !pending.later.empty() || !pending.grow.empty()) {
     pending_.push_back(std::move(pending));  // replied to when its rollouts and adds end
     return std::vector<std::string>{};
   }
@@ -309,12 +324,14 @@ Result<ConfigReload::GpuPlan> ConfigReload::replan_gpus(ConfigChange& change, co
     pool.memory_limit_fraction = want->memory_limit_fraction;
     pool.gpus = want->gpus;
     pool.all_gpus = want->all_gpus;
+    pool.workers_per_gpu = want->workers_per_gpu;
     const auto changed = std::find_if(change.pools.begin(), change.pools.end(),
                                       [&](const PoolChange& c) { return c.pool == p; });
     const bool placed =
         changed != change.pools.end() &&
-        std::any_of(changed->keys.begin(), changed->keys.end(),
-                    [](const std::string& k) { return k == "gpus" || k == "memory_limit"; });
+        std::any_of(changed->keys.begin(), changed->keys.end(), [](const std::string& k) {
+          return k == "gpus" || k == "memory_limit" || k == "workers_per_gpu";
+        });
     if (!placed) continue;
     if (pool.workers == 0) {
       return bad(pool.name,
@@ -324,14 +341,17 @@ Result<ConfigReload::GpuPlan> ConfigReload::replan_gpus(ConfigChange& change, co
     }
     auto chosen = select_gpus(pool, plan.discovery);
     if (!chosen) return bad(pool.name, chosen.error().message());
-    if (chosen->size() * pool.workers_per_gpu != pool.workers) {
-      return bad(pool.name,
-                 "gpus: " + std::to_string(chosen->size()) + " GPUs instead of " +
-                     std::to_string(plan.pools[p].gpus.size()) +
-                     " would change its worker count (workers_per_gpu x its GPUs): its ring and "
-                     "worker records are fixed in the queue segment; the same number of other "
-                     "GPUs may be given live");
+    // Another size: within its max_workers, entries and ring reserved at start.
+    const auto workers = static_cast<uint32_t>(chosen->size()) * pool.workers_per_gpu;
+    if (workers > pool.most_workers()) {
+      return bad(pool.name, "workers_per_gpu x its GPUs would be " + std::to_string(workers) +
+                                " workers, more than its max_workers, " +
+                                std::to_string(pool.most_workers()) +
+                                ": its ring and worker records are fixed in the queue segment; "
+                                "a pool may grow to max_workers live");
     }
+    pool.workers = workers;
+    if (workers != running.pools[p].workers) changed->workers = workers;
     pool_gpus[p] = *chosen;
   }
   for (PoolConfig& pool : added) {
@@ -345,11 +365,19 @@ Result<ConfigReload::GpuPlan> ConfigReload::replan_gpus(ConfigChange& change, co
     }
     auto chosen = select_gpus(pool, plan.discovery);
     if (!chosen) return bad(pool.name, "a new gpu pool: " + chosen.error().message());
-    pool.workers = pools.back().workers =
-        static_cast<uint32_t>(chosen->size()) * pool.workers_per_gpu;
+    // As plan_pools resolves a gpu pool's workers and max_workers at start.
+    pool.workers = static_cast<uint32_t>(chosen->size()) * pool.workers_per_gpu;
+    if (pool.max_workers_setting == 0) {
+      pool.max_workers = pool.workers;
+    } else if (pool.workers > pool.max_workers) {
+      return bad(pool.name, "a new gpu pool: max_workers " + std::to_string(pool.max_workers) +
+                                " is fewer than its workers_per_gpu x its GPUs, " +
+                                std::to_string(pool.workers));
+    }
+    pools.back() = pool;
     if (pool.entries() > running.added_pool_workers) {
       return bad(pool.name, "a new gpu pool: " + std::to_string(pool.entries()) +
-                                " worker entries (workers_per_gpu x its GPUs, spare_workers, "
+                                " worker entries (max_workers, spare_workers, "
                                 "rollout_surge_workers), more than added_pool_workers, " +
                                 std::to_string(running.added_pool_workers));
     }
@@ -372,12 +400,17 @@ Result<ConfigReload::GpuPlan> ConfigReload::replan_gpus(ConfigChange& change, co
     }
     const std::vector<WorkerPlacement> now = parts_.workers->placements_of(p);
     const std::vector<WorkerPlacement>& then = out.placed[p].entries;
+    // Entries that run before and after: the active workers both sizes have, the spares and
+    // the surge seats (growth entries start, or retire, as the pool is resized).
+    const uint32_t stay = std::min(pool.workers, pools[p].workers);
     bool moved = false;
     bool restart = false;
     for (size_t i = 0; i < now.size() && i < then.size(); ++i) {
       moved = moved || now[i].gpu != then[i].gpu || now[i].memory.bytes != then[i].memory.bytes ||
               now[i].memory.fraction != then[i].memory.fraction;
-      restart = restart || needs_restart(now[i], then[i]);
+      if (i < stay || i >= pool.most_workers()) {
+        restart = restart || needs_restart(now[i], then[i]);
+      }
     }
     if (!moved) continue;
     out.moved.push_back(p);
@@ -412,6 +445,22 @@ void ConfigReload::start_deferred() {
   Pending& p = pending_.front();
   // A rollout they waited for failed: a pool on those GPUs may still have its old, larger budget.
   const bool failed = p.rollout_failed;
+  for (const auto& [pool, workers] : p.grow) {
+    PoolConfig& pc = parts_.config->pools[pool];
+    if (failed) {
+      p.failures.push_back("pool " + pc.name +
+                           " not resized: a rolling restart it waited for failed (one that makes "
+                           "room on its GPUs)");
+      put_back(p, pool);
+      continue;
+    }
+    pc.workers = workers;
+    if (auto r = parts_.workers->resize_pool(pool, workers); !r) {
+      p.failures.push_back("pool " + pc.name +
+                           ": a new worker cannot start: " + r.error().message());
+    }
+  }
+  p.grow.clear();
   for (uint32_t pool : p.deferred) {
     const std::string name = parts_.config->pools[pool].name;
     Result<void> started = Error(ErrorCode::kWorkerDied,
@@ -509,7 +558,7 @@ void ConfigReload::rollout_ended(uint32_t pool, const Result<void>& outcome) {
     }
     p.later.clear();
   }
-  if (p.rolling.empty() && !p.deferred.empty()) start_deferred();
+  if (p.rolling.empty() && (!p.deferred.empty() || !p.grow.empty())) start_deferred();
   if (p.rolling.empty() && p.adding.empty()) finish();
 }
 

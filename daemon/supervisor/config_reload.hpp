@@ -107,6 +107,8 @@ class ConfigReload {
     // Gpu pools moving to other GPUs, placed and rolled once `rolling` is empty (the pools
     // there have rolled to their smaller budgets).
     std::vector<std::pair<uint32_t, GpuPoolPlacement>> later;
+    // Gpu pools that grow (to this many workers) once `rolling` is empty, before `deferred`.
+    std::vector<std::pair<uint32_t, uint32_t>> grow;
     // Each added pool's entries' placements (start_added).
     std::vector<std::pair<uint32_t, std::vector<WorkerPlacement>>> added_at;
   };
@@ -131,7 +133,8 @@ class ConfigReload {
                               std::vector<PoolConfig>& added) const;
   // An added pool's entries placed and started; it accepts jobs. Errors: the first start's.
   Result<void> start_added(const Pending& pending, uint32_t pool);
-  // The deferred gpu pools started (or, when a rollout they waited for failed, not added).
+  // Once the rollouts have ended: the gpu pools that grow grown, the deferred gpu pools
+  // started (or, when a rollout they waited for failed, neither: the growth's settings back).
   void start_deferred();
   // A rolled pool whose rollout failed before any swap, or never started: its settings and
   // placement before the reload.

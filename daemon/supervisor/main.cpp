@@ -193,6 +193,13 @@ int check_config(const gpuq::daemon::Config& config) {
     std::printf("%u workers%s on %zu GPUs, ring capacity %u\n", sized.workers,
                 spares_text(p).c_str(), chosen[i]->size(),
                 gpuq::daemon::ring_capacity(config, sized));
+    if (p.max_workers_setting != 0 && sized.workers > p.max_workers) {  // as plan_pools refuses
+      std::fprintf(stderr,
+                   "gpuqd: config: pools[%s].max_workers: %u is fewer than its workers_per_gpu x "
+                   "the GPUs found, %u\n",
+                   p.name.c_str(), p.max_workers, sized.workers);
+      return 2;
+    }
     if (!budgets) continue;
     for (const auto& b : (*budgets)[i]) {
       const uint64_t device = found.gpus[b.gpu].memory_bytes;

@@ -72,11 +72,15 @@ Result<std::vector<GpuPoolPlacement>> place_gpu_pools(
       // Without a UUID (a driver that hides it from this user) the index in PCI bus order
       // names the same GPU, given CUDA_DEVICE_ORDER=PCI_BUS_ID.
       const std::string visible = gpu.uuid.empty() ? std::to_string(gpu.index) : gpu.uuid;
-      const WorkerPlacement here{cpus_near(gpu, allowed), visible, static_cast<int>(budget.gpu),
-                                 budget.worker};
-      for (uint32_t k = 0; k < pool.workers_per_gpu; ++k) placed.entries.push_back(here);
-      on_gpu.push_back(here);
+      on_gpu.push_back(
+          {cpus_near(gpu, allowed), visible, static_cast<int>(budget.gpu), budget.worker});
     }
+    // The active workers round robin over the GPUs (entry k on GPU k mod their count), then the
+    // growth entries of max_workers the same way on from there: a pool resized live keeps each
+    // worker that stays on its GPU, and its new ones spread as its old ones are.
+    const uint32_t active = placed.workers(pool);
+    const uint32_t most = std::max(active, pool.max_workers);
+    for (uint32_t k = 0; k < most; ++k) placed.entries.push_back(on_gpu[k % on_gpu.size()]);
     // Spares after the active workers, spread over the GPUs as workers_on_gpus counts them: a
     // spare takes the place of a worker on its own GPU only (SparePool).
     for (uint32_t k = 0; k < pool.spare_workers; ++k) {

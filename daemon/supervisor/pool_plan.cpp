@@ -134,6 +134,15 @@ Result<PoolPlan> plan_pools(Config& c, const WorkerExecutables& found, const Tes
     plan.pools[p].memory = at.memory;
     plan.placements.insert(plan.placements.end(), at.entries.begin(), at.entries.end());
     pool.workers = at.workers(pool);
+    if (pool.max_workers_setting == 0) {
+      pool.max_workers = pool.workers;
+    } else if (pool.workers > pool.max_workers) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "config: pools[" + pool.name +
+                       "].max_workers: " + std::to_string(pool.max_workers) +
+                       " is fewer than its workers_per_gpu x the GPUs found, " +
+                       std::to_string(pool.workers));
+    }
   }
   if (auto r = check_pool_sizes(c); !r) {
     return Error(r.error().code(), r.error().message() + " (with the GPUs found)");

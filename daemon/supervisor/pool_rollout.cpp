@@ -109,6 +109,21 @@ Result<void> PoolRollout::can_start(uint32_t pool) const {
                      " has no seat for a new worker: give it a spare (spare_workers) or a "
                      "surge seat (rollout_surge_workers)");
   }
+  // A gpu pool's new worker starts on the GPU of the one it replaces: a seat on each GPU.
+  std::vector<int> seats;
+  for (const auto& w : workers_.all()) {
+    if (w->pool == pool && (w->spare || w->surge)) seats.push_back(w->placement.gpu);
+  }
+  for (const auto& w : workers_.all()) {
+    if (w->pool != pool || w->spare || w->surge || w->reserve) continue;
+    if (std::find(seats.begin(), seats.end(), w->placement.gpu) == seats.end()) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "pool " + pc.name + " has no seat for a new worker on the GPU of worker " +
+                       std::to_string(w->id) +
+                       ": a gpu pool needs a spare (spare_workers) or a surge seat "
+                       "(rollout_surge_workers) on each of its GPUs, one per GPU at least");
+    }
+  }
   return {};
 }
 

@@ -4,8 +4,8 @@ GPUQ_TEST_GPU_ROOT; GPUQ_TEST_GPU_WORKER=real, so each gpu pool's worker runs it
 with --gpu and its share of the pool's memory budget, as on a real GPU, while its op touches no
 CUDA). While client processes call a gpu pool without pause, reloads add gpu pools, take
 memory from a running pool's GPU (the running pool is rolled to its smaller budget before the
-new pool starts), and move a pool to the other GPU: every call answered, none failed, each
-worker on the GPU and with the budget the plan gives it. What would promise a GPU more than it
+new pool starts), move a pool to the other GPU, and resize one within its max_workers: every
+call answered, none failed, each worker on the GPU and with the budget the plan gives it. What would promise a GPU more than it
 has, or roll a pool that has no seat for it, is refused whole; so is a gpu pool added to a
 gpuqd that found no GPUs at start."""
 
@@ -128,7 +128,9 @@ def test_gpu_pools_added_rebudgeted_and_moved_under_load(two_gpus):
                 with pytest.raises(gpuq.InvalidArgument, match=r"pool g2: .*rollout_surge_workers"):
                     d.reload({"added_pool_workers": 4,
                               "pools": [g0, g1, gpu_pool("g2", mods, 1, memory_limit=0.3)]})
-                with pytest.raises(gpuq.InvalidArgument, match=r"pools\[g1\]\.gpus \(another number"):
+                with pytest.raises(gpuq.InvalidArgument,
+                                   match=r"pools\[g1\]: workers_per_gpu x its GPUs would be 2 "
+                                         r"workers, more than its max_workers, 1"):
                     d.reload({"added_pool_workers": 4,
                               "pools": [g0, {**g1, "gpus": [0, 1]}, g2]})
                 assert [p["name"] for p in d.status()["pools"]] == ["g0", "g1", "g2"]
@@ -156,6 +158,61 @@ def test_gpu_pools_added_rebudgeted_and_moved_under_load(two_gpus):
         assert calls > 0 and not gone
         assert seen[-1] == UUIDS[1], seen  # moved, and never back
         assert seen in ([UUIDS[0], UUIDS[1]], [UUIDS[1]]), seen
+
+
+def test_a_gpu_pool_resized_within_its_max_workers_under_load(two_gpus):
+    """workers_per_gpu raised: the smaller shares come first (a rollout), then the new workers;
+    lowered: the last workers retire and the others keep their (smaller) shares, no restart.
+    Past max_workers: refused. Every call answered."""
+    mods = two_gpus
+
+    def cfg(per_gpu):
+        return {"pools": [gpu_pool("g", mods, 0, gpus=[0, 1], workers_per_gpu=per_gpu,
+                                   max_workers=4, rollout_surge_workers=surge)]}
+
+    surge = 1
+    with gpuq.testing.Daemon(cfg(1)) as d:
+        # GPU 0: a worker and the surge seat share 0.9; GPU 1: its worker alone. A rollout
+        # would have no seat on GPU 1: refused, nothing changed.
+        wait_workers(d, "g", [(UUIDS[0], 0.45), (UUIDS[1], 0.9)])
+        with pytest.raises(gpuq.InvalidArgument, match=r"pool g: .*no seat for a new worker on "
+                                                       r"the GPU of worker 1.*nothing changed"):
+            d.reload(cfg(2))
+        assert pool_status(d, "g")["workers_total"] == 2
+    surge = 2  # a seat on each GPU: a rollout starts a new worker beside the one it replaces
+    with gpuq.testing.Daemon(cfg(1)) as d:
+        wait_workers(d, "g", [(UUIDS[0], 0.45), (UUIDS[1], 0.45)])
+        ctx = mp.get_context("spawn")
+        stop, started, out = ctx.Event(), ctx.Queue(), ctx.Queue()
+        procs = [ctx.Process(target=_caller, args=(d.runtime_dir, i, "g", stop, started, out))
+                 for i in range(CLIENTS)]
+        for p in procs:
+            p.start()
+        try:
+            for _ in procs:
+                started.get(timeout=120)
+            lines = d.reload(cfg(2))
+            assert lines == ["pool g: workers_per_gpu changed: rolling restart (4 workers)"], lines
+            st = pool_status(d, "g")
+            assert st["generation"] == 2 and st["workers_total"] == 4, st
+            wait_workers(d, "g", [(UUIDS[0], 0.3), (UUIDS[0], 0.3), (UUIDS[1], 0.3),
+                                  (UUIDS[1], 0.3)])
+            with pytest.raises(gpuq.InvalidArgument,
+                               match=r"max_workers: 4 is fewer than its workers_per_gpu x its "
+                                     r"GPUs, 6.*nothing changed"):
+                d.reload(cfg(3))
+            lines = d.reload(cfg(1))
+            assert lines == ["pool g: workers_per_gpu changed, in effect now (2 workers)"], lines
+            wait_workers(d, "g", [(UUIDS[0], 0.3), (UUIDS[1], 0.3)])
+            assert pool_status(d, "g")["generation"] == 2
+        finally:
+            stop.set()
+            results = [out.get(timeout=120) for _ in procs]
+            for p in procs:
+                p.join(60)
+    failures = [f for _, _, fs, _, _, _ in results for f in fs]
+    assert not failures, failures[:5]
+    assert all(calls > 0 for _, calls, _, _, _, _ in results)
 
 
 def test_a_gpu_pool_added_where_no_gpus_were_looked_for(tmp_path, two_gpus):

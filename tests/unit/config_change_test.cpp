@@ -163,24 +163,42 @@ TEST_CASE("diff_configs: pools added in free records, within added_pool_workers"
             .fixed.empty());
 }
 
-TEST_CASE("diff_configs: a gpu pool's GPUs and memory_limit change live, its size does not") {
+TEST_CASE("diff_configs: a gpu pool's GPUs, memory_limit and size, for the reload to plan") {
   const Config running = parse(R"({"pools":[{"name":"g","kind":"gpu","gpus":[0]},
-    {"name":"h","kind":"gpu","gpus":[1],"memory_limit":0.2}]})");
+    {"name":"h","kind":"gpu","gpus":[1],"memory_limit":0.2,"max_workers":2}]})");
+  CHECK(running.pools[0].max_workers == 1);  // not said: its workers
+  CHECK(running.pools[1].max_workers == 2);
+  CHECK(running.pools[1].entries() == 2);  // a growth entry, no surge seat in a gpu pool
   const ConfigChange c = diff_configs(running, parse(R"({"pools":[
-    {"name":"g","kind":"gpu","gpus":[1]},{"name":"h","kind":"gpu","gpus":[1],"memory_limit":0.3}]})"));
+    {"name":"g","kind":"gpu","gpus":[1]},
+    {"name":"h","kind":"gpu","gpus":[1],"memory_limit":0.3,"max_workers":2}]})"));
   CHECK(c.fixed.empty());
   REQUIRE(c.pools.size() == 2);
   CHECK(c.pools[0].keys == std::vector<std::string>{"gpus"});
   CHECK(c.pools[1].keys == std::vector<std::string>{"memory_limit"});
-  // Whether they roll is the reload's to say, with every gpu pool's budgets planned again.
+  // Whether they roll, and how many workers they have, is the reload's to say, with every gpu
+  // pool's budgets planned again and the GPUs counted (max_workers checked then).
   CHECK(!c.pools[0].rollout);
   CHECK(!c.pools[1].rollout);
   const ConfigChange size = diff_configs(running, parse(R"({"pools":[
     {"name":"g","kind":"gpu","gpus":[0,1]},
-    {"name":"h","kind":"gpu","gpus":[1],"memory_limit":0.2,"workers_per_gpu":2}]})"));
-  CHECK(mentions(size.fixed, "pools[g].gpus (another number of GPUs changes its worker count"));
-  CHECK(mentions(size.fixed, "pools[h].workers_per_gpu"));
-  CHECK(!mentions(size.fixed, "pools[h].gpus"));  // its workers_per_gpu is the one named
+    {"name":"h","kind":"gpu","gpus":[1],"memory_limit":0.2,"workers_per_gpu":2,"max_workers":2}]})"));
+  CHECK(size.fixed.empty());
+  REQUIRE(size.pools.size() == 2);
+  CHECK(size.pools[0].keys == std::vector<std::string>{"gpus"});
+  CHECK(size.pools[1].keys == std::vector<std::string>{"workers_per_gpu"});
+  CHECK(size.pools[1].workers == 0);
+  // Its max_workers sizes its ring: fixed.
+  CHECK(mentions(diff_configs(running, parse(R"({"pools":[{"name":"g","kind":"gpu","gpus":[0]},
+    {"name":"h","kind":"gpu","gpus":[1],"memory_limit":0.2,"max_workers":3}]})"))
+                     .fixed,
+                 "pools[h].max_workers"));
+  // Fewer max_workers than workers_per_gpu x the GPUs listed: the file is refused.
+  auto few =
+      parse_config(R"({"pools":[{"name":"g","kind":"gpu","gpus":[0,1],"max_workers":1}]})", {0, 1});
+  REQUIRE(!few);
+  CHECK(few.error().message().find("pools[0].max_workers: 1 is fewer than its workers_per_gpu x "
+                                   "its GPUs, 2") != std::string::npos);
 }
 
 TEST_CASE("diff_configs: every pool replaced; a removed pool is not compared again") {

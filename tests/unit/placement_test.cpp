@@ -59,17 +59,18 @@ TEST_CASE("place_gpu_pools: GPUs, local CPUs, budgets; spares and surge seats af
   const GpuPoolPlacement& a = (*placed)[0];
   CHECK(a.gpus == std::vector<uint32_t>{0, 1});
   CHECK(a.workers(pools[0]) == 4);
-  REQUIRE(a.entries.size() == 6);  // 2 per GPU, a spare (GPU 0), a surge seat (GPU 1)
-  const std::vector<int> on = {0, 0, 1, 1, 0, 1};
+  // 2 per GPU, round robin over them; a spare (GPU 0), a surge seat (GPU 1).
+  REQUIRE(a.entries.size() == 6);
+  const std::vector<int> on = {0, 1, 0, 1, 0, 1};
   for (size_t i = 0; i < on.size(); ++i) CHECK(a.entries[i].gpu == on[i]);
   CHECK(a.entries[0].visible_devices == "GPU-a");
-  CHECK(a.entries[2].visible_devices == "1");
+  CHECK(a.entries[1].visible_devices == "1");
   CHECK(a.entries[0].cpus == std::vector<int>{0, 1});
-  CHECK(a.entries[2].cpus == allowed);  // none of its own: every CPU the daemon may use
+  CHECK(a.entries[1].cpus == allowed);  // none of its own: every CPU the daemon may use
   // On GPU 0, b takes 0.5; a the rest of the default, 0.4, shared by its 3 entries there.
   CHECK(a.entries[0].memory.fraction == doctest::Approx(0.4 / 3));
   // On GPU 1, a alone: 0.9 among its 3 entries there.
-  CHECK(a.entries[2].memory.fraction == doctest::Approx(0.3));
+  CHECK(a.entries[1].memory.fraction == doctest::Approx(0.3));
   CHECK((*placed)[1].entries.size() == 1);
   CHECK((*placed)[1].entries[0].memory.fraction == doctest::Approx(0.5));
   CHECK((*placed)[2].entries.empty());  // not a gpu pool
@@ -78,6 +79,20 @@ TEST_CASE("place_gpu_pools: GPUs, local CPUs, budgets; spares and surge seats af
   auto over = place_gpu_pools(pools, {{0, 1}, {0}, {}}, two_gpus(), allowed);
   REQUIRE(!over);
   CHECK(over.error().message().find("more than all of it") != std::string::npos);
+}
+
+TEST_CASE("place_gpu_pools: a gpu pool's growth entries (max_workers), round robin on") {
+  PoolConfig g = gpu_pool("g", 1, 1, 0);
+  g.max_workers = 5;  // 2 active on 2 GPUs, 3 to grow into
+  auto placed = place_gpu_pools({g}, {{0, 1}}, two_gpus(), {0, 1});
+  REQUIRE(placed);
+  const std::vector<WorkerPlacement>& e = (*placed)[0].entries;
+  REQUIRE(e.size() == 6);  // 5, then the spare
+  const std::vector<int> on = {0, 1, 0, 1, 0, 0};
+  for (size_t i = 0; i < on.size(); ++i) CHECK(e[i].gpu == on[i]);
+  // The budget counts the workers and the spare, not the growth entries (dormant).
+  CHECK(e[0].memory.fraction == doctest::Approx(0.45));
+  CHECK(e[1].memory.fraction == doctest::Approx(0.9));
 }
 
 TEST_CASE("needs_restart: another GPU or less memory, not more") {
