@@ -27,12 +27,14 @@ void ConfigReload::request(uint64_t requester, bool draining) {
                       "a reload is in progress (its rolling restarts run); reload again when it "
                       "has ended"));
   }
+  applying_ = true;  // a rollout that ends inside apply is only recorded (advance waits)
   auto r = apply(requester);
+  applying_ = false;
   if (!r) return fail(r.error());
-  if (pending_.empty() && on_done_) on_done_(requester, *r);
+  advance();
 }
 
-Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
+Result<void> ConfigReload::apply(uint64_t requester) {
   Config& running = *parts_.config;
   // Parsed and checked as at start and by --check-config.
   auto next = load_config(parts_.path, allowed_cpus());
@@ -93,6 +95,7 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     now.all_gpus = want.all_gpus;
     now.memory_limit_bytes = want.memory_limit_bytes;
     now.memory_limit_fraction = want.memory_limit_fraction;
+    now.workers_per_gpu = want.workers_per_gpu;
     if (want.python) {
       now.python = want.python;
       if (auto found = resolve_python_interpreter(now); !found) {
@@ -101,7 +104,10 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
       }
     }
     if (c.rollout && running.pools[c.pool].entries() > 0) {
-      if (auto can = parts_.rollouts->can_start(c.pool); !can) {
+      const bool placed_anew =
+          std::any_of(gpus->by_id.begin(), gpus->by_id.end(),
+                      [&](const auto& b) { return b.first == c.pool; });  // checked there
+      if (auto can = parts_.rollouts->can_start(c.pool, !placed_anew); !can) {
         return Error(can.error().code(),
                      "pool " + c.name + ": " + can.error().message() + "; nothing changed");
       }
@@ -109,8 +115,8 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     updated.emplace_back(c.pool, std::move(now));
   }
 
-  // Applied from here on.
-  Pending pending;
+  // Applied from here on. The reply goes when the rollouts it starts have ended (advance).
+  Pending& pending = pending_.emplace_back();
   pending.requester = requester;
   pending.lines = change.describe(file_config_, *next);
   if (pending.lines.empty()) pending.lines.emplace_back("nothing changed");
@@ -122,14 +128,21 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
   set_log_level(c.log_level);
   parts_.outage->set_fail_after(uint64_t{c.pool_down_fail_ms} * 1'000'000);
   auto rolls = [&](uint32_t p) {
-    return std::any_of(change.pools.begin(), change.pools.end(),
+    return running.pools[p].entries() > 0 &&
+           std::any_of(change.pools.begin(), change.pools.end(),
                        [&](const PoolChange& ch) { return ch.pool == p && ch.rollout; });
   };
-  const bool any_rollout = std::any_of(updated.begin(), updated.end(), [&](const auto& u) {
-    return rolls(u.first) && running.pools[u.first].entries() > 0;
+  auto moves = [&](uint32_t p) {
+    return std::find(gpus->movers.begin(), gpus->movers.end(), p) != gpus->movers.end();
+  };
+  const bool any_rollout =
+      std::any_of(updated.begin(), updated.end(), [&](const auto& u) { return rolls(u.first); });
+  // Rollouts that make room (shrink pools, or change what does not touch the GPUs) come first;
+  // then the pools that move onto other GPUs are placed and rolled, and those whose shares
+  // grow placed; then gpu pools grow and added gpu pools start (advance).
+  const bool room_first = std::any_of(updated.begin(), updated.end(), [&](const auto& u) {
+    return rolls(u.first) && !moves(u.first);
   });
-  // A gpu pool that grows while rollouts run (its own, to smaller shares, or others' on its
-  // GPUs) starts its new workers once they have ended.
   auto grows_later = [&](uint32_t p, const PoolConfig& now) {
     return any_rollout && now.kind == PoolKind::kGpu && now.workers > running.pools[p].workers;
   };
@@ -144,55 +157,32 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     if (it == n.pools.end()) continue;  // removed below
     for (const auto& [id, now] : updated) {
       if (running.pools[id].name != fp.name) continue;
-      if (grows_later(id, now)) {
-        pending.file_before.emplace_back(id, fp);  // its growth waits: all of it goes back
-      } else if (rolls(id)) {
-        PoolConfig before = fp;
-        before.workers = it->workers;  // a new size stays, whatever the rollout does
-        pending.file_before.emplace_back(id, std::move(before));
-      }
+      // Put back if its rollout, or one it waits for, fails; a size applied at once stays.
+      PoolConfig before = fp;
+      if (!grows_later(id, now)) before.workers = it->workers;
+      pending.file_before.emplace_back(id, std::move(before));
     }
     fp = *it;
   }
   // The gpu pools placed anew (other GPUs, other budgets) before their rollouts start, so that
-  // each process started from now on runs where the new plan puts it. A pool that moves to
-  // other GPUs is placed and rolled once the rollouts that shrink the pools already there have
-  // ended (their new workers take less): in two steps, no GPU is promised twice.
-  std::vector<uint32_t> movers;
-  for (uint32_t p : gpus->moved) {
-    const std::vector<WorkerPlacement> now = parts_.workers->placements_of(p);
-    const std::vector<WorkerPlacement>& then = gpus->placed[p].entries;
-    for (size_t i = 0; i < std::min<size_t>(running.pools[p].workers, now.size()); ++i) {
-      if (now[i].gpu != then[i].gpu) {
-        movers.push_back(p);
-        break;
-      }
-    }
-  }
-  const bool shrinks_first = std::any_of(updated.begin(), updated.end(), [&](const auto& u) {
-    return rolls(u.first) && std::find(movers.begin(), movers.end(), u.first) == movers.end();
-  });
-  for (uint32_t p : gpus->moved) {
-    const PoolState& st = parts_.plan->pools[p];
+  // each process started from now on runs where the new plan puts it.
+  for (const auto& [p, entries] : gpus->by_id) {
+    PoolState& st = parts_.plan->pools[p];
     pending.placed_before.push_back({p, parts_.workers->placements_of(p), st.gpus, st.memory});
-    const bool later = shrinks_first && std::find(movers.begin(), movers.end(), p) != movers.end();
-    if (later) {
-      pending.later.emplace_back(p, gpus->placed[p]);
+    Placed next_place{p, entries, gpus->placed[p].gpus, gpus->placed[p].memory, rolls(p)};
+    if ((moves(p) && room_first) || (!rolls(p) && any_rollout)) {
+      pending.later.push_back(std::move(next_place));
     } else {
-      place_gpu_pool(p, gpus->placed[p]);
+      place(next_place);
     }
   }
   for (auto& [id, now] : updated) {
     const uint32_t p = id;  // a lambda may not capture a structured binding (before C++20's fix)
-    const bool rolled = rolls(p);
     const bool grow = grows_later(p, now);
-    if (rolled || grow) {
-      // Put back if the rollout fails; a new size stays (it is applied below, not rolled),
-      // unless it waits for the rollouts too.
-      PoolConfig before = running.pools[p];
-      if (!grow) before.workers = now.workers;
-      pending.before.emplace_back(p, std::move(before));
-    }
+    // Put back if its rollout, or one it waits for, fails; a size applied at once stays.
+    PoolConfig before = running.pools[p];
+    if (!grow) before.workers = now.workers;
+    pending.before.emplace_back(p, std::move(before));
     if (grow) {
       pending.grow.emplace_back(p, now.workers);
       now.workers = running.pools[p].workers;  // until it grows (start_deferred)
@@ -207,10 +197,9 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
                                    ": a new worker cannot start: " + r.error().message());
       }
     }
-    if (!rolled || running.pools[p].entries() == 0) continue;  // no workers: nothing to roll
-    const bool later = std::any_of(pending.later.begin(), pending.later.end(),
-                                   [&](const auto& l) { return l.first == p; });
-    if (!later) start_rollout(pending, p);
+    const bool waits = std::any_of(pending.later.begin(), pending.later.end(),
+                                   [&](const Placed& l) { return l.pool == p; });
+    if (rolls(p) && !waits) start_rollout(pending, p);
   }
   const uint64_t now_ns = monotonic_ns();
   for (uint32_t p : change.removed) {
@@ -223,6 +212,9 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
     removals_.push_back({p, now_ns + uint64_t{c.drain_timeout_ms} * 1'000'000});
     GPUQ_LOG_INFO("pool %s removed by a reload: it drains", pool.name.c_str());
   }
+  // replan_gpus planned the added pools after the running ones: the k-th at base + k, whatever
+  // record each takes (one that is not added gives its record back to the next).
+  const auto base = static_cast<uint32_t>(running.pools.size());
   for (size_t k = 0; k < added.size(); ++k) {
     const auto id = static_cast<uint32_t>(running.pools.size());
     PoolConfig& pool = running.pools.emplace_back(std::move(added[k]));
@@ -232,7 +224,7 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
         worker_program(pool, *parts_.executables, parts_.plan->gpu_cpu_backend).value();
     st.adding = true;  // not in the catalog until it accepts jobs (start_added)
     if (pool.kind == PoolKind::kGpu) {
-      const GpuPoolPlacement& at = gpus->placed[id];  // planned by replan_gpus
+      const GpuPoolPlacement& at = gpus->placed[base + k];  // planned by replan_gpus
       st.gpus = at.gpus;
       st.memory = at.memory;
       pending.added_at.emplace_back(id, at.entries);
@@ -257,8 +249,8 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
       pending.adding.push_back(id);
       continue;
     }
-    if (pool.kind == PoolKind::kGpu && !pending.rolling.empty()) {
-      pending.deferred.push_back(id);
+    if (pool.kind == PoolKind::kGpu) {
+      pending.deferred.push_back(id);  // once the rollouts have ended (advance)
       continue;
     }
     if (auto r = start_added(pending, id); !r) {
@@ -267,17 +259,7 @@ Result<std::vector<std::string>> ConfigReload::apply(uint64_t requester) {
   }
   if (!change.removed.empty() || !change.added.empty()) parts_.catalog->publish();
   for (const std::string& line : pending.lines) GPUQ_LOG_INFO("config reload: %s", line.c_str());
-  if (!pending.rolling.empty() || !pending.adding.empty() || !pending.deferred.empty() ||
-      !pending.later.empty() || !pending.grow.empty()) {
-    pending_.push_back(std::move(pending));  // replied to when its rollouts and adds end
-    return std::vector<std::string>{};
-  }
-  if (!pending.failures.empty()) {
-    std::string why;
-    for (const std::string& f : pending.failures) why += (why.empty() ? "" : "; ") + f;
-    return Error(ErrorCode::kWorkerDied, "config reload: " + why);
-  }
-  return pending.lines;
+  return {};
 }
 
 Result<ConfigReload::GpuPlan> ConfigReload::replan_gpus(ConfigChange& change, const Config& next,
@@ -391,7 +373,8 @@ Result<ConfigReload::GpuPlan> ConfigReload::replan_gpus(ConfigChange& change, co
                      "have drained: " + holding + "; reload again once they have)");
   }
   out.placed = std::move(*placed);
-  // The running pools whose workers would run elsewhere, or with other budgets.
+  // The running pools whose workers would run elsewhere, or with other budgets: each entry
+  // given its place in the new plan by role (assign_placements), then compared with where it is.
   for (uint32_t p = 0; p < running.pools.size(); ++p) {
     const PoolConfig& pool = running.pools[p];
     if (!is_gpu(pool) || pool.removed || pool.workers == 0 || out.placed[p].entries.empty() ||
@@ -399,22 +382,47 @@ Result<ConfigReload::GpuPlan> ConfigReload::replan_gpus(ConfigChange& change, co
       continue;
     }
     const std::vector<WorkerPlacement> now = parts_.workers->placements_of(p);
-    const std::vector<WorkerPlacement>& then = out.placed[p].entries;
-    // Entries that run before and after: the active workers both sizes have, the spares and
-    // the surge seats (growth entries start, or retire, as the pool is resized).
-    const uint32_t stay = std::min(pool.workers, pools[p].workers);
+    const std::vector<EntryRole> roles = parts_.workers->roles_of(p);
+    const Assigned then =
+        assign_placements(roles, now, out.placed[p].entries, pools[p].workers, pool.most_workers());
     bool moved = false;
+    bool mover = false;
     bool restart = false;
-    for (size_t i = 0; i < now.size() && i < then.size(); ++i) {
-      moved = moved || now[i].gpu != then[i].gpu || now[i].memory.bytes != then[i].memory.bytes ||
-              now[i].memory.fraction != then[i].memory.fraction;
-      if (i < stay || i >= pool.most_workers()) {
-        restart = restart || needs_restart(now[i], then[i]);
-      }
+    for (size_t i = 0; i < now.size(); ++i) {
+      const WorkerPlacement &a = now[i], &b = then.placements[i];
+      moved = moved || a.gpu != b.gpu || a.memory.bytes != b.memory.bytes ||
+              a.memory.fraction != b.memory.fraction;
+      // Those with a process that keep their role: a worker that stays active, a spare.
+      const bool runs =
+          (roles[i] == EntryRole::kActive && then.active[i]) || roles[i] == EntryRole::kSpare;
+      if (!runs) continue;
+      mover = mover || a.gpu != b.gpu;
+      restart = restart || needs_restart(a, b);
     }
     if (!moved) continue;
-    out.moved.push_back(p);
+    out.by_id.emplace_back(p, then.placements);
+    if (mover) out.movers.push_back(p);
     if (!restart) continue;
+    // A rollout starts each new worker beside the one it replaces: a seat on each GPU where a
+    // worker stays, as the new plan puts them.
+    std::vector<int> seats;
+    for (size_t i = 0; i < now.size(); ++i) {
+      if (roles[i] == EntryRole::kSpare || roles[i] == EntryRole::kSurge) {
+        seats.push_back(then.placements[i].gpu);
+      }
+    }
+    for (size_t i = 0; i < now.size(); ++i) {
+      if (roles[i] != EntryRole::kActive || !then.active[i]) continue;
+      const int g = then.placements[i].gpu;
+      if (std::find(seats.begin(), seats.end(), g) == seats.end()) {
+        return bad(pool.name,
+                   "its workers must be rolled (to other GPUs or smaller budgets), and it would "
+                   "have no seat for a new worker on GPU " +
+                       std::to_string(plan.discovery.gpus[static_cast<size_t>(g)].index) +
+                       ": a gpu pool needs a spare (spare_workers) or a surge seat "
+                       "(rollout_surge_workers) on each of its GPUs, one per GPU at least");
+      }
+    }
     auto c = std::find_if(change.pools.begin(), change.pools.end(),
                           [&](const PoolChange& ch) { return ch.pool == p; });
     if (c == change.pools.end()) {
@@ -443,14 +451,14 @@ Result<void> ConfigReload::start_added(const Pending& pending, uint32_t pool) {
 
 void ConfigReload::start_deferred() {
   Pending& p = pending_.front();
-  // A rollout they waited for failed: a pool on those GPUs may still have its old, larger budget.
+  // A rollout of the reload failed: a pool may still hold its old, larger budget.
   const bool failed = p.rollout_failed;
   for (const auto& [pool, workers] : p.grow) {
     PoolConfig& pc = parts_.config->pools[pool];
     if (failed) {
       p.failures.push_back("pool " + pc.name +
-                           " not resized: a rolling restart it waited for failed (one that makes "
-                           "room on its GPUs)");
+                           " not resized: a rolling restart of the reload failed (it may hold "
+                           "the memory the new workers need)");
       put_back(p, pool);
       continue;
     }
@@ -464,8 +472,8 @@ void ConfigReload::start_deferred() {
   for (uint32_t pool : p.deferred) {
     const std::string name = parts_.config->pools[pool].name;
     Result<void> started = Error(ErrorCode::kWorkerDied,
-                                 "a rolling restart it waited for failed (one that gives its "
-                                 "GPUs' memory to it)");
+                                 "a rolling restart of the reload failed (it may hold the "
+                                 "memory this pool needs)");
     if (failed) {
       forget_added(pool);
     } else {
@@ -476,8 +484,8 @@ void ConfigReload::start_deferred() {
       GPUQ_LOG_ERROR("config reload: %s", p.failures.back().c_str());
     }
   }
+  if (!p.deferred.empty()) parts_.catalog->publish();  // the pools, or the pools gone
   p.deferred.clear();
-  parts_.catalog->publish();  // the pools, or the pools gone
 }
 
 void ConfigReload::forget_added(uint32_t pool) {
@@ -517,8 +525,9 @@ void ConfigReload::listed(uint32_t pool, Result<std::vector<ListedPythonOp>> ops
     forget_added(pool);
   } else {
     parts_.workers->set_python_ops(pool, python_op_list(pool));
-    if (parts_.config->pools[pool].kind == PoolKind::kGpu && !p.rolling.empty()) {
-      p.deferred.push_back(pool);  // it starts once the rollouts have ended
+    if (parts_.config->pools[pool].kind == PoolKind::kGpu) {
+      p.deferred.push_back(pool);  // after the rollouts, as a C++ gpu pool (advance)
+      advance();
       return;
     }
     started = start_added(p, pool);  // forgets the pool itself when it fails
@@ -528,7 +537,7 @@ void ConfigReload::listed(uint32_t pool, Result<std::vector<ListedPythonOp>> ops
     GPUQ_LOG_ERROR("config reload: %s", p.failures.back().c_str());
   }
   parts_.catalog->publish();  // its ops (and the pool), or the pool gone
-  if (p.rolling.empty() && p.adding.empty() && p.deferred.empty()) finish();
+  advance();
 }
 
 void ConfigReload::rollout_ended(uint32_t pool, const Result<void>& outcome) {
@@ -544,22 +553,32 @@ void ConfigReload::rollout_ended(uint32_t pool, const Result<void>& outcome) {
     // mended file rolls it anew.
     if (!parts_.rollouts->swapped(pool)) put_back(p, pool);
   }
+  advance();
+}
+
+void ConfigReload::advance() {
+  if (pending_.empty() || applying_ || advancing_) return;
+  advancing_ = true;
+  Pending& p = pending_.front();
   if (p.rolling.empty() && !p.later.empty()) {
-    // The pools moving onto GPUs that others have made room on, unless that failed.
-    for (auto& [id, at] : p.later) {
+    const std::vector<Placed> later = std::move(p.later);
+    p.later.clear();
+    for (const Placed& at : later) {
       if (p.rollout_failed) {
-        p.failures.push_back("pool " + parts_.config->pools[id].name +
-                             " not moved: a rolling restart that makes room for it failed");
-        put_back(p, id);
+        // Not placed: it keeps where it runs, and its settings before the reload.
+        p.failures.push_back("pool " + parts_.config->pools[at.pool].name +
+                             " not placed anew: a rolling restart that makes room for it "
+                             "failed");
+        put_back(p, at.pool);
         continue;
       }
-      place_gpu_pool(id, at);
-      start_rollout(p, id);
+      place(at);
+      if (at.roll) start_rollout(p, at.pool);  // one that ends at once is only recorded
     }
-    p.later.clear();
   }
-  if (p.rolling.empty() && (!p.deferred.empty() || !p.grow.empty())) start_deferred();
-  if (p.rolling.empty() && p.adding.empty()) finish();
+  if (p.rolling.empty() && (!p.grow.empty() || !p.deferred.empty())) start_deferred();
+  advancing_ = false;
+  if (p.rolling.empty() && p.adding.empty() && p.later.empty()) finish();
 }
 
 void ConfigReload::put_back(Pending& p, uint32_t pool) {
@@ -572,28 +591,27 @@ void ConfigReload::put_back(Pending& p, uint32_t pool) {
     if (id == pool) file_config_.pools[pool] = before;
   }
   for (Placed& before : p.placed_before) {
-    if (before.pool != pool) continue;
-    parts_.workers->place_pool(pool, before.entries);
-    parts_.plan->pools[pool].gpus = before.gpus;
-    parts_.plan->pools[pool].memory = before.memory;
+    if (before.pool == pool) place(before);
   }
   GPUQ_LOG_WARN("pool %s: its settings before the reload are back",
                 parts_.config->pools[pool].name.c_str());
 }
 
-void ConfigReload::place_gpu_pool(uint32_t pool, const GpuPoolPlacement& at) {
-  parts_.workers->place_pool(pool, at.entries);
-  parts_.plan->pools[pool].gpus = at.gpus;
-  parts_.plan->pools[pool].memory = at.memory;
+void ConfigReload::place(const Placed& at) {
+  parts_.workers->place_pool(at.pool, at.entries);
+  parts_.plan->pools[at.pool].gpus = at.gpus;
+  parts_.plan->pools[at.pool].memory = at.memory;
 }
 
 void ConfigReload::start_rollout(Pending& p, uint32_t pool) {
+  p.rolling.push_back(pool);  // first: PoolRollout may end it inside start()
   if (auto g = parts_.rollouts->start(pool); !g) {
     // can_start said yes: only the listing's start can fail here (no fork).
+    std::erase(p.rolling, pool);
     p.failures.push_back(g.error().message());
-    return;
+    p.rollout_failed = true;
+    put_back(p, pool);
   }
-  p.rolling.push_back(pool);
 }
 
 void ConfigReload::finish() {
@@ -606,10 +624,13 @@ void ConfigReload::finish() {
   }
   std::string why;
   for (const std::string& f : p.failures) why += (why.empty() ? "" : "; ") + f;
-  on_done_(p.requester, Error(ErrorCode::kWorkerDied,
-                              "config reload: a rolling restart failed, that pool's settings are "
-                              "back as they were: " +
-                                  why));
+  on_done_(p.requester,
+           Error(ErrorCode::kWorkerDied,
+                 std::string("config reload: ") +
+                     (p.rollout_failed ? "a rolling restart failed, that pool's settings are "
+                                         "back as they were: "
+                                       : "") +
+                     why));
 }
 
 bool ConfigReload::draining(uint32_t pool) const {

@@ -83,64 +83,77 @@ class ConfigReload {
               const PythonListingDetail& detail);
 
  private:
-  // A running pool's placement before the reload placed it anew (a gpu pool's GPUs, budgets).
+  // A gpu pool's placement: its entries' (by id), its GPUs and budgets; `roll`: a worker must
+  // be restarted for it (needs_restart), so the pool is rolled once it is placed.
   struct Placed {
     uint32_t pool = 0;
     std::vector<WorkerPlacement> entries;
     std::vector<uint32_t> gpus;
     std::vector<PoolGpuBudget> memory;
+    bool roll = false;
   };
   struct Pending {
     uint64_t requester = 0;
     std::vector<std::string> lines;
     std::vector<uint32_t> rolling;  // pools whose rollout it waits for
     std::vector<uint32_t> adding;   // added Python pools whose listing it waits for
-    // Added gpu pools that start once `rolling` is empty: the rollouts that move other pools
-    // to smaller budgets on their GPUs end first, so the GPUs are never promised twice over.
+    // In order once `rolling` is empty (advance), so that no GPU is promised more than it has
+    // at any moment: first `later`, gpu pools that move onto other GPUs (placed and rolled
+    // once the pools there have rolled to smaller budgets) or whose shares only grow (placed);
+    // then `grow`, gpu pools that grow (to this many workers); then `deferred`, added gpu
+    // pools started.
+    std::vector<Placed> later;
+    std::vector<std::pair<uint32_t, uint32_t>> grow;
     std::vector<uint32_t> deferred;
     std::vector<std::string> failures;
-    bool rollout_failed = false;
-    // Each rolled pool's settings before the reload, put back if its rollout fails.
+    bool rollout_failed = false;  // then nothing of `later`, `grow` or `deferred` happens
+    // Each changed pool's settings before the reload, put back if its rollout (or one it
+    // waits for) fails, and its placement.
     std::vector<std::pair<uint32_t, PoolConfig>> before;
     std::vector<std::pair<uint32_t, PoolConfig>> file_before;
-    std::vector<Placed> placed_before;  // likewise its placement
-    // Gpu pools moving to other GPUs, placed and rolled once `rolling` is empty (the pools
-    // there have rolled to their smaller budgets).
-    std::vector<std::pair<uint32_t, GpuPoolPlacement>> later;
-    // Gpu pools that grow (to this many workers) once `rolling` is empty, before `deferred`.
-    std::vector<std::pair<uint32_t, uint32_t>> grow;
+    std::vector<Placed> placed_before;
     // Each added pool's entries' placements (start_added).
     std::vector<std::pair<uint32_t, std::vector<WorkerPlacement>>> added_at;
   };
   // The gpu pools planned again (replan_gpus): placed[p] for every pool as it will run (the
-  // running ones by id, then the added ones in their order); `moved`: running gpu pools whose
-  // placement changes (those a worker must be restarted for are marked to roll in the change).
+  // running ones by id, then the added ones in their order); `by_id`: each running gpu pool
+  // whose placement changes, its entries' new placements by id (assign_placements); `movers`:
+  // those where a worker with a process changes GPU. Those a worker must be restarted for are
+  // marked to roll in the change.
   struct GpuPlan {
     std::vector<GpuPoolPlacement> placed;
-    std::vector<uint32_t> moved;
+    std::vector<std::pair<uint32_t, std::vector<WorkerPlacement>>> by_id;
+    std::vector<uint32_t> movers;
   };
   struct Removal {
     uint32_t pool = 0;
     uint64_t deadline_ns = 0;
   };
-  Result<std::vector<std::string>> apply(uint64_t requester);
+  // Checks the file and applies it: refused whole (an error, nothing changed), or applied with
+  // its Pending in pending_ (advance() sends the reply once its rollouts have ended).
+  Result<void> apply(uint64_t requester);
   // Every gpu pool's GPUs and memory budgets, planned again as the file says now, with those of
   // the pools it adds (`added`: their workers set, as plan_pools sets them at start). A running
   // pool that a worker would have to leave its GPU for, or have less memory, is marked to roll
   // in `change` (a line "memory budget" when the file did not change it). Errors: what would
-  // refuse the reload (a GPU that is not there, too many workers, budgets past a device).
+  // refuse the reload (a GPU that is not there, too many workers, budgets past a device, a pool
+  // to roll without a seat on each of its GPUs).
   Result<GpuPlan> replan_gpus(ConfigChange& change, const Config& next,
                               std::vector<PoolConfig>& added) const;
+  // The next steps of the pending reload once its rollouts have ended (later, grow, deferred),
+  // and its reply when nothing is left. Not inside apply or itself: a rollout that ends inside
+  // them is only recorded (rollout_ended), and they look again.
+  void advance();
   // An added pool's entries placed and started; it accepts jobs. Errors: the first start's.
   Result<void> start_added(const Pending& pending, uint32_t pool);
-  // Once the rollouts have ended: the gpu pools that grow grown, the deferred gpu pools
-  // started (or, when a rollout they waited for failed, neither: the growth's settings back).
+  // The gpu pools that grow grown, the deferred gpu pools started (or, when a rollout of the
+  // reload failed, neither: the growth's settings back, the pools not added).
   void start_deferred();
-  // A rolled pool whose rollout failed before any swap, or never started: its settings and
+  // A pool whose rollout (or one it waits for) failed, or never started: its settings and
   // placement before the reload.
   void put_back(Pending& p, uint32_t pool);
-  void place_gpu_pool(uint32_t pool, const GpuPoolPlacement& at);
-  // Its rollout started: `p` waits for it (or the failure is one of `p`'s).
+  void place(const Placed& at);
+  // Its rollout started: `p` waits for it; one that cannot start is a failed rollout.
   void start_rollout(Pending& p, uint32_t pool);
   // An added pool that could not start: not offered, its record back when it is the last.
   void forget_added(uint32_t pool);
@@ -149,6 +162,8 @@ class ConfigReload {
   Parts parts_;
   Config file_config_;
   std::vector<Pending> pending_;  // at most one
+  bool applying_ = false;         // inside apply()
+  bool advancing_ = false;        // inside advance()
   std::vector<Removal> removals_;
   Done on_done_;
 };

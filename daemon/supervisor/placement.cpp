@@ -42,6 +42,68 @@ bool needs_restart(const WorkerPlacement& now, const WorkerPlacement& next) {
   return amount(next.memory) < amount(now.memory);
 }
 
+Assigned assign_placements(const std::vector<EntryRole>& roles,
+                           const std::vector<WorkerPlacement>& now,
+                           const std::vector<WorkerPlacement>& plan, uint32_t workers,
+                           uint32_t most) {
+  const size_t n = roles.size();
+  Assigned out;
+  out.placements = now;
+  out.active.assign(n, false);
+  // Who is active once the pool has `workers`: the active ones, lowest ids first, then growth
+  // entries, lowest ids first (resize_pool).
+  uint32_t left = workers;
+  for (size_t i = 0; i < n && left > 0; ++i) {
+    if (roles[i] == EntryRole::kActive) out.active[i] = true, --left;
+  }
+  for (size_t i = 0; i < n && left > 0; ++i) {
+    if (roles[i] == EntryRole::kReserve) out.active[i] = true, --left;
+  }
+  // The plan's places of each group, and the entries that take them.
+  auto fill = [&](size_t first, size_t last, auto member, bool keep_gpu) {
+    std::vector<bool> taken(last > first ? last - first : 0, false);
+    std::vector<size_t> waiting;
+    for (size_t i = 0; i < n; ++i) {
+      if (!member(i)) continue;
+      bool placed = false;
+      for (size_t k = first; keep_gpu && k < last && k < plan.size(); ++k) {
+        if (!taken[k - first] && plan[k].gpu == now[i].gpu) {
+          taken[k - first] = true;
+          out.placements[i] = plan[k];
+          placed = true;
+          break;
+        }
+      }
+      if (!placed) waiting.push_back(i);
+    }
+    size_t k = first;
+    for (size_t i : waiting) {
+      while (k < last && k < plan.size() && taken[k - first]) ++k;
+      if (k >= last || k >= plan.size()) break;
+      taken[k - first] = true;
+      out.placements[i] = plan[k++];
+    }
+  };
+  const auto spares =
+      static_cast<size_t>(std::count(roles.begin(), roles.end(), EntryRole::kSpare));
+  // Active ones keep their GPU where they can (a worker with a process); growth entries have
+  // none to keep.
+  fill(
+      0, workers, [&](size_t i) { return out.active[i]; }, true);
+  fill(
+      workers, most,
+      [&](size_t i) {
+        return !out.active[i] &&
+               (roles[i] == EntryRole::kActive || roles[i] == EntryRole::kReserve);
+      },
+      false);
+  fill(
+      most, most + spares, [&](size_t i) { return roles[i] == EntryRole::kSpare; }, true);
+  fill(
+      most + spares, plan.size(), [&](size_t i) { return roles[i] == EntryRole::kSurge; }, true);
+  return out;
+}
+
 std::vector<WorkerPlacement> place_cpu_pool(const PoolConfig& pool) {
   std::vector<WorkerPlacement> out;
   for (uint32_t i = 0; i < pool.entries(); ++i) {

@@ -4,6 +4,8 @@
 // (docs/design/gpu_discovery.md); a config reload places the pools it adds, and the gpu pools
 // whose GPUs or budgets it changes, with the same functions (docs/design/live_changes.md).
 // Arithmetic on the config and the GPUs found: no state, no I/O but the log.
+// assign_placements gives a running pool's entries their places in a new plan by role, keeping
+// each worker on its GPU where the plan allows.
 #pragma once
 
 #include <cstdint>
@@ -51,5 +53,27 @@ struct GpuPoolPlacement {
 Result<std::vector<GpuPoolPlacement>> place_gpu_pools(
     const std::vector<PoolConfig>& pools, const std::vector<std::vector<uint32_t>>& pool_gpus,
     const std::vector<GpuInfo>& gpus, const std::vector<int>& allowed);
+
+// A worker entry's role now (WorkerSet: an active worker, a growth entry of max_workers with no
+// process, a spare, a surge seat).
+enum class EntryRole { kActive, kReserve, kSpare, kSurge };
+
+struct Assigned {
+  std::vector<WorkerPlacement> placements;  // by entry, in id order
+  std::vector<bool> active;  // by entry: active once the pool has `workers` (resize_pool's rule)
+};
+
+// A running pool's entries (`roles` and `now`, in id order) given their places in `plan` (its new
+// placement, as place_gpu_pools or place_cpu_pool order it: `workers` active workers, growth
+// entries up to `most`, then spares, then surge seats). Which entries are active once the pool
+// has `workers` follows WorkerSet::resize_pool (it starts the lowest-id growth entries and
+// retires the highest-id active workers). Each entry takes a place of its role (the active ones
+// among the plan's first `workers`, and so on); an entry keeps a place on the GPU it is on where
+// the plan has one left (roles and places move between entries as spares and rollouts swap
+// them, so entry k is not plan place k), the others take the places left, in id order.
+Assigned assign_placements(const std::vector<EntryRole>& roles,
+                           const std::vector<WorkerPlacement>& now,
+                           const std::vector<WorkerPlacement>& plan, uint32_t workers,
+                           uint32_t most);
 
 }  // namespace gpuq::daemon

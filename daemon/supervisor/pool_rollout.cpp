@@ -94,7 +94,7 @@ std::vector<RolloutSeat> PoolRollout::seats_of(uint32_t pool) const {
   return out;
 }
 
-Result<void> PoolRollout::can_start(uint32_t pool) const {
+Result<void> PoolRollout::can_start(uint32_t pool, bool seats_per_gpu) const {
   const PoolConfig& pc = config_.pools[pool];
   if (pc.entries() == 0) {
     return Error(ErrorCode::kNotFound, "pool " + pc.name + " has no workers to restart");
@@ -109,6 +109,7 @@ Result<void> PoolRollout::can_start(uint32_t pool) const {
                      " has no seat for a new worker: give it a spare (spare_workers) or a "
                      "surge seat (rollout_surge_workers)");
   }
+  if (!seats_per_gpu) return {};
   // A gpu pool's new worker starts on the GPU of the one it replaces: a seat on each GPU.
   std::vector<int> seats;
   for (const auto& w : workers_.all()) {

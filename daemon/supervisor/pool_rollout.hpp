@@ -95,7 +95,9 @@ class PoolRollout {
   // Whether start(pool) would begin now: the pool has workers, none of its rollouts runs, and
   // it has a seat for a new worker (a spare or a surge seat). A config reload asks before it
   // changes anything. Errors: start()'s, and InvalidArgument naming the keys for a seat.
-  Result<void> can_start(uint32_t pool) const;
+  // `seats_per_gpu`: also that each GPU of its active workers has a seat, as they are placed
+  // now (a reload that places the pool anew checks its new placement itself).
+  Result<void> can_start(uint32_t pool, bool seats_per_gpu = true) const;
   // Whether the pool's last (or current) rollout has swapped a new worker in.
   bool swapped(uint32_t pool) const { return pools_[pool].swapped; }
   // A Python pool's listing has ended (OpListings' on_done): the rollout goes on with the ops

@@ -239,6 +239,10 @@ std::string StatusReport::document(uint64_t epoch, uint64_t start_ns, bool drain
     if (!st.available) {
       pool["status"] = "unavailable";
       pool["reason"] = st.reason;
+    } else if (st.adding) {
+      // Added by a config reload, not yet accepting jobs (not in the catalog yet).
+      pool["status"] = "adding";
+      pool["reason"] = "added by a config reload: starting";
     } else {
       ++available_pools;
       pool["status"] = ready == total ? "ready" : (ready > 0 ? "degraded" : "down");

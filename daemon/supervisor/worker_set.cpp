@@ -634,6 +634,18 @@ void WorkerSet::place_pool(uint32_t pool, const std::vector<WorkerPlacement>& pl
   }
 }
 
+std::vector<EntryRole> WorkerSet::roles_of(uint32_t pool) const {
+  std::vector<EntryRole> out;
+  for (const auto& w : workers_) {
+    if (w->pool != pool) continue;
+    out.push_back(w->spare     ? EntryRole::kSpare
+                  : w->surge   ? EntryRole::kSurge
+                  : w->reserve ? EntryRole::kReserve
+                               : EntryRole::kActive);
+  }
+  return out;
+}
+
 std::vector<WorkerPlacement> WorkerSet::placements_of(uint32_t pool) const {
   std::vector<WorkerPlacement> out;
   for (const auto& w : workers_) {

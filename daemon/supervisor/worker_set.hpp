@@ -204,8 +204,9 @@ class WorkerSet {
   // Each process started from now on (a rollout's) runs there; those running stay where they
   // run until they retire.
   void place_pool(uint32_t pool, const std::vector<WorkerPlacement>& placements);
-  // Where `pool`'s entries are placed, in id order (what place_pool takes).
+  // Where `pool`'s entries are placed, in id order (what place_pool takes), and their roles.
   std::vector<WorkerPlacement> placements_of(uint32_t pool) const;
+  std::vector<EntryRole> roles_of(uint32_t pool) const;
   // Whether a worker of `pool` has a process.
   bool pool_running(uint32_t pool) const;
   // A pool add_pool could not start, none of its workers running: its record's entries are

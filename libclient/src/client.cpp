@@ -517,9 +517,24 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
   // ---- Submit ----
 
-  // `again`: a job for the default pool (none named) that finds it removed by a config reload
-  // is submitted once more, to the default of the daemon's catalog now.
-  Result<Job> submit(const JobSpec& spec, int64_t timeout_ns, bool blocking, bool again = true) {
+  Result<Job> submit(const JobSpec& spec, int64_t timeout_ns, bool blocking) {
+    const uint64_t start = timeout_ns > 0 ? monotonic_ns() : 0;
+    bool gone = false;
+    Result<Job> r = submit_once(spec, timeout_ns, blocking, &gone);
+    if (r || !gone) return r;
+    // The default pool (none named) was removed by a config reload during this submit: once
+    // more, to the default of the daemon's catalog now, within the time left.
+    int64_t left = timeout_ns;
+    if (timeout_ns > 0) {
+      left = std::max<int64_t>(0, timeout_ns - static_cast<int64_t>(monotonic_ns() - start));
+    }
+    return submit_once(spec, left, blocking, nullptr);
+  }
+
+  // `default_gone` (when not null): set when the job named no pool and the pool it went to
+  // was found removed by a config reload as it was pushed.
+  Result<Job> submit_once(const JobSpec& spec, int64_t timeout_ns, bool blocking,
+                          bool* default_gone) {
     if (forked()) return forked_error();
     const Catalog* cat = &catalog();
     // The first pool the catalog offers is the default; none while a reload adds every pool.
@@ -670,9 +685,9 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     if (!pushed) {
       // Not the last reference: the caller's Client holds one.
       std::shared_ptr<ClientImpl> ended = free_slot(s, generation);
-      if (again && spec.pool.empty() &&
+      if (default_gone != nullptr && spec.pool.empty() &&
           ps.accepting.load(std::memory_order_seq_cst) == kPoolRemoved) {
-        return submit(spec, timeout_ns, blocking, false);  // removed since the look above
+        *default_gone = true;  // removed since the look above: submit() tries once more
       }
       return pushed.error();
     }

@@ -125,7 +125,9 @@ def test_gpu_pools_added_rebudgeted_and_moved_under_load(two_gpus):
                 over = gpu_pool("g3", mods, 0, memory_limit=0.8)
                 with pytest.raises(gpuq.InvalidArgument, match=r"more than all of it.*nothing changed"):
                     d.reload({"added_pool_workers": 4, "pools": [g0, g1, g2, over]})
-                with pytest.raises(gpuq.InvalidArgument, match=r"pool g2: .*rollout_surge_workers"):
+                with pytest.raises(gpuq.InvalidArgument,
+                                   match=r"pools\[g2\]: its workers must be rolled .*no seat for "
+                                         r"a new worker on GPU 1.*rollout_surge_workers"):
                     d.reload({"added_pool_workers": 4,
                               "pools": [g0, g1, gpu_pool("g2", mods, 1, memory_limit=0.3)]})
                 with pytest.raises(gpuq.InvalidArgument,
@@ -175,8 +177,9 @@ def test_a_gpu_pool_resized_within_its_max_workers_under_load(two_gpus):
         # GPU 0: a worker and the surge seat share 0.9; GPU 1: its worker alone. A rollout
         # would have no seat on GPU 1: refused, nothing changed.
         wait_workers(d, "g", [(UUIDS[0], 0.45), (UUIDS[1], 0.9)])
-        with pytest.raises(gpuq.InvalidArgument, match=r"pool g: .*no seat for a new worker on "
-                                                       r"the GPU of worker 1.*nothing changed"):
+        with pytest.raises(gpuq.InvalidArgument, match=r"pools\[g\]: its workers must be rolled.*"
+                                                       r"no seat for a new worker on GPU 1.*"
+                                                       r"nothing changed"):
             d.reload(cfg(2))
         assert pool_status(d, "g")["workers_total"] == 2
     surge = 2  # a seat on each GPU: a rollout starts a new worker beside the one it replaces
@@ -213,6 +216,29 @@ def test_a_gpu_pool_resized_within_its_max_workers_under_load(two_gpus):
     failures = [f for _, _, fs, _, _, _ in results for f in fs]
     assert not failures, failures[:5]
     assert all(calls > 0 for _, calls, _, _, _, _ in results)
+
+
+def test_a_cxx_gpu_pool_moved_to_the_other_gpu(two_gpus, monkeypatch):
+    """A C++ gpu pool (here on the CPU backend, as on fake GPUs without GPUQ_TEST_GPU_WORKER):
+    its rollout needs no op listing, so it may end inside its start; moved to the other GPU, the
+    reload's reply comes once its new worker serves there, and the next reload is not refused
+    as one in progress."""
+    monkeypatch.delenv("GPUQ_TEST_GPU_WORKER")
+
+    def cfg(gpu):
+        return {"pools": [{"name": "cg", "kind": "gpu", "gpus": [gpu], "rollout_surge_workers": 1}]}
+
+    with gpuq.testing.Daemon(cfg(0)) as d:
+        with gpuq.connect(d.runtime_dir) as c:
+            c.submit("noop", pool="cg").result(30)
+            assert d.reload(cfg(1)) == ["pool cg: gpus changed: rolling restart"]
+            st = pool_status(d, "cg")
+            assert st["generation"] == 2
+            assert [w["gpu"] for w in st["workers"] if w.get("pid")] == [UUIDS[1]], st["workers"]
+            c.submit("noop", pool="cg").result(30)
+            assert d.reload(cfg(1)) == ["nothing changed"]
+            assert d.reload(cfg(0)) == ["pool cg: gpus changed: rolling restart"]
+            assert pool_status(d, "cg")["generation"] == 3
 
 
 def test_a_gpu_pool_added_where_no_gpus_were_looked_for(tmp_path, two_gpus):

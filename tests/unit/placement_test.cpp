@@ -95,6 +95,46 @@ TEST_CASE("place_gpu_pools: a gpu pool's growth entries (max_workers), round rob
   CHECK(e[1].memory.fraction == doctest::Approx(0.9));
 }
 
+WorkerPlacement on(int gpu, double share) {
+  return {{}, "GPU-" + std::to_string(gpu), gpu, {0, share}};
+}
+
+TEST_CASE("assign_placements: by role, each worker kept on its GPU where the plan allows") {
+  using R = EntryRole;
+  // A rollout swapped roles: entry 1 is the surge seat now, entries 0 and 2 the workers, both
+  // on GPU 0. The new plan: one worker per GPU, then the seat on GPU 0.
+  const std::vector<R> roles = {R::kActive, R::kSurge, R::kActive};
+  const std::vector<WorkerPlacement> now = {on(0, 0.3), on(0, 0.3), on(0, 0.3)};
+  const std::vector<WorkerPlacement> plan = {on(0, 0.45), on(1, 0.9), on(0, 0.45)};
+  const Assigned a = assign_placements(roles, now, plan, 2, 2);
+  CHECK(a.active == std::vector<bool>{true, false, true});
+  CHECK(a.placements[0].gpu == 0);  // kept on GPU 0
+  CHECK(a.placements[2].gpu == 1);  // the other worker takes GPU 1's place
+  CHECK(a.placements[1].gpu == 0);  // the seat, its own place (not plan place 1)
+  CHECK(a.placements[1].memory.fraction == doctest::Approx(0.45));
+}
+
+TEST_CASE("assign_placements: growth starts the lowest growth entries, shrink keeps the lowest") {
+  using R = EntryRole;
+  // 2 workers on GPUs 0 and 1, 2 growth entries, a spare; the plan grows to 4.
+  const std::vector<R> roles = {R::kActive, R::kActive, R::kReserve, R::kReserve, R::kSpare};
+  const std::vector<WorkerPlacement> now = {on(0, 0.45), on(1, 0.9), on(0, 0.45), on(1, 0.9),
+                                            on(0, 0.45)};
+  const std::vector<WorkerPlacement> grown = {on(0, 0.3), on(1, 0.45), on(0, 0.3), on(1, 0.45),
+                                              on(0, 0.3)};
+  const Assigned g = assign_placements(roles, now, grown, 4, 4);
+  CHECK(g.active == std::vector<bool>{true, true, true, true, false});
+  for (size_t i = 0; i < 5; ++i) CHECK(g.placements[i].gpu == grown[i].gpu);
+  CHECK(needs_restart(now[0], g.placements[0]));  // a smaller share: rolled first
+  // Back to 2: the lowest ids stay active (resize_pool retires the highest).
+  const std::vector<R> big = {R::kActive, R::kActive, R::kActive, R::kActive, R::kSpare};
+  const Assigned s = assign_placements(big, grown, now, 2, 4);
+  CHECK(s.active == std::vector<bool>{true, true, false, false, false});
+  CHECK(s.placements[0].gpu == 0);
+  CHECK(s.placements[1].gpu == 1);
+  CHECK(!needs_restart(grown[0], s.placements[0]));  // a larger share: no restart
+}
+
 TEST_CASE("needs_restart: another GPU or less memory, not more") {
   WorkerPlacement now{{0}, "GPU-a", 0, {0, 0.45}};
   WorkerPlacement more = now;
