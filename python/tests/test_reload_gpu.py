@@ -66,9 +66,15 @@ def budgets(daemon, name):
     for w in pool_status(daemon, name)["workers"]:
         if not w.get("pid"):
             continue
-        argv = pathlib.Path(f"/proc/{w['pid']}/cmdline").read_bytes().split(b"\0")
-        env = dict(e.split(b"=", 1) for e in
-                   pathlib.Path(f"/proc/{w['pid']}/environ").read_bytes().split(b"\0") if b"=" in e)
+        try:
+            argv = pathlib.Path(f"/proc/{w['pid']}/cmdline").read_bytes().split(b"\0")
+            environ = pathlib.Path(f"/proc/{w['pid']}/environ").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited since the status (a retired worker)
+        if b"--memory-limit-fraction" not in argv:
+            out.append(("starting", 0.0))  # forked, not yet its program: wait_workers looks again
+            continue
+        env = dict(e.split(b"=", 1) for e in environ.split(b"\0") if b"=" in e)
         share = float(argv[argv.index(b"--memory-limit-fraction") + 1])
         out.append((env[b"CUDA_VISIBLE_DEVICES"].decode(), round(share, 6)))
     return sorted(out)
