@@ -403,25 +403,15 @@ Result<ConfigReload::GpuPlan> ConfigReload::replan_gpus(ConfigChange& change, co
     out.by_id.emplace_back(p, then.placements);
     if (mover) out.movers.push_back(p);
     if (!restart) continue;
-    // A rollout starts each new worker beside the one it replaces: a seat on each GPU where a
-    // worker stays, as the new plan puts them.
-    std::vector<int> seats;
-    for (size_t i = 0; i < now.size(); ++i) {
-      if (roles[i] == EntryRole::kSpare || roles[i] == EntryRole::kSurge) {
-        seats.push_back(then.placements[i].gpu);
-      }
-    }
-    for (size_t i = 0; i < now.size(); ++i) {
-      if (roles[i] != EntryRole::kActive || !then.active[i]) continue;
-      const int g = then.placements[i].gpu;
-      if (std::find(seats.begin(), seats.end(), g) == seats.end()) {
-        return bad(pool.name,
-                   "its workers must be rolled (to other GPUs or smaller budgets), and it would "
-                   "have no seat for a new worker on GPU " +
-                       std::to_string(plan.discovery.gpus[static_cast<size_t>(g)].index) +
-                       ": a gpu pool needs a spare (spare_workers) or a surge seat "
-                       "(rollout_surge_workers) on each of its GPUs, one per GPU at least");
-      }
+    // A seat on each GPU where a worker stays, as the new plan puts them.
+    if (const int k = entry_without_seat(roles, then.placements, then.active); k >= 0) {
+      const int g = then.placements[static_cast<size_t>(k)].gpu;
+      return bad(pool.name,
+                 "its workers must be rolled (to other GPUs or smaller budgets), and it would "
+                 "have no seat for a new worker on GPU " +
+                     std::to_string(plan.discovery.gpus[static_cast<size_t>(g)].index) +
+                     ": a gpu pool needs a spare (spare_workers) or a surge seat "
+                     "(rollout_surge_workers) on each of its GPUs, one per GPU at least");
     }
     auto c = std::find_if(change.pools.begin(), change.pools.end(),
                           [&](const PoolChange& ch) { return ch.pool == p; });

@@ -42,6 +42,21 @@ bool needs_restart(const WorkerPlacement& now, const WorkerPlacement& next) {
   return amount(next.memory) < amount(now.memory);
 }
 
+int entry_without_seat(const std::vector<EntryRole>& roles, const std::vector<WorkerPlacement>& at,
+                       const std::vector<bool>& stays) {
+  std::vector<int> seats;
+  for (size_t i = 0; i < roles.size(); ++i) {
+    if (roles[i] == EntryRole::kSpare || roles[i] == EntryRole::kSurge) seats.push_back(at[i].gpu);
+  }
+  for (size_t i = 0; i < roles.size(); ++i) {
+    if (roles[i] != EntryRole::kActive || !stays[i]) continue;
+    if (std::find(seats.begin(), seats.end(), at[i].gpu) == seats.end()) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
 Assigned assign_placements(const std::vector<EntryRole>& roles,
                            const std::vector<WorkerPlacement>& now,
                            const std::vector<WorkerPlacement>& plan, uint32_t workers,

@@ -71,6 +71,12 @@ struct Assigned {
 // among the plan's first `workers`, and so on); an entry keeps a place on the GPU it is on where
 // the plan has one left (roles and places move between entries as spares and rollouts swap
 // them, so entry k is not plan place k), the others take the places left, in id order.
+// A rollout starts each new worker beside the one it replaces, on its GPU: the first entry that
+// stays active (`stays[i]`, an active worker) on a GPU where no spare or surge seat is placed
+// (`at`, by entry); -1 when every such GPU has one.
+int entry_without_seat(const std::vector<EntryRole>& roles, const std::vector<WorkerPlacement>& at,
+                       const std::vector<bool>& stays);
+
 Assigned assign_placements(const std::vector<EntryRole>& roles,
                            const std::vector<WorkerPlacement>& now,
                            const std::vector<WorkerPlacement>& plan, uint32_t workers,

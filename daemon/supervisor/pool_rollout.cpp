@@ -111,19 +111,15 @@ Result<void> PoolRollout::can_start(uint32_t pool, bool seats_per_gpu) const {
   }
   if (!seats_per_gpu) return {};
   // A gpu pool's new worker starts on the GPU of the one it replaces: a seat on each GPU.
-  std::vector<int> seats;
-  for (const auto& w : workers_.all()) {
-    if (w->pool == pool && (w->spare || w->surge)) seats.push_back(w->placement.gpu);
-  }
-  for (const auto& w : workers_.all()) {
-    if (w->pool != pool || w->spare || w->surge || w->reserve) continue;
-    if (std::find(seats.begin(), seats.end(), w->placement.gpu) == seats.end()) {
-      return Error(ErrorCode::kInvalidArgument,
-                   "pool " + pc.name + " has no seat for a new worker on the GPU of worker " +
-                       std::to_string(w->id) +
-                       ": a gpu pool needs a spare (spare_workers) or a surge seat "
-                       "(rollout_surge_workers) on each of its GPUs, one per GPU at least");
-    }
+  const std::vector<EntryRole> roles = workers_.roles_of(pool);
+  const int k = entry_without_seat(roles, workers_.placements_of(pool),
+                                   std::vector<bool>(roles.size(), true));
+  if (k >= 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "pool " + pc.name + " has no seat for a new worker on the GPU of its entry " +
+                     std::to_string(k) +
+                     ": a gpu pool needs a spare (spare_workers) or a surge seat "
+                     "(rollout_surge_workers) on each of its GPUs, one per GPU at least");
   }
   return {};
 }

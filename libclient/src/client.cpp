@@ -518,7 +518,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // ---- Submit ----
 
   Result<Job> submit(const JobSpec& spec, int64_t timeout_ns, bool blocking) {
-    const uint64_t start = timeout_ns > 0 ? monotonic_ns() : 0;
+    // Only a job for the default pool may be tried twice: only it reads the clock.
+    const uint64_t start = timeout_ns > 0 && spec.pool.empty() ? monotonic_ns() : 0;
     bool gone = false;
     Result<Job> r = submit_once(spec, timeout_ns, blocking, &gone);
     if (r || !gone) return r;

@@ -18,13 +18,10 @@ def python_pools(client: Any, refresh: bool = False) -> List[Dict[str, Any]]:
         return cached[1]
     # Available ones first: an unavailable pool (no GPU, an import error) is only a last resort
     # (its jobs fail at once, naming why).
-    # A pool removed by a config reload stays in the status ("removed"), and one it adds is
-    # there before it takes jobs ("adding"): neither is offered.
-    listed = [
-        p
-        for p in client.status().get("pools", [])
-        if "python" in p and p.get("status") not in ("removed", "adding")
-    ]
+    # Only the pools the daemon's catalog offers: the status also lists a pool a config reload
+    # removed, and one it adds before it takes jobs.
+    offered = {p["name"] for p in client.pools}
+    listed = [p for p in client.status().get("pools", []) if "python" in p and p["name"] in offered]
     listed.sort(key=lambda p: p.get("status") == "unavailable")
     pools = [
         {

@@ -10,6 +10,7 @@ gpuqctl do the same."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import pathlib
@@ -83,6 +84,29 @@ def _caller(runtime_dir, index, pool_name, stop, started, out):
     out.put((pool_name, calls, failures, seen, gone, after_gone))
 
 
+@contextlib.contextmanager
+def callers(runtime_dir, names):
+    """One client process per name in `names`, each calling `version` on that pool without
+    pause (_caller); the block runs once every one has had an answer. Yields the list that gets
+    their reports, one per process, when the block ends."""
+    ctx = mp.get_context("spawn")
+    stop, started, out = ctx.Event(), ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_caller, args=(runtime_dir, i, n, stop, started, out))
+             for i, n in enumerate(names)]
+    for p in procs:
+        p.start()
+    results = []
+    try:
+        for _ in procs:  # every client has had an answer: the block comes mid-stream
+            started.get(timeout=120)
+        yield results
+    finally:
+        stop.set()
+        results.extend(out.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(60)
+
+
 @pytest.mark.parametrize("seat", ["surge", "spare"])
 def test_a_reload_rolls_one_pool_and_removes_another_under_load(tmp_path, seat):
     v1 = write_module(tmp_path / "v1", 1)
@@ -91,16 +115,7 @@ def test_a_reload_rolls_one_pool_and_removes_another_under_load(tmp_path, seat):
     before = {"pools": [pool("py", v1, **extra), pool("old", v1, workers=1)]}
     after = {"pools": [pool("py", v2, **extra), pool("new", v2, workers=1)]}
     with gpuq.testing.Daemon(before) as d:
-        ctx = mp.get_context("spawn")
-        stop, started, out = ctx.Event(), ctx.Queue(), ctx.Queue()
-        names = ["py"] * CLIENTS + ["old"] * 4
-        procs = [ctx.Process(target=_caller, args=(d.runtime_dir, i, n, stop, started, out))
-                 for i, n in enumerate(names)]
-        for p in procs:
-            p.start()
-        try:
-            for _ in procs:  # every client has had an answer: the reload comes mid-stream
-                started.get(timeout=120)
+        with callers(d.runtime_dir, ["py"] * CLIENTS + ["old"] * 4) as results:
             with gpuq.connect(d.runtime_dir, name="reload-checker") as c:
                 assert {p["name"] for p in c.pools} == {"py", "old"}
                 lines = d.reload(after)
@@ -124,11 +139,6 @@ def test_a_reload_rolls_one_pool_and_removes_another_under_load(tmp_path, seat):
                 assert {p["name"] for p in c.pools} == {"py", "new"}
                 assert pool_status(d, "py")["generation"] == 2
                 time.sleep(0.5)
-        finally:
-            stop.set()
-            results = [out.get(timeout=120) for _ in procs]
-            for p in procs:
-                p.join(60)
     failures = [(n, f) for n, _, fs, _, _, _ in results for f in fs]
     assert not failures, failures[:5]
     for name, calls, _, seen, gone, after_gone in results:
@@ -152,15 +162,7 @@ def test_a_reload_resizes_a_pool_under_load(tmp_path, seat):
         return {"pools": [pool("py", v1, workers=workers, max_workers=3, **extra)]}
 
     with gpuq.testing.Daemon(cfg(1)) as d:
-        ctx = mp.get_context("spawn")
-        stop, started, out = ctx.Event(), ctx.Queue(), ctx.Queue()
-        procs = [ctx.Process(target=_caller, args=(d.runtime_dir, i, "py", stop, started, out))
-                 for i in range(CLIENTS // 2)]
-        for p in procs:
-            p.start()
-        try:
-            for _ in procs:
-                started.get(timeout=120)
+        with callers(d.runtime_dir, ["py"] * (CLIENTS // 2)) as results:
             with gpuq.connect(d.runtime_dir, name="resize-checker") as c:
                 assert d.reload(cfg(3)) == ["pool py: workers changed, in effect now (3 workers)"]
                 deadline = time.monotonic() + 120
@@ -180,11 +182,6 @@ def test_a_reload_resizes_a_pool_under_load(tmp_path, seat):
                 if extra:
                     assert st["spares_total"] == 1 and st["spare_promotions"] == 0
                 assert c.call("version", pool="py")["version"] == 1
-        finally:
-            stop.set()
-            results = [out.get(timeout=120) for _ in procs]
-            for p in procs:
-                p.join(60)
     failures = [f for _, _, fs, _, _, _ in results for f in fs]
     assert not failures, failures[:5]
     assert all(calls > 0 for _, calls, _, _, _, _ in results)

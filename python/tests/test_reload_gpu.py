@@ -11,7 +11,6 @@ gpuqd that found no GPUs at start."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import pathlib
 import time
 
@@ -19,7 +18,7 @@ import pytest
 
 import gpuq
 import gpuq.testing
-from test_reload import _caller, pool_status
+from test_reload import callers, pool_status
 
 UUIDS = ["GPU-0b7e1c3a-5d2f-4a61-9c8e-2f4b6d8a0c1e", "GPU-7a41d2e9-0c3b-4f85-8d16-93e5b0a7c2f4"]
 BUSES = ["0000:3b:00.0", "0000:af:00.0"]
@@ -98,15 +97,7 @@ def test_gpu_pools_added_rebudgeted_and_moved_under_load(two_gpus):
     with gpuq.testing.Daemon({"added_pool_workers": 4, "pools": [g0]}) as d:
         # g0 alone on GPU 0: 0.9 of it (the default) for its worker and its surge seat.
         wait_workers(d, "g0", [(UUIDS[0], 0.45)])  # the surge seat is dormant: no process
-        ctx = mp.get_context("spawn")
-        stop, started, out = ctx.Event(), ctx.Queue(), ctx.Queue()
-        procs = [ctx.Process(target=_caller, args=(d.runtime_dir, i, "g0", stop, started, out))
-                 for i in range(CLIENTS)]
-        for p in procs:
-            p.start()
-        try:
-            for _ in procs:
-                started.get(timeout=120)
+        with callers(d.runtime_dir, ["g0"] * CLIENTS) as results:
             with gpuq.connect(d.runtime_dir, name="gpu-reload-checker") as c:
                 # A gpu pool on the other GPU: added; nothing else moves.
                 lines = d.reload({"added_pool_workers": 4, "pools": [g0, g1]})
@@ -155,11 +146,6 @@ def test_gpu_pools_added_rebudgeted_and_moved_under_load(two_gpus):
                 assert pool_status(d, "g0")["gpus"][0]["uuid"] == UUIDS[1]
                 for i in range(20):
                     assert c.call("version", i, pool="g0")["version"] == UUIDS[1]
-        finally:
-            stop.set()
-            results = [out.get(timeout=120) for _ in procs]
-            for p in procs:
-                p.join(60)
     failures = [f for _, _, fs, _, _, _ in results for f in fs]
     assert not failures, failures[:5]
     for _, calls, _, seen, gone, _ in results:
@@ -191,15 +177,7 @@ def test_a_gpu_pool_resized_within_its_max_workers_under_load(two_gpus):
     surge = 2  # a seat on each GPU: a rollout starts a new worker beside the one it replaces
     with gpuq.testing.Daemon(cfg(1)) as d:
         wait_workers(d, "g", [(UUIDS[0], 0.45), (UUIDS[1], 0.45)])
-        ctx = mp.get_context("spawn")
-        stop, started, out = ctx.Event(), ctx.Queue(), ctx.Queue()
-        procs = [ctx.Process(target=_caller, args=(d.runtime_dir, i, "g", stop, started, out))
-                 for i in range(CLIENTS)]
-        for p in procs:
-            p.start()
-        try:
-            for _ in procs:
-                started.get(timeout=120)
+        with callers(d.runtime_dir, ["g"] * CLIENTS) as results:
             lines = d.reload(cfg(2))
             assert lines == ["pool g: workers_per_gpu changed: rolling restart (4 workers)"], lines
             st = pool_status(d, "g")
@@ -214,11 +192,6 @@ def test_a_gpu_pool_resized_within_its_max_workers_under_load(two_gpus):
             assert lines == ["pool g: workers_per_gpu changed, in effect now (2 workers)"], lines
             wait_workers(d, "g", [(UUIDS[0], 0.3), (UUIDS[1], 0.3)])
             assert pool_status(d, "g")["generation"] == 2
-        finally:
-            stop.set()
-            results = [out.get(timeout=120) for _ in procs]
-            for p in procs:
-                p.join(60)
     failures = [f for _, _, fs, _, _, _ in results for f in fs]
     assert not failures, failures[:5]
     assert all(calls > 0 for _, calls, _, _, _, _ in results)

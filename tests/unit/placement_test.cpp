@@ -135,6 +135,16 @@ TEST_CASE("assign_placements: growth starts the lowest growth entries, shrink ke
   CHECK(!needs_restart(grown[0], s.placements[0]));  // a larger share: no restart
 }
 
+TEST_CASE("entry_without_seat: a worker that stays on a GPU with no spare or surge seat") {
+  using R = EntryRole;
+  const std::vector<R> roles = {R::kActive, R::kActive, R::kSurge};
+  const std::vector<bool> all(3, true);
+  CHECK(entry_without_seat(roles, {on(0, 0.3), on(1, 0.3), on(1, 0.3)}, all) == 0);
+  CHECK(entry_without_seat(roles, {on(1, 0.3), on(1, 0.3), on(1, 0.3)}, all) == -1);
+  // Entry 0 retires (not staying): only entry 1's GPU needs a seat.
+  CHECK(entry_without_seat(roles, {on(0, 0.3), on(1, 0.3), on(1, 0.3)}, {false, true, true}) == -1);
+}
+
 TEST_CASE("needs_restart: another GPU or less memory, not more") {
   WorkerPlacement now{{0}, "GPU-a", 0, {0, 0.45}};
   WorkerPlacement more = now;
